@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Envelope encode+sign and decode+verify rates for a typical RolloutSubmission.
+
+Baseline, measured in the same run: bare msgpack pack/unpack of the same body. The ratios say what
+canonical validation and secp256k1 signatures cost on top of serialisation.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from protocol.codec import encode, to_wire  # noqa: E402
+from protocol.envelope import ReplayWindow, open_envelope, seal  # noqa: E402
+from tests.conformance.keys import NOW_MS, RUN, vector_identity  # noqa: E402
+from tests.conformance.samples import rollout_submission  # noqa: E402
+
+
+def rate(fn, seconds: float = 1.5) -> float:
+    """Calls per second of fn, over at least `seconds` of wall time."""
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        fn()
+        calls += 1
+    return calls / elapsed
+
+
+def main() -> None:
+    identity = vector_identity(1)
+    # A typical worker submission: 4 prompts x 8 completions of 64 tokens (2 TOPLOC proofs each).
+    submission = rollout_submission(groups=4, group_size=8)
+    body_wire = to_wire(submission)
+    packed = msgpack.packb(body_wire, use_bin_type=True)
+    sealed = seal(identity, submission, run=RUN, seq=1, ts=NOW_MS)
+    counter = iter(range(2, 10**9))
+
+    pack_rate = rate(lambda: msgpack.packb(body_wire, use_bin_type=True))
+    unpack_rate = rate(lambda: msgpack.unpackb(packed, raw=False))
+    seal_rate = rate(lambda: seal(identity, submission, run=RUN, seq=next(counter), ts=NOW_MS))
+    open_rate = rate(lambda: open_envelope(sealed, run=RUN, now_ms=NOW_MS, replay=ReplayWindow()))
+    encode_rate = rate(lambda: encode(submission))
+
+    print(f"RolloutSubmission body {len(packed)} bytes, envelope {len(sealed)} bytes")
+    print(f"bare msgpack pack    {pack_rate:10.0f}/s   unpack        {unpack_rate:10.0f}/s")
+    print(f"canonical encode     {encode_rate:10.0f}/s")
+    print(f"envelope encode+sign {seal_rate:10.0f}/s   decode+verify {open_rate:10.0f}/s")
+    print(json.dumps({
+        "body_bytes": len(packed),
+        "envelope_bytes": len(sealed),
+        "msgpack_pack_per_s": round(pack_rate),
+        "msgpack_unpack_per_s": round(unpack_rate),
+        "seal_per_s": round(seal_rate),
+        "open_per_s": round(open_rate),
+        "seal_vs_pack_ratio": round(seal_rate / pack_rate, 4),
+        "open_vs_unpack_ratio": round(open_rate / unpack_rate, 4),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Node identity: one secp256k1 key that is at once a libp2p peer id and an Ethereum address.
+
+One key means one name for a node everywhere: its gossip messages, its ledger entries and its chain
+transactions are all attributable to the same address, and slashing evidence needs no key mapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import coincurve
+from eth_utils import to_checksum_address
+
+from crypto.signing import address_of_public_key, sign_digest
+
+_B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_LIBP2P_KEYTYPE_SECP256K1 = 2
+
+
+def base58btc(data: bytes) -> str:
+    """Bitcoin base58, the text form libp2p uses for peer ids."""
+    number = int.from_bytes(data, "big")
+    digits = ""
+    while number:
+        number, rem = divmod(number, 58)
+        digits = _B58_ALPHABET[rem] + digits
+    leading_zeros = len(data) - len(data.lstrip(b"\0"))
+    return "1" * leading_zeros + digits
+
+
+def peer_id_bytes(public_key: bytes) -> bytes:
+    """libp2p peer id of a compressed secp256k1 key.
+
+    The key is wrapped in libp2p's protobuf `PublicKey{Type=Secp256k1, Data=key}`; serialised keys of
+    at most 42 bytes are embedded whole with the identity multihash (code 0x00) instead of hashed.
+    """
+    protobuf = bytes([0x08, _LIBP2P_KEYTYPE_SECP256K1, 0x12, len(public_key)]) + public_key
+    return bytes([0x00, len(protobuf)]) + protobuf
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """A node's private key and the names derived from it."""
+
+    private_key: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.private_key) != 32:
+            raise ValueError("a secp256k1 private key is 32 bytes")
+        coincurve.PrivateKey(self.private_key)  # raises on zero or >= curve order
+
+    @property
+    def public_key(self) -> bytes:
+        """33-byte compressed public key."""
+        return coincurve.PrivateKey(self.private_key).public_key.format(compressed=True)
+
+    @property
+    def address(self) -> bytes:
+        return address_of_public_key(self.public_key)
+
+    @property
+    def checksum_address(self) -> str:
+        return to_checksum_address(self.address)
+
+    @property
+    def peer_id(self) -> str:
+        return base58btc(peer_id_bytes(self.public_key))
+
+    def sign(self, digest: bytes) -> bytes:
+        return sign_digest(self.private_key, digest)
+
+
+def format_address(address: bytes) -> str:
+    """EIP-55 checksummed text form of a 20-byte address."""
+    return to_checksum_address(address)
+
+
+def parse_address(text: str) -> bytes:
+    """Parse `0x…` hex (checksummed or all one case) into 20 bytes; mixed case must checksum."""
+    from eth_utils import is_checksum_address, is_hex_address
+
+    if not is_hex_address(text):
+        raise ValueError(f"not a 20-byte hex address: {text!r}")
+    body = text[2:] if text.lower().startswith("0x") else text
+    if body != body.lower() and body != body.upper() and not is_checksum_address(text):
+        raise ValueError(f"address checksum is wrong: {text!r}")
+    return bytes.fromhex(body)

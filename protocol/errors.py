@@ -1,0 +1,74 @@
+"""Typed verdicts on input from a peer.
+
+`Reject` means the peer is at fault (malformed, forged, provably wrong): it feeds peer scoring and,
+for rollouts, slashing evidence. `Ignore` means nobody is provably at fault (a duplicate, a replay by a
+third party, stale, not for us): drop it quietly. Codes are grouped by class so a peer can be told
+exactly why, and a slash can cite it.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Reason(IntEnum):
+    # 2xx: ignored, nobody provably at fault
+    DUPLICATE = 201
+    REPLAYED_SEQ = 202
+    STALE = 203
+    WRONG_RUN = 204
+    NOT_FOR_US = 205
+    CLOCK_SKEW = 206
+    # 4xx: malformed bytes
+    UNDECODABLE = 400
+    TRAILING_BYTES = 401
+    OVERSIZED = 402
+    UNKNOWN_TYPE = 403
+    UNKNOWN_FIELD = 404
+    MISSING_FIELD = 405
+    FIELD_ORDER = 406
+    WRONG_FIELD_TYPE = 407
+    OUT_OF_RANGE = 408
+    UNSUPPORTED_VERSION = 409
+    NON_CANONICAL = 410
+    TYPE_MISMATCH = 411
+    # 5xx: authentication
+    BAD_SIGNATURE = 500
+    WRONG_SENDER = 501
+    # 6xx: well-formed and authentic, but breaks a protocol rule (later layers: stake, proofs, tasks)
+    RULE_VIOLATION = 600
+    NOT_STAKED = 601
+    BAD_ASSIGNMENT = 602
+    BAD_REWARD = 603
+    BAD_TERMINATION = 604
+    BAD_PROOF = 605
+    BAD_SAMPLING = 606
+    UNKNOWN_CHECKPOINT = 607
+    BAD_HASH = 608
+
+    @property
+    def error_class(self) -> str:
+        return {2: "ignore", 4: "malformed", 5: "authentication", 6: "rule"}[self.value // 100]
+
+
+class ProtocolError(Exception):
+    """Base of the two verdict errors; carries a machine-readable reason and a human detail."""
+
+    verdict = "error"
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(f"{self.verdict} {reason.value} {reason.name}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class Reject(ProtocolError):
+    """The sender is at fault; count it against the peer."""
+
+    verdict = "reject"
+
+
+class Ignore(ProtocolError):
+    """Drop without blame: duplicate, third-party replay, stale, or not addressed to us."""
+
+    verdict = "ignore"

@@ -1,0 +1,260 @@
+"""Every wire message of the protocol, as frozen dataclasses (spec/messages.md is the normative twin).
+
+Field order is wire order. Amounts of stake are integers in gwei (1e-9 of the chain's native unit),
+which fits any realistic stake in a u64; times are milliseconds since the Unix epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
+
+from protocol.codec import MaxLen, Pattern, Range, Size, registry  # noqa: F401
+
+from protocol.types import KIB, MIB, Address, Digest, Role, RunId, Url  # noqa: F401
+from protocol.ledger_messages import (
+    LedgerEntry,
+    RecordContribution,
+    RegisterNode,
+    Slash,
+    StakeDeposit,
+    StakeUnbond,
+    StakeWithdraw,
+)
+
+
+# --- run ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GrpoParams:
+    """Hyper-parameters of the GRPO step (DESIGN.md, GRPO): fixed for the whole run."""
+
+    group_size: Annotated[int, Range(2, 1024)]
+    prompts_per_step: Annotated[int, Range(1, 65536)]
+    max_new_tokens: Annotated[int, Range(1, 1 << 20)]
+    temperature: float
+    learning_rate: float
+    clip_epsilon: float
+    clip_delta: float
+    max_grad_norm: float
+    token_budget: Annotated[int, Range(1, 1 << 40)]
+    length_target: int  # 0 disables the length-target reward
+    length_penalty: float
+
+
+@dataclass(frozen=True)
+class ValidatorPolicy:
+    """How validators judge submissions of this run; signed into the run so any verdict is recomputable."""
+
+    toploc_k: Annotated[int, Range(1, 4096)]
+    toploc_chunk: Annotated[int, Range(1, 4096)]
+    max_mean_exp_mismatches: float
+    max_mean_mant_err: float
+    sampling_tolerance: float
+    eos_min_prob: float
+    sample_fraction: float
+    min_stake_gwei: int
+    slash_gwei: int
+
+
+@dataclass(frozen=True)
+class RunDescriptor:
+    """The run a trainer owns; workers and validators follow only runs whose descriptor the trainer signed."""
+
+    TYPE: ClassVar[str] = "run_descriptor"
+    MAX_SIZE: ClassVar[int] = 16 * KIB
+
+    run: RunId
+    trainer: Address
+    model_config_hash: Digest
+    base_checkpoint_hash: Digest
+    dataset_hash: Digest
+    task_kind: Annotated[str, MaxLen(64)]
+    grpo: GrpoParams
+    async_level: Annotated[int, Range(0, 64)]
+    policy: ValidatorPolicy
+    created_ms: int
+
+
+# --- weights -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: Annotated[str, Pattern(r"[A-Za-z0-9._-]{1,128}")]
+    size: int
+    sha256: Digest
+
+
+@dataclass(frozen=True)
+class CheckpointManifest:
+    """A policy version: its shards, their hashes and the Merkle root over the shard hashes."""
+
+    TYPE: ClassVar[str] = "checkpoint_manifest"
+    MAX_SIZE: ClassVar[int] = 1 * MIB
+
+    run: RunId
+    version: int
+    parent_version: int
+    model_config_hash: Digest
+    total_size: int
+    shards: Annotated[tuple[ShardInfo, ...], MaxLen(8192)]
+    merkle_root: Digest
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class ShardHave:
+    """Which shards of a version a peer holds and where to fetch them (bit i set = shard i held)."""
+
+    TYPE: ClassVar[str] = "shard_have"
+    MAX_SIZE: ClassVar[int] = 4 * KIB
+
+    run: RunId
+    version: int
+    merkle_root: Digest
+    bitfield: Annotated[bytes, MaxLen(1024)]
+    endpoint: Url
+
+
+# --- rollouts ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion with what a validator needs to re-check it."""
+
+    token_ids: Annotated[tuple[int, ...], MaxLen(1 << 16)]
+    logprobs: Annotated[bytes, MaxLen(4 << 16)]  # float32 little-endian, one per token
+    reward: float
+    advantage: float
+    seed: int
+    ended_with_eos: bool
+    proofs: Annotated[tuple[Annotated[bytes, MaxLen(2 + 2 * 4096)], ...], MaxLen(1 << 11)]
+
+
+@dataclass(frozen=True)
+class RolloutGroup:
+    """G completions of one assigned task."""
+
+    task_id: Digest
+    prompt_ids: Annotated[tuple[int, ...], MaxLen(1 << 16)]
+    completions: Annotated[tuple[Completion, ...], MaxLen(1024)]
+
+
+@dataclass(frozen=True)
+class RolloutSubmission:
+    """A worker's signed batch of groups for one assignment step, generated with a named checkpoint."""
+
+    TYPE: ClassVar[str] = "rollout_submission"
+    MAX_SIZE: ClassVar[int] = 16 * MIB
+
+    run: RunId
+    step: int
+    checkpoint_version: int
+    checkpoint_root: Digest
+    groups: Annotated[tuple[RolloutGroup, ...], MaxLen(4096)]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A validator's signed judgement of one submission; a rejection names its reason and failing chunks."""
+
+    TYPE: ClassVar[str] = "verdict"
+    MAX_SIZE: ClassVar[int] = 64 * KIB
+
+    run: RunId
+    submission_digest: Digest
+    worker: Address
+    step: int
+    checkpoint_version: int
+    accepted: bool
+    reason_code: Annotated[int, Range(0, 999)]
+    detail: Annotated[str, MaxLen(512)]
+    failing_chunks: Annotated[tuple[int, ...], MaxLen(4096)]
+    tokens: int
+    mean_exp_mismatches: float
+    mean_mant_err: float
+
+
+# --- request / response --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hello:
+    """First message on a control stream: who I am in this run and where my data plane listens."""
+
+    TYPE: ClassVar[str] = "hello"
+    MAX_SIZE: ClassVar[int] = 4 * KIB
+
+    run: RunId
+    role: Role
+    http_endpoint: Url
+    agent: Annotated[str, MaxLen(64)]
+
+
+@dataclass(frozen=True)
+class Ping:
+    TYPE: ClassVar[str] = "ping"
+    MAX_SIZE: ClassVar[int] = 128
+
+    nonce: Annotated[bytes, Size(8)]
+
+
+@dataclass(frozen=True)
+class Pong:
+    TYPE: ClassVar[str] = "pong"
+    MAX_SIZE: ClassVar[int] = 128
+
+    nonce: Annotated[bytes, Size(8)]
+
+
+@dataclass(frozen=True)
+class ManifestRequest:
+    TYPE: ClassVar[str] = "manifest_request"
+    MAX_SIZE: ClassVar[int] = 256
+
+    run: RunId
+    version: int  # 2**64 - 1 asks for the newest
+
+
+@dataclass(frozen=True)
+class ManifestResponse:
+    TYPE: ClassVar[str] = "manifest_response"
+    MAX_SIZE: ClassVar[int] = 1 * MIB + 4 * KIB
+
+    status: Annotated[int, Range(100, 999)]
+    manifest: Annotated[bytes, MaxLen(1 * MIB + 2 * KIB)]  # the trainer's signed CheckpointManifest envelope
+
+
+@dataclass(frozen=True)
+class SubmitAck:
+    """A validator's receipt for a submission: 100 queued, 2xx ignored, 4xx-6xx rejected (protocol.errors)."""
+
+    TYPE: ClassVar[str] = "submit_ack"
+    MAX_SIZE: ClassVar[int] = 1 * KIB
+
+    submission_digest: Digest
+    status: Annotated[int, Range(100, 999)]
+    detail: Annotated[str, MaxLen(512)]
+
+
+LATEST_VERSION = 2**64 - 1
+
+MESSAGE_TYPES = registry(
+    RunDescriptor,
+    CheckpointManifest,
+    ShardHave,
+    RolloutSubmission,
+    Verdict,
+    RegisterNode,
+    StakeDeposit,
+    StakeUnbond,
+    StakeWithdraw,
+    RecordContribution,
+    Slash,
+    LedgerEntry,
+    Hello,
+    Ping,
+    Pong,
+    ManifestRequest,
+    ManifestResponse,
+    SubmitAck,
+)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install swarmnode into ./.venv on a fresh machine (CPU build of torch), with the test tools.
+# Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+echo "==> torch 2.13.0 (CPU build)"
+python -m pip install -q torch==2.13.0
+echo "==> swarmnode and its pinned dependencies"
+python -m pip install -q -c constraints.txt -e ".[test]"
+if [ -x scripts/install_anvil.sh ]; then
+  echo "==> anvil (local EVM chain, from npm)"
+  scripts/install_anvil.sh >/dev/null
+fi
+echo "==> installed: $(swarmnode version)"

@@ -1,0 +1,100 @@
+"""Identity, signatures, keystore and Merkle trees."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+from eth_account import Account
+from eth_utils import is_checksum_address
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from libp2p.crypto.secp256k1 import create_new_key_pair
+from libp2p.peer.id import ID
+
+from crypto.hashing import keccak256
+from crypto.identity import NodeIdentity, format_address, parse_address
+from crypto.keystore import KeystoreError, load_keystore, save_keystore
+from crypto.merkle import inclusion_proof, is_included, merkle_root, root_from_inclusion_proof
+from crypto.signing import InvalidSignature, recover_address
+
+KEY = bytes(range(1, 33))
+
+
+def test_peer_id_matches_libp2p_and_address_matches_eth_account():
+    identity = NodeIdentity(KEY)
+    assert identity.peer_id == ID.from_pubkey(create_new_key_pair(KEY).public_key).to_base58()
+    assert identity.checksum_address == Account.from_key(KEY).address
+    assert is_checksum_address(identity.checksum_address)
+
+
+def test_known_address_of_private_key_one():
+    assert NodeIdentity((1).to_bytes(32, "big")).checksum_address == "0x7E5F4552091A69125d5DfCb7b8C2659029395Bdf"
+
+
+@pytest.mark.parametrize("bad", [b"\x00" * 32, b"\xff" * 32, b"\x01" * 31])
+def test_invalid_private_keys_are_refused(bad):
+    with pytest.raises(ValueError):
+        NodeIdentity(bad)
+
+
+def test_sign_recover_and_tamper():
+    identity = NodeIdentity(KEY)
+    digest = keccak256(b"hello")
+    sig = identity.sign(digest)
+    assert recover_address(digest, sig) == identity.address
+    assert recover_address(keccak256(b"other"), sig) != identity.address
+    with pytest.raises(InvalidSignature):
+        recover_address(digest, sig[:64] + b"\x1d")
+    with pytest.raises(InvalidSignature):
+        recover_address(digest, b"\x00" * 65)
+
+
+def test_address_parsing_checks_checksum():
+    identity = NodeIdentity(KEY)
+    text = identity.checksum_address
+    assert parse_address(text) == identity.address
+    assert parse_address(text.lower()) == identity.address
+    broken = text[:-1] + (text[-1].lower() if text[-1].isupper() else text[-1].upper())
+    if broken != text and any(c.isalpha() for c in text[-1]):
+        with pytest.raises(ValueError):
+            parse_address(broken)
+    assert format_address(identity.address) == text
+
+
+def test_keystore_roundtrip_mode_0600_and_no_overwrite(tmp_path):
+    identity = NodeIdentity(KEY)
+    path = tmp_path / "node.key"
+    save_keystore(identity, path, "pw", kdf_iterations=2)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert load_keystore(path, "pw").address == identity.address
+    with pytest.raises(KeystoreError, match="wrong password"):
+        load_keystore(path, "nope")
+    with pytest.raises(KeystoreError, match="refusing to overwrite"):
+        save_keystore(identity, path, "pw", kdf_iterations=2)
+    with pytest.raises(KeystoreError, match="keys new"):
+        load_keystore(tmp_path / "missing.key", "pw")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(max_size=8), min_size=1, max_size=40), st.data())
+def test_merkle_inclusion_proofs_verify_and_bind_index(leaves, data):
+    root = merkle_root(leaves)
+    index = data.draw(st.integers(0, len(leaves) - 1))
+    proof = inclusion_proof(leaves, index)
+    assert is_included(leaves[index], index, len(leaves), proof, root)
+    assert not is_included(leaves[index] + b"x", index, len(leaves), proof, root)
+    if len(leaves) > 1:
+        other = (index + 1) % len(leaves)
+        assert root_from_inclusion_proof(leaves[index], index, len(leaves), proof) == root
+        assert not is_included(leaves[index], other, len(leaves), proof, root) or leaves[other] == leaves[index]
+
+
+def test_merkle_malformed_paths_are_refused():
+    leaves = [b"a", b"b", b"c"]
+    root = merkle_root(leaves)
+    proof = inclusion_proof(leaves, 0)
+    assert not is_included(b"a", 0, 3, proof + [root], root)
+    assert not is_included(b"a", 0, 3, proof[:-1], root)
+    assert not is_included(b"a", 5, 3, proof, root)
