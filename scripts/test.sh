@@ -7,6 +7,8 @@ scripts/install.sh
 echo "==> fast tests"
 python -m pytest -q -p no:cacheprovider
 echo "==> slow multi-process tests"
-python -m pytest -q -p no:cacheprovider -m slow
+status=0
+python -m pytest -q -p no:cacheprovider -m slow || status=$?
+[ "$status" -eq 0 ] || [ "$status" -eq 5 ] || exit "$status"  # 5: no slow tests collected
 echo "==> conformance vectors through the CLI"
 swarmnode conformance >/dev/null && echo "conformance: all vectors pass"
