@@ -91,11 +91,38 @@ def check_envelope(inp: dict[str, Any]) -> dict[str, Any]:
     return _verdict_of(run)
 
 
+def _rows(inp: dict[str, Any]) -> Any:
+    import torch
+
+    return torch.tensor(inp["rows"], dtype=torch.float32)
+
+
+def check_toploc_build(inp: dict[str, Any]) -> dict[str, Any]:
+    from crypto.toploc import build_proofs
+
+    proofs = build_proofs(_rows(inp), k=inp["k"], chunk=inp["chunk"])
+    return {"proofs": ["0x" + p.hex() for p in proofs]}
+
+
+def check_toploc_verify(inp: dict[str, Any]) -> dict[str, Any]:
+    from crypto.toploc import ToplocError, verify_proofs
+
+    try:
+        checks = verify_proofs(_rows(inp), [_hex(p) for p in inp["proofs"]], k=inp["k"], chunk=inp["chunk"])
+    except ToplocError as exc:
+        return {"verdict": "reject", "reason": 605, "error": type(exc).__name__}
+    return {"verdict": "accept", "chunks": [
+        {"exp_mismatches": c.exp_mismatches, "mant_err_mean": c.mant_err_mean,
+         "mant_err_median": c.mant_err_median, "passed": c.passed} for c in checks]}
+
+
 HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "identity": check_identity,
     "merkle": check_merkle,
     "codec": check_codec,
     "envelope": check_envelope,
+    "toploc_build": check_toploc_build,
+    "toploc_verify": check_toploc_verify,
 }
 
 
