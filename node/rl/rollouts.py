@@ -1,0 +1,114 @@
+"""The worker's side of the run lifecycle: assigned tasks → groups → a RolloutSubmission.
+
+Everything the validator re-derives is computed here by the same functions it uses: the task
+assignment, the prompt tokens, the sampling seeds, the rewards and the advantages. Only the model
+outputs (tokens, logprobs, hidden rows → TOPLOC proofs) come from the engine.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from crypto.toploc import build_proofs
+from node.rl.engine import Completion as EngineCompletion
+from node.rl.engine import InferenceEngine
+from node.rl.grpo import group_advantages, length_target_reward
+from node.rl.sampling import derive_seed
+from node.rl.tasks import Task, assign_tasks, grade
+from node.rl.tokenizer import completion_text, encode_prompt
+from protocol.messages import Completion, RolloutGroup, RolloutSubmission, RunDescriptor
+
+ASSIGNMENT_STEP_BITS = 32
+
+
+def assignment_step(checkpoint_version: int, counter: int) -> int:
+    """The `step` fed to task assignment: a worker's n-th submission on a checkpoint version.
+
+    Binding the version in means a worker cannot replay an old easy assignment on a new policy;
+    the counter lets one worker submit several batches per version (the policy caps how many).
+    """
+    if not 0 <= counter < 2**ASSIGNMENT_STEP_BITS:
+        raise ValueError(f"submission counter {counter} out of range")
+    return (checkpoint_version << ASSIGNMENT_STEP_BITS) | counter
+
+
+def assigned_tasks(descriptor: RunDescriptor, dataset_ids: Sequence[bytes], worker: bytes, step: int) -> list[bytes]:
+    return assign_tasks(dataset_ids, worker, step, descriptor.grpo.prompts_per_step)
+
+
+def pack_logprobs(values: torch.Tensor) -> bytes:
+    flat = values.detach().to(torch.float32).reshape(-1).tolist()
+    return struct.pack(f"<{len(flat)}f", *flat)
+
+
+def unpack_logprobs(data: bytes) -> torch.Tensor:
+    if len(data) % 4:
+        raise ValueError("logprobs must be whole float32 values")
+    return torch.tensor(struct.unpack(f"<{len(data) // 4}f", data), dtype=torch.float32)
+
+
+def completion_rewards(task: Task, token_lists: Sequence[Sequence[int]], descriptor: RunDescriptor) -> list[float]:
+    """Task reward of each completion, with the run's optional length-target term."""
+    grpo = descriptor.grpo
+    return [
+        length_target_reward(grade(task, completion_text(tokens)).reward, len(tokens), grpo.length_target,
+                             grpo.length_penalty)
+        for tokens in token_lists
+    ]
+
+
+@dataclass(frozen=True)
+class GeneratedGroup:
+    """A group as generated, before it is frozen into the wire message (kept for tests and cheats)."""
+
+    task: Task
+    prompt_ids: tuple[int, ...]
+    completions: list[EngineCompletion]
+
+
+def generate_group(engine: InferenceEngine, task: Task, descriptor: RunDescriptor, worker: bytes,
+                   prompt_ids: Sequence[int] | None = None) -> GeneratedGroup:
+    """G completions of one task with the seeds the run prescribes for this worker."""
+    grpo = descriptor.grpo
+    prompt = tuple(prompt_ids) if prompt_ids is not None else tuple(encode_prompt(task.prompt))
+    seeds = [derive_seed(descriptor.run, worker, task.task_id, i) for i in range(grpo.group_size)]
+    completions = engine.generate_group(list(prompt), grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature)
+    return GeneratedGroup(task, prompt, completions)
+
+
+def to_wire_group(generated: GeneratedGroup, descriptor: RunDescriptor,
+                  rewards: Sequence[float] | None = None) -> RolloutGroup:
+    """Score the group, compute advantages and TOPLOC proofs, and freeze it as a RolloutGroup."""
+    policy = descriptor.policy
+    tokens = [c.tokens for c in generated.completions]
+    rewards = list(rewards) if rewards is not None else completion_rewards(generated.task, tokens, descriptor)
+    advantages = group_advantages(torch.tensor(rewards)).tolist()
+    completions = tuple(
+        Completion(
+            token_ids=c.tokens,
+            logprobs=pack_logprobs(c.logprobs),
+            reward=float(r),
+            advantage=float(a),
+            seed=c.seed,
+            ended_with_eos=c.ended_with_eos,
+            proofs=tuple(build_proofs(c.hidden_rows, k=policy.toploc_k, chunk=policy.toploc_chunk)),
+        )
+        for c, r, a in zip(generated.completions, rewards, advantages, strict=True)
+    )
+    return RolloutGroup(generated.task.task_id, generated.prompt_ids, completions)
+
+
+def build_submission(engine: InferenceEngine, descriptor: RunDescriptor, dataset: Mapping[bytes, Task],
+                     dataset_ids: Sequence[bytes], worker: bytes, checkpoint_version: int, checkpoint_root: bytes,
+                     counter: int) -> RolloutSubmission:
+    """An honest worker's submission for its `counter`-th assignment on `checkpoint_version`."""
+    step = assignment_step(checkpoint_version, counter)
+    groups = tuple(
+        to_wire_group(generate_group(engine, dataset[task_id], descriptor, worker), descriptor)
+        for task_id in assigned_tasks(descriptor, dataset_ids, worker, step)
+    )
+    return RolloutSubmission(descriptor.run, step, checkpoint_version, checkpoint_root, groups)
