@@ -21,7 +21,7 @@ from node.rl.rollouts import (
 from node.rl.run import devnet_grpo, devnet_policy, devnet_dataset, dataset_hash
 from node.rl.validation import BadProof, ValidationContext, validate_submission
 from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import RunDescriptor
+from protocol.messages import RolloutSubmission, RunDescriptor
 
 CFG = ModelConfig()
 WORKER = NodeIdentity(sha256(b"validation-test-worker")).address
@@ -151,3 +151,80 @@ def test_swapped_token_is_rejected(honest, setup, engine):
         judge(sub, context(setup), engine)
     assert err.value.reason in (Reason.BAD_REWARD, Reason.BAD_TERMINATION, Reason.RULE_VIOLATION,
                                 Reason.BAD_PROOF, Reason.BAD_SAMPLING)
+
+
+def _submission_from(engine, setup, seed_offset=0, edit=None, counter=2):
+    """An internally consistent submission (rewards, advantages, proofs match its tokens), possibly off-policy."""
+    from node.rl.rollouts import GeneratedGroup
+    from node.rl.sampling import derive_seed
+    from node.rl.tokenizer import encode_prompt
+
+    descriptor, tasks = setup
+    dataset = {t.task_id: t for t in tasks}
+    step = assignment_step(3, counter)
+    groups = []
+    for task_id in assigned_tasks(descriptor, [t.task_id for t in tasks], WORKER, step):
+        task = dataset[task_id]
+        grpo = descriptor.grpo
+        seeds = [derive_seed(descriptor.run, WORKER, task_id, i) for i in range(grpo.group_size)]
+        prompt = encode_prompt(task.prompt)
+        completions = engine.generate_group(prompt, grpo.group_size, [s + seed_offset for s in seeds],
+                                            grpo.max_new_tokens, grpo.temperature)
+        completions = [dataclasses.replace(c, seed=s) for c, s in zip(completions, seeds, strict=True)]
+        if edit is not None:
+            completions = edit(engine, prompt, completions)
+        groups.append(to_wire_group(GeneratedGroup(task, tuple(prompt), completions), descriptor))
+    return RolloutSubmission(descriptor.run, step, 3, ROOT, tuple(groups))
+
+
+def test_int8_quantised_weights_are_caught(setup, engine):
+    cheat = TransformersEngine.from_seed(CFG, seed=7)
+    with torch.no_grad():
+        for p in cheat.model.parameters():
+            if p.ndim == 2:
+                scale = p.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
+                p.copy_(torch.round(p / scale).clamp(-127, 127) * scale)
+    with pytest.raises(Reject) as err:
+        judge(_submission_from(cheat, setup), context(setup), engine)
+    assert err.value.reason in (Reason.BAD_PROOF, Reason.RULE_VIOLATION)
+
+
+def test_a_different_model_size_is_caught(setup, engine):
+    bigger = TransformersEngine.from_seed(dataclasses.replace(CFG, hidden_size=96, num_layers=3), seed=7)
+    with pytest.raises(Reject) as err:
+        judge(_submission_from(bigger, setup), context(setup), engine)
+    assert err.value.reason in (Reason.BAD_PROOF, Reason.RULE_VIOLATION, Reason.BAD_TERMINATION)
+
+
+def test_tokens_not_from_the_seeded_sampler_are_caught(setup, engine):
+    """Everything else consistent (the claimed model, proofs, logprobs, rewards): only the sampling check sees it."""
+    with pytest.raises(Reject) as err:
+        judge(_submission_from(engine, setup, seed_offset=1000), context(setup), engine)
+    assert err.value.reason == Reason.BAD_SAMPLING
+
+
+def test_premature_eos_is_caught(setup, engine):
+    from node.rl.engine import Completion as EngineCompletion
+    from node.rl.tokenizer import EOS_ID
+
+    def cut_after_first_token(eng, prompt, completions):
+        first = completions[0]
+        tokens = (first.tokens[0], EOS_ID)
+        pre = eng.prefill(prompt, list(tokens))
+        from node.rl.sampling import token_logprobs
+
+        logprobs = token_logprobs(pre.logits, torch.tensor(tokens), 1.0)
+        cut = EngineCompletion(tokens, logprobs, pre.hidden_rows, first.seed, True)
+        return [cut] + list(completions[1:])
+
+    # On the untrained model P(EOS) is ~1/vocab everywhere, so only the sampling check can object ...
+    with pytest.raises(Reject) as err:
+        judge(_submission_from(engine, setup, edit=cut_after_first_token), context(setup), engine)
+    assert err.value.reason in (Reason.BAD_TERMINATION, Reason.BAD_SAMPLING)
+    # ... on the trained base checkpoint an EOS after one digit of the answer is implausible: termination.
+    from node.rl.run import BASE_CHECKPOINT
+
+    base = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    with pytest.raises(Reject) as err:
+        judge(_submission_from(base, setup, edit=cut_after_first_token), context(setup), base)
+    assert err.value.reason == Reason.BAD_TERMINATION
