@@ -45,10 +45,29 @@ class Reason(IntEnum):
     BAD_SAMPLING = 606
     UNKNOWN_CHECKPOINT = 607
     BAD_HASH = 608
+    # 7xx: ledger operations refused by the state machine (spec/ledger.md)
+    UNKNOWN_NODE = 701
+    ALREADY_REGISTERED = 702
+    NODE_EJECTED = 703
+    WRONG_ROLE = 704
+    INSUFFICIENT_STAKE = 705
+    INVALID_AMOUNT = 706
+    STILL_UNBONDING = 707
+    NOTHING_TO_WITHDRAW = 708
+    DUPLICATE_CONTRIBUTION = 709
+    INVALID_EVIDENCE = 710
+    DUPLICATE_SLASH = 711
+    BAD_LEDGER_SIGNATURE = 712
+    REPLAYED_OPERATION = 713
+    EPOCH_REGRESSION = 714
+    WRONG_LEDGER = 715
+    MALFORMED_OPERATION = 716
+    CORRUPT_LOG = 720
+    BACKEND_ERROR = 730
 
     @property
     def error_class(self) -> str:
-        return {2: "ignore", 4: "malformed", 5: "authentication", 6: "rule"}[self.value // 100]
+        return {2: "ignore", 4: "malformed", 5: "authentication", 6: "rule", 7: "ledger"}[self.value // 100]
 
 
 class ProtocolError(Exception):

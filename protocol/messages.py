@@ -13,6 +13,7 @@ from protocol.codec import MaxLen, Pattern, Range, Size, registry  # noqa: F401
 
 from protocol.types import KIB, MIB, Address, Digest, Role, RunId, Url  # noqa: F401
 from protocol.ledger_messages import (
+    LedgerGenesis,
     LedgerEntry,
     RecordContribution,
     RegisterNode,
@@ -251,6 +252,7 @@ MESSAGE_TYPES = registry(
     RecordContribution,
     Slash,
     LedgerEntry,
+    LedgerGenesis,
     Hello,
     Ping,
     Pong,

@@ -78,6 +78,7 @@ def every_message() -> list[Any]:
         lm.RecordContribution(RUN, 7, worker.address, 320, 10**9, _digest("rollout"), b"\x01" * 200),
         lm.Slash(RUN, worker.address, 5 * 10**8, _digest("submission"), (1, 4, 9), 605, b"\x02" * 300),
         lm.LedgerEntry(3, _digest("entry-2"), 1, b"\x03" * 120),
+        lm.LedgerGenesis("devnet-ledger", 1_767_225_600, 60, 10**9, 3, 5 * 10**8, 3),
         m.Hello(RUN, "relay", "http://127.0.0.1:8402", "swarmnode/0.1.0"),
         m.Ping(b"\x00\x01\x02\x03\x04\x05\x06\x07"),
         m.Pong(b"\x00\x01\x02\x03\x04\x05\x06\x07"),

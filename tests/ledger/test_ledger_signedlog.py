@@ -1,0 +1,346 @@
+"""SignedLog: authentication, replay, durability across reopen, audit, Merkle checkpoints and proofs."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from crypto.hashing import sha256
+from crypto.merkle import is_included, merkle_root
+from ledger import errors as E
+from ledger import testing as T
+from ledger.accumulator import MerkleAccumulator
+from ledger.log import apply_entry, new_log_state
+from ledger.signedlog import SignedLog, verify_log
+from ledger.types import Params
+from protocol.codec import decode, encode
+from protocol.envelope import Envelope, seal
+from protocol.ledger_messages import LedgerEntry, StakeDeposit
+
+PARAMS = Params(
+    min_stake_per_unit_gwei=1_000,
+    unbonding_delay_epochs=2,
+    slash_gwei=400,
+    ejection_threshold=2,
+    epoch_seconds=1_000,
+)
+VAL, W1, W2 = T.identity("val"), T.identity("w1"), T.identity("w2")
+
+
+@pytest.fixture
+def harness(tmp_path: Path):
+    h = T.SignedHarness.create(tmp_path, PARAMS)
+    yield h
+    h.close()
+
+
+def populate(h: T.SignedHarness, *, epochs: int = 3, per_epoch: int = 4) -> None:
+    """A log spread over several epochs: registrations, stakes, contributions, a slash."""
+    log = h.ledger
+    log.register(VAL, "validator", T.compute())
+    log.register(W1, "worker", T.compute(2))
+    log.register(W2, "worker", T.compute())
+    log.deposit(VAL, 1_000)
+    log.deposit(W1, 2_500)
+    log.deposit(W2, 1_000)
+    nonce = 0
+    for epoch in range(epochs):
+        h.advance_to(epoch)
+        for _ in range(per_epoch):
+            log.record_contribution(VAL, T.contribution(VAL, W1, nonce=nonce))
+            nonce += 1
+    log.slash(VAL, T.slash(W2, 400, nonce=1000))
+
+
+def row_count(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+
+
+# --- authentication and replay ---------------------------------------------------------------------
+
+
+def test_forged_signature_is_refused_and_changes_nothing(harness) -> None:
+    populate(harness)
+    envelope = decode(Envelope, harness.ledger.sign(W1, StakeDeposit(5)))
+    sig = bytearray(envelope.sig)
+    sig[5] ^= 0xFF
+    forged = encode(replace(envelope, sig=bytes(sig)))
+    before = harness.fingerprint()
+    with pytest.raises(E.BadSignature):
+        harness.ledger.append_envelope(forged)
+    assert harness.fingerprint() == before
+
+
+def test_operation_claiming_another_sender_is_refused(harness) -> None:
+    """W2 signs a deposit but names W1 as sender: the signature does not recover to W1."""
+    populate(harness)
+    mine = decode(Envelope, harness.ledger.sign(W2, StakeDeposit(5)))
+    claimed = encode(replace(mine, sender=W1.address))
+    before = harness.fingerprint()
+    with pytest.raises(E.BadSignature, match="signed by another key"):
+        harness.ledger.append_envelope(claimed)
+    assert harness.fingerprint() == before
+
+
+def test_replayed_operation_is_refused(harness) -> None:
+    populate(harness)
+    first = harness.ledger.sign(W1, StakeDeposit(5))
+    harness.ledger.append_envelope(first)
+    before = harness.fingerprint()
+    with pytest.raises(E.ReplayedOperation):
+        harness.ledger.append_envelope(first)
+    stale = seal(W1, StakeDeposit(6), run=harness.ledger.ledger_id, seq=0, ts=0)  # nonce 0 long used
+    with pytest.raises(E.ReplayedOperation):
+        harness.ledger.append_envelope(stale)
+    assert harness.fingerprint() == before
+
+
+def test_operation_for_another_ledger_or_not_an_operation(harness) -> None:
+    populate(harness)
+    before = harness.fingerprint()
+    with pytest.raises(E.WrongLedger):
+        harness.ledger.append_envelope(seal(W1, StakeDeposit(5), run="other-ledger", seq=99, ts=0))
+    submission = T.submission_envelope(W1, run=harness.ledger.ledger_id, nonce=99)
+    with pytest.raises(E.MalformedOperation, match="not a ledger operation"):
+        harness.ledger.append_envelope(submission)
+    with pytest.raises(E.MalformedOperation):
+        harness.ledger.append_envelope(b"\x93\x01\x02")
+    assert harness.fingerprint() == before
+
+
+def test_gaps_in_nonces_are_allowed_but_order_is_not(harness) -> None:
+    """Nonces only have to increase, so an author's gossiped operations need not arrive contiguously."""
+    populate(harness)
+    nonce = harness.ledger.nonce_of(W1.address)
+    later = seal(W1, StakeDeposit(7), run=harness.ledger.ledger_id, seq=nonce + 5, ts=0)
+    earlier = seal(W1, StakeDeposit(8), run=harness.ledger.ledger_id, seq=nonce + 2, ts=0)
+    harness.ledger.append_envelope(later)
+    with pytest.raises(E.ReplayedOperation):
+        harness.ledger.append_envelope(earlier)
+
+
+def test_entry_epoch_never_goes_back(harness, tmp_path: Path) -> None:
+    populate(harness)
+    harness.clock.epoch = 0  # a host clock that jumped backwards
+    receipt = harness.ledger.deposit(W1, 1)
+    assert receipt.epoch == 2
+    log = new_log_state(harness.ledger.genesis)
+    for data in harness.ledger.iter_entries():
+        apply_entry(log, data)
+    entry = LedgerEntry(
+        index=log.size, prev_hash=log.head, epoch=1, op=harness.ledger.sign(W1, StakeDeposit(3))
+    )
+    with pytest.raises(E.EpochRegression):
+        apply_entry(log, encode(entry))
+
+
+# --- durability and replay ---------------------------------------------------------------------------
+
+
+def test_reopen_derives_the_same_state(harness, tmp_path: Path) -> None:
+    populate(harness)
+    expected = (
+        harness.ledger.snapshot(),
+        harness.ledger.head(),
+        harness.ledger.merkle_root(),
+        harness.ledger.checkpoints(),
+    )
+    harness.ledger.close()
+    for audit in (False, True):
+        reopened = SignedLog.open(tmp_path / "ledger.db", audit=audit, epochs=harness.clock)
+        assert (
+            reopened.snapshot(),
+            reopened.head(),
+            reopened.merkle_root(),
+            reopened.checkpoints(),
+        ) == expected
+        reopened.close()
+    harness.ledger = SignedLog.open(tmp_path / "ledger.db", epochs=harness.clock)
+
+
+def test_two_handles_on_one_file_interleave(tmp_path: Path) -> None:
+    """Appenders in several processes share one file: each catches up before it appends."""
+    clock = T.ManualEpochs()
+    a = SignedLog.create(tmp_path / "shared.db", PARAMS, epochs=clock, now_ms=lambda: 0)
+    b = SignedLog.open(tmp_path / "shared.db", epochs=clock, now_ms=lambda: 0)
+    a.register(VAL, "validator", T.compute())
+    b.register(W1, "worker", T.compute())
+    a.deposit(VAL, 1_000)
+    b.deposit(W1, 1_000)
+    b.record_contribution(VAL, T.contribution(VAL, W1, nonce=0))  # b learns VAL's nonce by catching up
+    a.record_contribution(VAL, T.contribution(VAL, W1, nonce=1))
+    assert a.size() == 6 and b.size() == 5  # b has not seen a's last entry yet
+    b.refresh()
+    assert (b.size(), b.head()) == (a.size(), a.head())
+    assert a.snapshot() == b.snapshot() and a.merkle_root() == b.merkle_root()
+    a.close()
+    b.close()
+    assert verify_log(tmp_path / "shared.db").ok
+
+
+def test_refusal_writes_nothing_to_disk(harness, tmp_path: Path) -> None:
+    populate(harness)
+    rows = row_count(tmp_path / "ledger.db")
+    with pytest.raises(E.InsufficientStake):
+        harness.ledger.unbond(W2, 10**9)
+    with pytest.raises(E.UnknownNode):
+        harness.ledger.deposit(T.identity("nobody"), 1)
+    assert row_count(tmp_path / "ledger.db") == rows
+    assert harness.ledger.nonce_of(W2.address) == 2  # a refused operation does not burn a nonce
+
+
+# --- audit -------------------------------------------------------------------------------------------
+
+
+def tamper(path: Path, sql: str, *args: object) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute(sql, args)
+
+
+def test_verify_accepts_an_honest_log(harness, tmp_path: Path) -> None:
+    populate(harness)
+    report = verify_log(tmp_path / "ledger.db")
+    assert report.ok and report.first_bad is None
+    assert (report.entries, report.head, report.root) == (
+        harness.ledger.size(),
+        harness.ledger.head(),
+        harness.ledger.merkle_root(),
+    )
+    assert report.checkpoints == 2
+
+
+def _flip_byte(data: bytes, offset: int) -> bytes:
+    out = bytearray(data)
+    out[offset] ^= 0x01
+    return bytes(out)
+
+
+@pytest.mark.parametrize("index", [0, 7, 13])
+def test_verify_names_the_first_bad_entry(harness, tmp_path: Path, index: int) -> None:
+    populate(harness)
+    path = tmp_path / "ledger.db"
+    data = harness.ledger.entry(index)
+    harness.ledger.close()
+    tamper(path, "UPDATE entries SET data = ? WHERE idx = ?", _flip_byte(data, len(data) - 40), index)
+    report = verify_log(path)
+    assert not report.ok and report.first_bad == index, report.error
+
+
+def test_verify_catches_deleted_reordered_and_rewritten_entries(harness, tmp_path: Path) -> None:
+    populate(harness)
+    path = tmp_path / "ledger.db"
+    harness.ledger.close()
+    copy = tmp_path / "copy.db"
+
+    def fresh() -> Path:
+        copy.unlink(missing_ok=True)
+        with sqlite3.connect(path) as src, sqlite3.connect(copy) as dst:
+            src.backup(dst)
+        return copy
+
+    tamper(fresh(), "DELETE FROM entries WHERE idx = 5")
+    assert verify_log(copy).first_bad == 5
+    tamper(fresh(), "UPDATE entries SET idx = -idx WHERE idx IN (8, 9)")
+    tamper(copy, "UPDATE entries SET idx = 9 WHERE idx = -8")
+    tamper(copy, "UPDATE entries SET idx = 8 WHERE idx = -9")
+    assert verify_log(copy).first_bad == 8
+    tamper(fresh(), "UPDATE entries SET hash = ? WHERE idx = 3", bytes(32))
+    assert verify_log(copy).first_bad == 3
+    tamper(fresh(), "UPDATE checkpoints SET root = ? WHERE epoch = 1", bytes(32))
+    report = verify_log(copy)
+    assert not report.ok and "checkpoints" in str(report.error)
+
+
+def test_verify_catches_changed_parameters(harness, tmp_path: Path) -> None:
+    """The genesis record (ledger id, parameters) is chained into entry 0."""
+    populate(harness)
+    path = tmp_path / "ledger.db"
+    harness.ledger.close()
+    from ledger.log import make_genesis
+
+    easier = make_genesis("test", replace(PARAMS, min_stake_per_unit_gwei=1), 0)
+    tamper(path, "UPDATE meta SET value = ? WHERE key = 'genesis'", encode(easier))
+    report = verify_log(path)
+    assert report.first_bad == 0
+
+
+def test_verify_catches_a_well_chained_but_invalid_operation(harness, tmp_path: Path) -> None:
+    """A host that re-chains a forged history still cannot make the operations valid."""
+    populate(harness, epochs=1, per_epoch=1)
+    path = tmp_path / "ledger.db"
+    log = new_log_state(harness.ledger.genesis)
+    for data in harness.ledger.iter_entries():
+        apply_entry(log, data)
+    bad_op = harness.ledger.sign(W2, StakeDeposit(5))
+    bad_op = encode(replace(decode(Envelope, bad_op), sender=W1.address))  # claims W1
+    entry = encode(LedgerEntry(index=log.size, prev_hash=log.head, epoch=0, op=bad_op))
+    harness.ledger.close()
+    tamper(path, "INSERT INTO entries VALUES (?, ?, ?, ?)", log.size, sha256(entry), 0, entry)
+    report = verify_log(path)
+    assert report.first_bad == log.size and "BadSignature" in str(report.error)
+    with pytest.raises(E.CorruptLog):
+        SignedLog.open(path, audit=True)
+
+
+def test_open_refuses_a_file_that_is_not_a_log(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    sqlite3.connect(path).execute("CREATE TABLE meta (key TEXT, value BLOB)").connection.close()
+    with pytest.raises(E.CorruptLog):
+        SignedLog.open(path)
+    assert verify_log(path).first_bad is None and not verify_log(path).ok
+
+
+# --- Merkle checkpoints and proofs ----------------------------------------------------------------------
+
+
+def test_every_entry_has_an_inclusion_proof(harness) -> None:
+    populate(harness)
+    log = harness.ledger
+    for index in range(log.size()):
+        proof = log.prove(index)
+        assert proof.root == log.merkle_root() and proof.verify()
+    bad = log.prove(3)
+    assert not replace(bad, entry_hash=sha256(b"x")).verify()
+    assert not replace(bad, index=4).verify()
+
+
+def test_checkpoints_close_each_epoch(harness) -> None:
+    populate(harness, epochs=3, per_epoch=4)
+    log = harness.ledger
+    checkpoints = log.checkpoints()
+    assert [c.epoch for c in checkpoints] == [0, 1]
+    assert [c.size for c in checkpoints] == [10, 14]  # 6 setup entries + 4 per epoch
+    hashes = [sha256(log.entry(i)) for i in range(log.size())]
+    for checkpoint in checkpoints:
+        assert checkpoint.root == merkle_root(hashes[: checkpoint.size])
+        proof = log.prove(2, checkpoint.size)
+        assert proof.root == checkpoint.root
+        assert is_included(hashes[2], 2, checkpoint.size, list(proof.path), checkpoint.root)
+    assert log.checkpoint(0) == checkpoints[0]
+    assert log.checkpoint(2).size == log.size()  # the open epoch: the current head
+    assert log.checkpoint(7).root == log.merkle_root()
+
+
+def test_accumulator_matches_rfc6962_at_every_size() -> None:
+    leaves = [sha256(bytes([i])) for i in range(70)]
+    acc = MerkleAccumulator()
+    assert acc.root() == merkle_root([])
+    for i, leaf in enumerate(leaves):
+        acc.append(leaf)
+        assert acc.root() == merkle_root(leaves[: i + 1])
+
+
+def test_verify_reports_garbage_files_instead_of_crashing(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"definitely not sqlite" * 100)
+    report = verify_log(junk)
+    assert not report.ok and report.first_bad is None
+    with pytest.raises(E.CorruptLog):
+        SignedLog.open(junk)
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    assert not verify_log(empty).ok
