@@ -138,5 +138,97 @@ def conformance(vectors: Path | None, verbose: bool) -> None:
     console.print(f"[green]all {len(results)} cases passed[/]")
 
 
+@main.command()
+@click.option("--sync", "sync_mode", is_flag=True, required=True,
+              help="Single-process baseline: generate and train in one loop, no network (the only mode so far).")
+@click.option("--steps", type=click.IntRange(1), default=30, show_default=True, help="GRPO steps to take.")
+@click.option("--base", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Base checkpoint (default: the committed devnet base).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for the final checkpoint and optimizer state.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per step.")
+def train(sync_mode: bool, steps: int, base: Path | None, out: Path | None, as_json: bool) -> None:
+    """Train the devnet model with GRPO in one process (the baseline the swarm is compared with)."""
+    import time
+    from dataclasses import asdict
+
+    from crypto.hashing import sha256
+    from node.rl.model import load_checkpoint
+    from node.rl.run import BASE_CHECKPOINT, devnet_run
+    from node.rl.sync import SyncStep, run_sync
+
+    base = base or BASE_CHECKPOINT
+    if not base.exists():
+        raise click.ClickException(f"no base checkpoint at {base}; build it with scripts/make_base_checkpoint.py")
+    cfg, _ = load_checkpoint(base)
+    trainer = NodeIdentity(sha256(b"swarmnode-sync-trainer"))
+    worker = NodeIdentity(sha256(b"swarmnode-sync-worker"))
+    setup = devnet_run(trainer.address, cfg, base, created_ms=int(time.time() * 1000))
+
+    def report(record: SyncStep) -> None:
+        s = record.stats
+        if as_json:
+            click.echo(json.dumps({**asdict(s), "generate_s": record.generate_s, "train_s": record.train_s}))
+        else:
+            console.print(f"step {s.step:4d}  reward {s.mean_reward:5.3f}  groups {s.groups_used}/"
+                          f"{s.groups_used + s.groups_dropped}  loss {s.loss:+.4f}  grad {s.grad_norm:6.3f}  "
+                          f"gen {record.generate_s:5.2f}s  train {record.train_s:5.2f}s")
+
+    history = run_sync(setup, base, steps, worker.address, out_dir=out, on_step=report)
+    first = sum(h.stats.mean_reward for h in history[:5]) / min(5, len(history))
+    last = sum(h.stats.mean_reward for h in history[-5:]) / min(5, len(history))
+    if not as_json:
+        console.print(f"mean reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
+
+
+@main.command()
+@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="The run's checkpoint (default: the committed devnet base).")
+@click.option("--workers", type=click.IntRange(1), default=4, show_default=True, help="Simulated honest workers.")
+@click.option("--submissions", type=click.IntRange(1), default=4, show_default=True, help="Submissions per worker.")
+@click.option("--margin", type=click.FloatRange(1.0), default=3.0, show_default=True,
+              help="Bound = honest maximum x margin (never below the float-noise floor).")
+@click.option("--json", "as_json", is_flag=True, help="Print the bounds as JSON for a run descriptor.")
+def calibrate(checkpoint: Path | None, workers: int, submissions: int, margin: float, as_json: bool) -> None:
+    """Measure honest TOPLOC statistics on a checkpoint and print the run's calibrated bounds."""
+    import time
+
+    from crypto.hashing import sha256
+    from node.rl.calibration import calibrate_run
+    from node.rl.engine import TransformersEngine
+    from node.rl.model import load_checkpoint
+    from node.rl.run import BASE_CHECKPOINT, devnet_run
+
+    checkpoint = checkpoint or BASE_CHECKPOINT
+    cfg, _ = load_checkpoint(checkpoint)
+    setup = devnet_run(b"\0" * 20, cfg, checkpoint, created_ms=int(time.time() * 1000))
+    engine = TransformersEngine.from_checkpoint(checkpoint)
+    addresses = [NodeIdentity(sha256(f"calibration-worker-{i}".encode())).address for i in range(workers)]
+    with console.status("generating honest submissions") as status:
+        result = calibrate_run(setup, engine, engine, addresses, submissions, margin,
+                               on_progress=lambda done, total: status.update(f"honest submissions {done}/{total}"))
+    worst_exp = max(a.mean_exp_mismatches for a in result.honest)
+    worst_mant = max(a.mean_mant_err for a in result.honest)
+    bounds = {"max_mean_exp_mismatches": result.policy.max_mean_exp_mismatches,
+              "max_mean_mant_err": result.policy.max_mean_mant_err, "margin": margin,
+              "honest_submissions": len(result.honest), "honest_max_mean_exp_mismatches": worst_exp,
+              "honest_max_mean_mant_err": worst_mant}
+    if as_json:
+        click.echo(json.dumps(bounds))
+        return
+    for name, value in bounds.items():
+        console.print(f"{name:<32} {value}")
+
+
+def _register_groups() -> None:
+    """Command groups that live beside their subsystems, added explicitly (no import-time registration)."""
+    from node import cli_ledger, cli_run
+
+    cli_ledger.register_commands(main)
+    cli_run.register_commands(main)
+
+
+_register_groups()
+
 if __name__ == "__main__":
     main()

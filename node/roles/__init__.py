@@ -1,0 +1,20 @@
+"""The four roles (and the bootstrap entry point) as small services composed by node.runtime."""
+
+from __future__ import annotations
+
+from node.roles.base import RoleService
+from node.roles.bootstrap import Bootstrap
+from node.roles.relay import Relay
+from node.roles.trainer import Trainer
+from node.roles.validator import Validator
+from node.roles.worker import Worker
+
+ROLE_CLASSES: dict[str, type[RoleService]] = {
+    "trainer": Trainer,
+    "relay": Relay,
+    "worker": Worker,
+    "validator": Validator,
+    "bootstrap": Bootstrap,
+}
+
+__all__ = ["ROLE_CLASSES", "Bootstrap", "Relay", "RoleService", "Trainer", "Validator", "Worker"]

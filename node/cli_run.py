@@ -1,0 +1,174 @@
+"""`swarmnode run`, `swarmnode devnet` and `swarmnode probe`: the networked commands.
+
+`register_commands(group)` adds them to the main CLI group; `python -m node.cli_run ...` runs them
+standalone (the devnet starts its nodes that way, so it does not depend on the installed entry point).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+
+from crypto.identity import NodeIdentity
+from crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
+from node.config import ROLE_NAMES, ConfigError, NodeConfig, load_config
+from node.p2p.host import apply_yamux_tuning
+from node.runtime import NodeRuntime, cancel_on_signal, configure_logging, run_until_signalled
+
+
+def _password() -> str:
+    from_env = os.environ.get(PASSWORD_ENV)
+    if from_env is not None:
+        return from_env
+    if not sys.stdin.isatty():
+        raise click.UsageError(f"no terminal to prompt for the key password; set {PASSWORD_ENV}")
+    return str(click.prompt("Key password", hide_input=True))
+
+
+def _identity(config: NodeConfig) -> NodeIdentity:
+    try:
+        return load_keystore(config.identity, _password())
+    except KeystoreError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _config(path: Path | None, overrides: dict[str, Any]) -> NodeConfig:
+    try:
+        return load_config(path, overrides)
+    except ConfigError as exc:
+        raise click.ClickException(f"config: {exc}") from None
+
+
+def _node_options(fn: Any) -> Any:
+    options = [
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="Node TOML file (flags override it).",
+        ),
+        click.option("--identity", type=click.Path(path_type=Path), help="Keystore v3 file of the node key."),
+        click.option("--listen", help="Listen multiaddr, e.g. /ip4/0.0.0.0/tcp/4001."),
+        click.option("--bootstrap", multiple=True, help="Bootstrap peer multiaddr …/p2p/<id> (repeatable)."),
+        click.option("--run", "run_id", help="Run id."),
+        click.option("--data-dir", type=click.Path(path_type=Path), help="Data directory."),
+        click.option("--http-port", type=int, help="Data-plane HTTP port announced in Hello."),
+        click.option("--metrics-port", type=int, help="Prometheus port on 127.0.0.1 (0: off)."),
+        click.option("--ledger-url", help="Ledger URL."),
+        click.option("--log-level", help="Log level (DEBUG, INFO, WARNING, ...)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "identity": kwargs["identity"],
+        "listen": kwargs["listen"],
+        "bootstrap": kwargs["bootstrap"],
+        "run": kwargs["run_id"],
+        "data_dir": kwargs["data_dir"],
+        "http_port": kwargs["http_port"],
+        "metrics_port": kwargs["metrics_port"],
+        "ledger_url": kwargs["ledger_url"],
+        "log_level": kwargs["log_level"],
+    }
+
+
+@click.command("run")
+@click.option("--role", type=click.Choice(ROLE_NAMES), help="Role of this node (overrides the config).")
+@_node_options
+def run_command(role: str | None, config_path: Path | None, **kwargs: Any) -> None:
+    """Run a node until SIGINT/SIGTERM: host, DHT, gossip, request/response and the role's service."""
+    from node.roles import ROLE_CLASSES
+
+    config = _config(config_path, {"role": role, **_overrides(kwargs)})
+    identity = _identity(config)
+    configure_logging(config)
+    apply_yamux_tuning()
+    runtime = NodeRuntime(config, identity, ROLE_CLASSES[config.role]())
+    trio.run(run_until_signalled, runtime)
+
+
+@click.command("probe")
+@_node_options
+@click.option("--kind", default="shards", show_default=True, help="Topic kind to publish probes on.")
+@click.option("--rate", type=float, default=1.0, show_default=True, help="Probes per second.")
+@click.option("--count", type=int, default=0, show_default=True, help="Probes to publish.")
+@click.option(
+    "--wait-subscribers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Publish once this many peers subscribe to the topic.",
+)
+@click.option("--lookups", type=int, default=0, show_default=True, help="Timed provider lookups per role.")
+@click.option(
+    "--linger", type=float, default=2.0, show_default=True, help="Seconds to stay after publishing."
+)
+@click.option("--report", type=click.Path(path_type=Path), help="Write the probe report (JSON) here.")
+def probe_command(
+    config_path: Path | None,
+    kind: str,
+    rate: float,
+    count: int,
+    wait_subscribers: int,
+    lookups: int,
+    linger: float,
+    report: Path | None,
+    **kwargs: Any,
+) -> None:
+    """Join the swarm as a role-less node, publish numbered probes and time DHT lookups, then leave."""
+    from node.roles.probe import Probe, ProbePlan
+
+    config = _config(config_path, {"role": "bootstrap", **_overrides(kwargs)})
+    config = dataclasses.replace(config, role="probe")
+    identity = _identity(config)
+    configure_logging(config)
+    apply_yamux_tuning()
+    plan = ProbePlan(
+        kind=kind, rate=rate, count=count, wait_subscribers=wait_subscribers, lookups=lookups, linger=linger
+    )
+    probe = Probe(plan)
+    runtime = NodeRuntime(config, identity, probe)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_on_signal, nursery.cancel_scope)
+            await nursery.start(runtime.run)
+            await probe.probe_work.done.wait()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    document = dataclasses.asdict(probe.probe_work.report) | {"peer_id": identity.peer_id}
+    if report is not None:
+        report.write_text(json.dumps(document))
+    else:
+        click.echo(json.dumps(document))
+
+
+def register_commands(group: click.Group) -> None:
+    """Add `run`, `devnet` and `probe` to the swarmnode CLI group."""
+    from node.devnet import devnet_command
+
+    group.add_command(run_command)
+    group.add_command(devnet_command)
+    group.add_command(probe_command)
+
+
+@click.group()
+def standalone() -> None:
+    """swarmnode networked commands (standalone entry point)."""
+
+
+if __name__ == "__main__":
+    register_commands(standalone)
+    standalone()

@@ -1,0 +1,247 @@
+"""One TOML file per node; command-line flags override it.
+
+```toml
+[node]
+identity = "node.key"              # keystore v3 file, relative to this file
+listen = "/ip4/0.0.0.0/tcp/4001"
+bootstrap = ["/ip4/10.0.0.1/tcp/4001/p2p/16Uiu2..."]
+run = "my-run"
+role = "worker"                    # trainer | relay | worker | validator | bootstrap
+ledger_url = "sqlite:///data/ledger.db"
+data_dir = "data"                  # relative to this file
+http_host = "127.0.0.1"            # data plane (HTTP) endpoint announced in Hello
+http_port = 8080
+metrics_port = 9100                # Prometheus /metrics on 127.0.0.1; 0 disables
+trainer = "0x..."                  # optional: accept only this trainer's run descriptor
+log_level = "INFO"
+libp2p_log_level = "ERROR"
+record_deliveries = false          # append every delivered gossip message to data_dir/deliveries.jsonl
+
+[discovery]   # DiscoverySettings fields, seconds
+[gossip]      # degree, degree_low, degree_high, heartbeat_interval, seen_ttl, forward_cap_per_topic
+[liveness]    # interval, idle_after, max_strikes
+[scoring]     # ScoreParams fields
+```
+Unknown keys are errors: a typo must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from crypto.identity import parse_address
+from node.p2p.dht import DiscoverySettings
+from node.p2p.gossip import GossipSettings
+from node.p2p.records import InvalidRecord, check_run
+from node.p2p.scoring import ScoreParams
+
+ROLE_NAMES = ("trainer", "relay", "worker", "validator", "bootstrap")
+
+
+class ConfigError(ValueError):
+    """The config file or a flag is invalid; the message says which key."""
+
+
+@dataclass(frozen=True)
+class LivenessSettings:
+    interval: float = 10.0
+    idle_after: float = 20.0
+    max_strikes: int = 3
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    identity: Path
+    run: str
+    role: str
+    data_dir: Path
+    listen: str = "/ip4/0.0.0.0/tcp/4001"
+    bootstrap: tuple[str, ...] = ()
+    ledger_url: str = ""
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    metrics_port: int = 0
+    trainer: bytes | None = None
+    log_level: str = "INFO"
+    libp2p_log_level: str = "ERROR"
+    record_deliveries: bool = False
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+    gossip: GossipSettings = field(default_factory=GossipSettings)
+    liveness: LivenessSettings = field(default_factory=LivenessSettings)
+    scoring: ScoreParams = field(default_factory=ScoreParams)
+
+    @property
+    def http_endpoint(self) -> str:
+        return f"http://{self.http_host}:{self.http_port}" if self.http_port else ""
+
+    def discovery_settings(self) -> DiscoverySettings:
+        return replace(self.discovery, bootstrap=self.bootstrap, trainer=self.trainer)
+
+
+_NODE_KEYS = {
+    "identity",
+    "listen",
+    "bootstrap",
+    "run",
+    "role",
+    "ledger_url",
+    "data_dir",
+    "http_host",
+    "http_port",
+    "metrics_port",
+    "trainer",
+    "log_level",
+    "libp2p_log_level",
+    "record_deliveries",
+}
+_GOSSIP_KEYS = {
+    "degree",
+    "degree_low",
+    "degree_high",
+    "heartbeat_interval",
+    "seen_ttl",
+    "forward_cap_per_topic",
+    "pending_ttl",
+}
+
+
+def _section(cls: type, table: dict[str, Any], name: str, allowed: set[str] | None = None) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    allowed = allowed if allowed is not None else set(fields) - {"bootstrap", "trainer", "policies"}
+    unknown = set(table) - allowed
+    if unknown:
+        raise ConfigError(f"[{name}] has unknown key(s): {', '.join(sorted(unknown))}")
+    values = {}
+    for key, value in table.items():
+        default = getattr(cls(), key)
+        if isinstance(default, tuple):
+            if not isinstance(value, list):
+                raise ConfigError(f"[{name}] {key} must be a list")
+            value = tuple(value)
+        elif isinstance(default, bool) or isinstance(value, bool):
+            if not isinstance(value, bool) or not isinstance(default, bool):
+                raise ConfigError(f"[{name}] {key} must be a {type(default).__name__}")
+        elif isinstance(default, (int, float)):
+            if not isinstance(value, (int, float)) or (
+                isinstance(default, int) and not isinstance(value, int)
+            ):
+                raise ConfigError(f"[{name}] {key} must be a {type(default).__name__}")
+        values[key] = value
+    return cls(**values)
+
+
+def parse_config(document: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """The keyword arguments of NodeConfig from a parsed TOML document (paths resolved from base_dir)."""
+    unknown = set(document) - {"node", "discovery", "gossip", "liveness", "scoring"}
+    if unknown:
+        raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
+    node = dict(document.get("node", {}))
+    bad = set(node) - _NODE_KEYS
+    if bad:
+        raise ConfigError(f"[node] has unknown key(s): {', '.join(sorted(bad))}")
+    kwargs: dict[str, Any] = {}
+    for key in ("listen", "run", "role", "ledger_url", "http_host", "log_level", "libp2p_log_level"):
+        if key in node:
+            if not isinstance(node[key], str):
+                raise ConfigError(f"[node] {key} must be a string")
+            kwargs[key] = node[key]
+    for key in ("identity", "data_dir"):
+        if key in node:
+            kwargs[key] = (base_dir / str(node[key])).resolve()
+    for key in ("http_port", "metrics_port"):
+        if key in node:
+            if not isinstance(node[key], int) or not 0 <= node[key] < 65536:
+                raise ConfigError(f"[node] {key} must be a port number")
+            kwargs[key] = node[key]
+    if "bootstrap" in node:
+        if not isinstance(node["bootstrap"], list) or not all(isinstance(a, str) for a in node["bootstrap"]):
+            raise ConfigError("[node] bootstrap must be a list of multiaddr strings")
+        kwargs["bootstrap"] = tuple(node["bootstrap"])
+    if "trainer" in node:
+        kwargs["trainer"] = _address(node["trainer"])
+    if "record_deliveries" in node:
+        if not isinstance(node["record_deliveries"], bool):
+            raise ConfigError("[node] record_deliveries must be true or false")
+        kwargs["record_deliveries"] = node["record_deliveries"]
+    if "discovery" in document:
+        kwargs["discovery"] = _section(DiscoverySettings, document["discovery"], "discovery")
+    if "gossip" in document:
+        kwargs["gossip"] = _section(GossipSettings, document["gossip"], "gossip", _GOSSIP_KEYS)
+    if "liveness" in document:
+        kwargs["liveness"] = _section(LivenessSettings, document["liveness"], "liveness")
+    if "scoring" in document:
+        kwargs["scoring"] = _section(ScoreParams, document["scoring"], "scoring")
+    return kwargs
+
+
+def _address(text: object) -> bytes:
+    if not isinstance(text, str):
+        raise ConfigError("trainer must be a 0x-prefixed address string")
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> NodeConfig:
+    """Read `path` (if given), apply non-None `overrides` (flag values), and check the result."""
+    kwargs: dict[str, Any] = {}
+    if path is not None:
+        try:
+            document = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from None
+        kwargs = parse_config(document, path.resolve().parent)
+    for key, value in (overrides or {}).items():
+        if value is None or value == ():
+            continue
+        if key in ("identity", "data_dir"):
+            value = Path(value).resolve()
+        elif key == "trainer":
+            value = _address(value)
+        elif key == "bootstrap":
+            value = tuple(value)
+        kwargs[key] = value
+    missing = [k for k in ("identity", "run", "role", "data_dir") if k not in kwargs]
+    if missing:
+        raise ConfigError(f"missing required setting(s): {', '.join(missing)} (in [node] or as flags)")
+    if kwargs["role"] not in ROLE_NAMES:
+        raise ConfigError(f"role must be one of {', '.join(ROLE_NAMES)}, not {kwargs['role']!r}")
+    try:
+        check_run(kwargs["run"])
+    except InvalidRecord as exc:
+        raise ConfigError(str(exc)) from None
+    return NodeConfig(**kwargs)
+
+
+def render_config(config: NodeConfig, base_dir: Path) -> dict[str, Any]:
+    """The [node] table of a config (paths relative to base_dir), for writing devnet configs with tomli_w."""
+
+    def rel(path: Path) -> str:
+        try:
+            return str(path.relative_to(base_dir))
+        except ValueError:
+            return str(path)
+
+    node: dict[str, Any] = {
+        "identity": rel(config.identity),
+        "listen": config.listen,
+        "bootstrap": list(config.bootstrap),
+        "run": config.run,
+        "role": config.role,
+        "ledger_url": config.ledger_url,
+        "data_dir": rel(config.data_dir),
+        "http_host": config.http_host,
+        "http_port": config.http_port,
+        "metrics_port": config.metrics_port,
+        "log_level": config.log_level,
+        "libp2p_log_level": config.libp2p_log_level,
+        "record_deliveries": config.record_deliveries,
+    }
+    if config.trainer is not None:
+        node["trainer"] = "0x" + config.trainer.hex()
+    return {"node": node}

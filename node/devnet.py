@@ -1,0 +1,461 @@
+"""`swarmnode devnet`: a whole swarm of separate processes on 127.0.0.1, with a live status view.
+
+One bootstrap node starts first; every other node (trainer, relays, workers, validators) is given only
+the bootstrap address and finds the rest through the DHT. Each node gets its own key, config, data
+directory and log under one folder (`devnet-runs/<time>/` unless `--out` names another), which stays
+after the run. Nodes write `status.json` every second; the view reads those. Ctrl-C, SIGTERM, or the end
+of `--duration` / `--until-discovered` stops every node with SIGTERM (SIGKILL after a grace period).
+
+`Devnet` is also the harness the multi-process tests and the network benchmark drive directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import tomli_w
+import trio
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from crypto.identity import NodeIdentity
+from crypto.keystore import PASSWORD_ENV, save_keystore
+from node.config import NodeConfig, render_config
+
+KDF_ITERATIONS = 2  # devnet keys only: fast to open, useless to protect anything
+STOP_GRACE = 10.0
+
+
+@dataclass(frozen=True)
+class DevnetPlan:
+    trainers: int = 1
+    relays: int = 2
+    workers: int = 2
+    validators: int = 1
+    run: str = "devnet"
+    record_deliveries: bool = False
+    sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # extra [discovery]/[liveness]...
+
+    def roles(self) -> list[tuple[str, str]]:
+        """(name, role) of every node, bootstrap first."""
+        nodes = [("bootstrap", "bootstrap")]
+        for role, count in (
+            ("trainer", self.trainers),
+            ("relay", self.relays),
+            ("worker", self.workers),
+            ("validator", self.validators),
+        ):
+            nodes += [(f"{role}-{i}", role) for i in range(1, count + 1)]
+        return nodes
+
+
+@dataclass
+class DevnetNode:
+    name: str
+    role: str
+    directory: Path
+    port: int
+    peer_id: str
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "node.toml"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def addr(self) -> str:
+        return f"/ip4/127.0.0.1/tcp/{self.port}/p2p/{self.peer_id}"
+
+    def status(self) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.data_dir / "status.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def default_folder() -> Path:
+    return Path("devnet-runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+class Devnet:
+    """Creates the folder, keys and configs, and starts/stops/kills node processes."""
+
+    def __init__(self, plan: DevnetPlan, folder: Path) -> None:
+        self.plan = plan
+        self.folder = folder.resolve()
+        self.password = secrets.token_hex(16)
+        self.nodes: dict[str, DevnetNode] = {}
+
+    def prepare(self) -> list[DevnetNode]:
+        self.folder.mkdir(parents=True, exist_ok=False)
+        identities = {}
+        for name, role in self.plan.roles():
+            directory = self.folder / name
+            identity = NodeIdentity(secrets.token_bytes(32))
+            save_keystore(identity, directory / "node.key", self.password, kdf_iterations=KDF_ITERATIONS)
+            identities[name] = identity
+            self.nodes[name] = DevnetNode(name, role, directory, free_port(), identity.peer_id)
+        bootstrap = self.nodes["bootstrap"].addr
+        for node in self.nodes.values():
+            self.write_config(node, bootstrap=() if node.role == "bootstrap" else (bootstrap,))
+        (self.folder / "devnet.json").write_text(
+            json.dumps(
+                {
+                    "run": self.plan.run,
+                    "bootstrap": bootstrap,
+                    "nodes": {
+                        n.name: {"role": n.role, "peer_id": n.peer_id, "addr": n.addr}
+                        for n in self.nodes.values()
+                    },
+                },
+                indent=1,
+            )
+        )
+        return list(self.nodes.values())
+
+    def write_config(
+        self,
+        node: DevnetNode,
+        *,
+        bootstrap: tuple[str, ...],
+        sections: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        config = NodeConfig(
+            identity=node.directory / "node.key",
+            run=self.plan.run,
+            role=node.role,
+            data_dir=node.data_dir,
+            listen=f"/ip4/127.0.0.1/tcp/{node.port}",
+            bootstrap=bootstrap,
+            http_port=0,
+            record_deliveries=self.plan.record_deliveries,
+        )
+        document = render_config(config, node.directory)
+        for section, values in (self.plan.sections if sections is None else sections).items():
+            document[section] = dict(values)
+        node.config_path.write_text(tomli_w.dumps(document))
+
+    def add_node(
+        self, name: str, role: str, *, config_sections: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> DevnetNode:
+        """An extra node (a probe, a late joiner) given only the bootstrap address."""
+        directory = self.folder / name
+        identity = NodeIdentity(secrets.token_bytes(32))
+        save_keystore(identity, directory / "node.key", self.password, kdf_iterations=KDF_ITERATIONS)
+        node = DevnetNode(name, role, directory, free_port(), identity.peer_id)
+        self.nodes[name] = node
+        self.write_config(node, bootstrap=(self.nodes["bootstrap"].addr,), sections=config_sections)
+        return node
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, PASSWORD_ENV: self.password, "PYTHONUNBUFFERED": "1"}
+
+    def start(self, name: str, *args: str, command: str = "run") -> DevnetNode:
+        """Start a node process (non-blocking); its output goes to <node>/stdout.log."""
+        node = self.nodes[name]
+        argv = [sys.executable, "-m", "node.cli_run", command, "--config", str(node.config_path), *args]
+        with (node.directory / "stdout.log").open("ab") as log:
+            node.process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env(),
+                cwd=str(node.directory),
+                start_new_session=True,
+            )
+        return node
+
+    def start_others(self) -> None:
+        for name, node in self.nodes.items():
+            if name != "bootstrap" and node.process is None:
+                self.start(name)
+
+    def not_ready(self, names: list[str]) -> list[str]:
+        """Names not yet ready; raises if one of them exited."""
+        waiting = []
+        for name in names:
+            node = self.nodes[name]
+            if node.exit_code is not None:
+                raise RuntimeError(f"{name} exited with {node.exit_code}; see {node.directory}/stdout.log")
+            status = node.status()
+            pid = node.process.pid if node.process is not None else None
+            if status is None or not status.get("ready") or status.get("pid") != pid:
+                waiting.append(name)
+        return waiting
+
+    def wait_ready(self, names: list[str], *, timeout: float) -> None:
+        """Blocking wait (tests); `await_ready` is the trio flavour."""
+        deadline = time.monotonic() + timeout
+        while self.not_ready(names):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not ready after {timeout}s: {self.not_ready(names)}")
+            time.sleep(0.2)
+
+    async def await_ready(self, names: list[str]) -> None:
+        """Wait until `names` are ready (callers bound it with trio.fail_after)."""
+        while self.not_ready(names):  # noqa: ASYNC110 - polls status files written by other processes
+            await trio.sleep(0.2)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: no clean shutdown, no goodbye to peers."""
+        node = self.nodes[name]
+        if node.process is not None and node.process.poll() is None:
+            node.process.kill()
+            node.process.wait()
+
+    def terminate(self, names: list[str] | None = None) -> None:
+        for name in names or list(self.nodes):
+            process = self.nodes[name].process
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+
+    def running(self) -> list[str]:
+        return [
+            n for n, node in self.nodes.items() if node.process is not None and node.process.poll() is None
+        ]
+
+    def stop_all(self, grace: float = STOP_GRACE) -> dict[str, int | None]:
+        """SIGTERM every node, SIGKILL what is left after `grace` seconds; returns exit codes (blocking)."""
+        self.terminate()
+        deadline = time.monotonic() + grace
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self._kill_rest()
+
+    async def stop_all_async(self, grace: float = STOP_GRACE) -> dict[str, int | None]:
+        self.terminate()
+        with trio.move_on_after(grace):
+            while self.running():  # noqa: ASYNC110 - polls child processes, which signal nothing to trio
+                await trio.sleep(0.1)
+        return self._kill_rest()
+
+    def _kill_rest(self) -> dict[str, int | None]:
+        for name in self.running():
+            self.kill(name)
+        return {name: node.exit_code for name, node in self.nodes.items()}
+
+    def statuses(self) -> dict[str, dict[str, Any] | None]:
+        return {name: node.status() for name, node in self.nodes.items()}
+
+    def discovered(self) -> bool:
+        """Every role node is ready and has found a verified provider of each role it needs."""
+        for node in self.nodes.values():
+            if node.role not in ("trainer", "relay", "worker", "validator"):
+                continue
+            status = node.status()
+            if status is None or not status.get("ready"):
+                return False
+            found = status.get("providers_found", {})
+            if not all(found.get(role) for role in status.get("needs", [])):
+                return False
+        return True
+
+
+def status_table(devnet: Devnet, elapsed: float) -> Table:
+    table = Table(title=f"devnet {devnet.plan.run} · {devnet.folder} · {elapsed:.0f}s", expand=False)
+    for column in ("node", "pid", "state", "peers", "dht", "providers found", "in", "out", "rej", "ban"):
+        table.add_column(column, no_wrap=column in ("node", "providers found"))
+    for node in devnet.nodes.values():
+        status = node.status() or {}
+        code = node.exit_code
+        state = "ready" if status.get("ready") else "starting"
+        if code is not None:
+            state = f"[red]exit {code}[/]" if code else "stopped"
+        found = status.get("providers_found", {})
+        found_text = (
+            " ".join(
+                f"{role}:{len(found.get(role, []))}" if found.get(role) else f"[red]{role}:0[/]"
+                for role in status.get("needs", [])
+            )
+            or "-"
+        )
+        gossip = {k: v for k, v in status.get("gossip", {}).items() if isinstance(v, dict)}
+        received = sum(s["delivered"] for s in gossip.values())
+        sent = sum(s["published"] for s in gossip.values())
+        rejected = sum(sum(s["rejected"].values()) for s in gossip.values())
+        table.add_row(
+            node.name,
+            str(status.get("pid", "-")),
+            state,
+            str(len(status.get("connected_peers", []))),
+            str(status.get("dht", {}).get("routing_table_size", "-")),
+            found_text,
+            str(received),
+            str(sent),
+            str(rejected),
+            str(status.get("guard", {}).get("banned_peers", 0)),
+        )
+    return table
+
+
+async def run_devnet(
+    devnet: Devnet,
+    *,
+    duration: float,
+    until_discovered: bool,
+    live: bool,
+    console: Console,
+    probe_rate: float = 0.0,
+) -> dict[str, Any]:
+    """Start every node, show status until done or signalled, stop everything; returns the summary."""
+    started = time.monotonic()
+    reason = "interrupted"
+    discovered = False
+    async with trio.open_nursery() as nursery:
+
+        async def watch_signals() -> None:
+            nonlocal reason
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    reason = "interrupted"
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(watch_signals)
+        try:
+            devnet.start("bootstrap")
+            with trio.fail_after(60):
+                await devnet.await_ready(["bootstrap"])
+            devnet.start_others()
+            with (
+                Live(status_table(devnet, 0), console=console, refresh_per_second=2, transient=False)
+                if live
+                else _NullLive() as view
+            ):
+                while True:
+                    elapsed = time.monotonic() - started
+                    view.update(status_table(devnet, elapsed))
+                    if probe_rate and "probe" not in devnet.nodes and devnet.discovered():
+                        devnet.add_node("probe", "probe")
+                        count = str(int(probe_rate * 86_400))
+                        devnet.start("probe", "--rate", str(probe_rate), "--count", count, command="probe")
+                    if until_discovered and devnet.discovered():
+                        reason = "discovered"
+                        break
+                    if duration and elapsed >= duration:
+                        reason = "duration"
+                        break
+                    crashed = [n.name for n in devnet.nodes.values() if n.exit_code not in (None, 0)]
+                    if crashed:
+                        reason = f"crashed: {', '.join(crashed)}"
+                        break
+                    await trio.sleep(0.5)
+        finally:
+            discovered = devnet.discovered()
+            with trio.CancelScope(shield=True):
+                codes = await devnet.stop_all_async()
+        nursery.cancel_scope.cancel()
+    summary = {
+        "folder": str(devnet.folder),
+        "reason": reason,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "discovered": discovered,
+        "exit_codes": codes,
+        "nodes": devnet.statuses(),
+    }
+    (devnet.folder / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+class _NullLive:
+    def __enter__(self) -> _NullLive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, renderable: object) -> None:
+        return None
+
+
+@click.command("devnet")
+@click.option("--trainers", type=int, default=1, show_default=True)
+@click.option("--relays", type=int, default=2, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--validators", type=int, default=1, show_default=True)
+@click.option("--run", "run_id", default="devnet", show_default=True, help="Run id.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="Folder for keys, configs, data and logs (default devnet-runs/<time>).",
+)
+@click.option(
+    "--duration", type=float, default=0.0, help="Stop after this many seconds (0: run until Ctrl-C)."
+)
+@click.option("--until-discovered", is_flag=True, help="Stop once every node found every role it needs.")
+@click.option("--record-deliveries", is_flag=True, help="Nodes log every delivered gossip message.")
+@click.option(
+    "--probe-rate",
+    type=float,
+    default=0.0,
+    help="Once discovery completes, a probe node publishes test messages on `shards` at this rate.",
+)
+@click.option(
+    "--no-live", is_flag=True, help="No live table (for logs and CI); prints the summary at the end."
+)
+def devnet_command(
+    trainers: int,
+    relays: int,
+    workers: int,
+    validators: int,
+    run_id: str,
+    out: Path | None,
+    duration: float,
+    until_discovered: bool,
+    record_deliveries: bool,
+    probe_rate: float,
+    no_live: bool,
+) -> None:
+    """Run a swarm of separate node processes on 127.0.0.1 and show live status."""
+    plan = DevnetPlan(trainers, relays, workers, validators, run_id, record_deliveries)
+    devnet = Devnet(plan, out or default_folder())
+    devnet.prepare()
+    console = Console()
+    console.print(f"devnet folder: [bold]{devnet.folder}[/]  ({len(devnet.nodes)} nodes)")
+    summary = trio.run(
+        lambda: run_devnet(
+            devnet,
+            duration=duration,
+            until_discovered=until_discovered,
+            live=not no_live,
+            console=console,
+            probe_rate=probe_rate,
+        )
+    )
+    if no_live:
+        console.print(status_table(devnet, summary["elapsed_s"]))
+    console.print()
+    console.print(f"stopped ({summary['reason']}); data dirs and logs in [bold]{devnet.folder}[/]")
+    failed = {n: c for n, c in summary["exit_codes"].items() if c not in (0, None)}
+    if failed:
+        raise click.ClickException(f"nodes did not stop cleanly: {failed}")
+    if until_discovered and summary["reason"] != "discovered":
+        raise click.ClickException(f"discovery did not complete ({summary['reason']})")

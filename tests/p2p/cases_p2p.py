@@ -1,0 +1,224 @@
+"""Conformance cases for DHT keys, run records, gossip topics and the gossip message rule.
+
+`python -m tests.p2p.cases_p2p` writes spec/vectors/p2p/*.json; tests/p2p/test_vectors.py fails when the
+committed files and these cases disagree, and replays the files through node.p2p.conformance.
+Invalid cases outnumber valid ones: the reasons are the contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from node.p2p.conformance import (
+    check_dht_key,
+    check_gossip_message_case,
+    check_gossip_topic,
+    check_run_record,
+)
+from node.p2p.records import run_record_key
+from node.roles.trainer import dev_run_descriptor
+from protocol.codec import decode, encode
+from protocol.envelope import Envelope, seal
+from protocol.messages import CheckpointManifest, ShardHave, Verdict
+from tests.conformance.keys import NOW_MS, RUN, vector_identity
+
+OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "p2p"
+Vector = dict[str, Any]
+TRAINER, OTHER = vector_identity(1), vector_identity(2)
+
+
+def _h(data: bytes) -> str:
+    return "0x" + data.hex()
+
+
+def _case(name: str, kind: str, inp: dict[str, Any], check: Any) -> Vector:
+    return {"name": name, "kind": kind, "input": inp, "expect": check(inp)}
+
+
+def dht_key_cases() -> Iterator[Vector]:
+    for role in ("trainer", "relay", "worker", "validator"):
+        yield _case(f"dht-key/role-{role}", "dht_key", {"run": RUN, "role": role}, check_dht_key)
+    for version in (0, 1, 2**64 - 1):
+        yield _case(
+            f"dht-key/checkpoint-{version}", "dht_key", {"run": RUN, "version": version}, check_dht_key
+        )
+    bad = [
+        ("role-bootstrap", {"run": RUN, "role": "bootstrap"}),
+        ("role-empty", {"run": RUN, "role": ""}),
+        ("run-uppercase", {"run": "Run", "role": "relay"}),
+        ("run-empty", {"run": "", "role": "relay"}),
+        ("run-too-long", {"run": "a" * 65, "role": "relay"}),
+        ("run-slash", {"run": "a/b", "role": "relay"}),
+        ("version-negative", {"run": RUN, "version": -1}),
+        ("version-over-u64", {"run": RUN, "version": 2**64}),
+    ]
+    for name, inp in bad:
+        yield _case(f"dht-key/invalid-{name}", "dht_key", inp, check_dht_key)
+
+
+def _record(
+    identity: Any = TRAINER, *, run: str = RUN, trainer: bytes | None = None, created: int = NOW_MS
+) -> bytes:
+    descriptor = dev_run_descriptor(
+        run, trainer if trainer is not None else identity.address, created_ms=created
+    )
+    return seal(identity, descriptor, run=run, seq=1, ts=created)
+
+
+def run_record_cases() -> Iterator[Vector]:
+    key = run_record_key(RUN)
+    good = _record()
+    yield _case("run-record/valid", "run_record", {"key": key, "value": _h(good)}, check_run_record)
+    yield _case(
+        "run-record/valid-pinned",
+        "run_record",
+        {"key": key, "value": _h(good), "trainer": _h(TRAINER.address)},
+        check_run_record,
+    )
+    yield _case(
+        "run-record/valid-old",
+        "run_record",
+        {"key": key, "value": _h(_record(created=1_000))},
+        check_run_record,
+    )
+    envelope = decode(Envelope, good)
+    tampered = encode(dataclasses.replace(envelope, body=envelope.body[:-1] + bytes([envelope.body[-1] ^ 1])))
+    have = seal(
+        TRAINER,
+        ShardHave(run=RUN, version=0, merkle_root=bytes(32), bitfield=b"", endpoint=""),
+        run=RUN,
+        seq=1,
+        ts=NOW_MS,
+    )
+    invalid = [
+        ("pinned-to-other", {"key": key, "value": _h(good), "trainer": _h(OTHER.address)}),
+        ("signed-by-other", {"key": key, "value": _h(_record(OTHER, trainer=TRAINER.address))}),
+        ("wrong-key-run", {"key": run_record_key("other-run"), "value": _h(good)}),
+        (
+            "descriptor-for-other-run",
+            {
+                "key": key,
+                "value": _h(
+                    seal(
+                        TRAINER,
+                        dev_run_descriptor("other-run", TRAINER.address, created_ms=NOW_MS),
+                        run=RUN,
+                        seq=1,
+                        ts=NOW_MS,
+                    )
+                ),
+            },
+        ),
+        ("not-a-descriptor", {"key": key, "value": _h(have)}),
+        ("tampered-body", {"key": key, "value": _h(tampered)}),
+        ("truncated", {"key": key, "value": _h(good[:-1])}),
+        ("garbage", {"key": key, "value": _h(b"\x00" * 40)}),
+        ("non-namespaced-key", {"key": "plain-key", "value": _h(good)}),
+        ("ipns-key", {"key": f"/ipns/{RUN}", "value": _h(good)}),
+    ]
+    for name, inp in invalid:
+        yield _case(f"run-record/invalid-{name}", "run_record", inp, check_run_record)
+
+
+def gossip_topic_cases() -> Iterator[Vector]:
+    for kind in ("checkpoints", "shards", "verdicts", "ledger"):
+        yield _case(f"gossip-topic/{kind}", "gossip_topic", {"run": RUN, "kind": kind}, check_gossip_topic)
+    yield _case(
+        "gossip-topic/invalid-kind", "gossip_topic", {"run": RUN, "kind": "rollouts"}, check_gossip_topic
+    )
+
+
+def gossip_message_cases() -> Iterator[Vector]:
+    sender = vector_identity(3)
+    have = ShardHave(
+        run=RUN, version=4, merkle_root=bytes(range(32)), bitfield=b"\x0f", endpoint="http://r:8080"
+    )
+    good = seal(sender, have, run=RUN, seq=10, ts=NOW_MS)
+
+    def case(name: str, kind: str, data: bytes, **extra: Any) -> Vector:
+        inp = {"run": RUN, "kind": kind, "now_ms": NOW_MS, "data": _h(data), **extra}
+        return _case(f"gossip-message/{name}", "gossip_message", inp, check_gossip_message_case)
+
+    yield case("shard-have", "shards", good)
+    verdict = Verdict(
+        run=RUN,
+        submission_digest=bytes(32),
+        worker=bytes(20),
+        step=1,
+        checkpoint_version=4,
+        accepted=True,
+        reason_code=0,
+        detail="",
+        failing_chunks=(),
+        tokens=100,
+        mean_exp_mismatches=0.5,
+        mean_mant_err=1.0,
+    )
+    yield case("verdict", "verdicts", seal(sender, verdict, run=RUN, seq=11, ts=NOW_MS))
+    manifest = CheckpointManifest(
+        run=RUN,
+        version=4,
+        parent_version=3,
+        model_config_hash=bytes(32),
+        total_size=0,
+        shards=(),
+        merkle_root=bytes(32),
+        created_ms=NOW_MS,
+    )
+    yield case("checkpoint-manifest", "checkpoints", seal(TRAINER, manifest, run=RUN, seq=12, ts=NOW_MS))
+    envelope = decode(Envelope, good)
+    yield case("invalid-oversized-for-topic", "shards", b"\x00" * 5000)
+    yield case("invalid-verdict-on-shards", "shards", seal(sender, verdict, run=RUN, seq=13, ts=NOW_MS))
+    yield case("invalid-shard-have-on-verdicts", "verdicts", good)
+    yield case("invalid-garbage", "shards", b"\xc1")
+    yield case("invalid-trailing-bytes", "shards", good + b"\x00")
+    yield case("invalid-forged-sender", "shards", encode(dataclasses.replace(envelope, sender=OTHER.address)))
+    yield case(
+        "invalid-tampered-body",
+        "shards",
+        encode(dataclasses.replace(envelope, body=envelope.body[:-1] + bytes([envelope.body[-1] ^ 1]))),
+    )
+    yield case(
+        "ignore-wrong-run",
+        "shards",
+        seal(sender, dataclasses.replace(have, run="other-run"), run="other-run", seq=14, ts=NOW_MS),
+    )
+    yield case("ignore-clock-skew", "shards", seal(sender, have, run=RUN, seq=15, ts=NOW_MS - 10 * 60 * 1000))
+    yield case("ignore-replay", "shards", good, accepted_before=[_h(good)])
+
+
+SUITES = {
+    "p2p-dht-keys": dht_key_cases,
+    "p2p-run-records": run_record_cases,
+    "p2p-gossip-topics": gossip_topic_cases,
+    "p2p-gossip-messages": gossip_message_cases,
+}
+
+
+def render(suite: str) -> str:
+    document = {
+        "suite": suite,
+        "generated_by": "python -m tests.p2p.cases_p2p",
+        "cases": list(SUITES[suite]()),
+    }
+    return json.dumps(document, indent=1) + "\n"
+
+
+def file_for(suite: str) -> Path:
+    return OUT / f"{suite.removeprefix('p2p-')}.json"
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for suite in SUITES:
+        file_for(suite).write_text(render(suite))
+        print(f"wrote {file_for(suite)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
