@@ -115,7 +115,9 @@ class Devnet:
         self.nodes: dict[str, DevnetNode] = {}
 
     def prepare(self) -> list[DevnetNode]:
-        self.folder.mkdir(parents=True, exist_ok=False)
+        if self.folder.exists():
+            raise click.ClickException(f"{self.folder} already exists; pass a new --out (runs are never overwritten)")
+        self.folder.mkdir(parents=True)
         identities = {}
         for name, role in self.plan.roles():
             directory = self.folder / name
