@@ -163,7 +163,9 @@ def test_processes_share_an_anvil_ledger_that_survives_a_restart(anvil_binary: s
         }
         assert after["nodes"] == before["nodes"]
         assert after["contributions"] == before["contributions"]
-        assert [s["bonded_gwei"] for s in after["stakes"]["stakes"]] == [10_000_000, 20_000_000]
+        # the two operators registered concurrently, so list order is whichever mined first: match by address
+        bonded = {s["address"]: s["bonded_gwei"] for s in after["stakes"]["stakes"]}
+        assert bonded == {keys["val"].checksum_address: 10_000_000, keys["w"].checksum_address: 20_000_000}
         assert after["contributions"]["total_tokens"] == 500
         status = json.loads(
             cli("stake", "status", "--key", str(tmp_path / "w.json"), "--json", env=env).stdout
