@@ -32,6 +32,7 @@ LATEST = "latest"
 
 # --- manifest ------------------------------------------------------------------------------------
 
+
 def _rule(detail: str) -> Reject:
     return Reject(Reason.RULE_VIOLATION, detail)
 
@@ -90,6 +91,7 @@ def verify_manifest(data: bytes, *, run: str, trainer: bytes, now_ms: int) -> Ch
 
 # --- ShardHave bitfield --------------------------------------------------------------------------
 
+
 def bitfield_length(shard_count: int) -> int:
     return (shard_count + 7) // 8
 
@@ -124,7 +126,23 @@ def check_have(have: ShardHave, manifest: CheckpointManifest) -> frozenset[int]:
     return decode_bitfield(have.bitfield, len(manifest.shards))
 
 
+def verify_have(data: bytes, manifest: CheckpointManifest, endpoint: str, *, now_ms: int) -> ShardHave:
+    """Open a `ShardHave` envelope fetched from `endpoint` about the trusted `manifest`'s version.
+
+    Anyone may sign a claim about itself; the claim must name the endpoint it was fetched from (over
+    gossip, the caller checks the sender's announced endpoint instead) and fit the manifest.
+    """
+    freshness_ref = min(now_ms, envelope_timestamp(data))
+    opened = open_envelope(data, run=manifest.run, now_ms=freshness_ref, replay=None, expect=ShardHave)
+    have: ShardHave = opened.message
+    check_have(have, manifest)
+    if have.endpoint != endpoint:
+        raise Reject(Reason.RULE_VIOLATION, f"{endpoint} announced itself as {have.endpoint}")
+    return have
+
+
 # --- retention -----------------------------------------------------------------------------------
+
 
 def is_retained(version: int, latest: int, async_level: int) -> bool:
     """Keep a version while it is at most `async_level + 1` behind the newest.
@@ -140,6 +158,7 @@ def versions_to_prune(versions: Iterable[int], latest: int, async_level: int) ->
 
 
 # --- HTTP paths ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -185,7 +204,7 @@ def shard_path(run: str, version: int, name: str) -> str:
 
 
 def have_path(run: str, version: int, after: int | None = None, wait_s: int = 0) -> str:
-    """A signed ShardHave; with `wait_s`, held until more than `after` shards are held (or the version exists)."""
+    """A signed ShardHave; with `wait_s`, held until more than `after` shards are held."""
     return f"{PATH_PREFIX}/{run}/{version}/have{_poll_query(after, wait_s)}"
 
 
@@ -247,6 +266,7 @@ def parse_route(target: str, max_wait_s: int) -> Route | None:
 
 
 # --- Range requests (RFC 9110 section 14) --------------------------------------------------------
+
 
 class Unsatisfiable(Exception):
     """The range starts at or past the end of the representation: answer 416."""

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Weight broadcast on loopback: a checkpoint from the trainer to 4 workers through 2 relays.
+
+Measured in one run, every party a real process (`python -m node.dataplane ...`):
+  relayed  origin → 2 relays → 4 workers (the workers know only the relays)
+  direct   origin → 4 workers (the trainer serves everyone)
+  tcp      one plain TCP copy of the same bytes (sendfile → recv_into a buffer): the floor for one copy
+Both topologies stay up for the whole run and rounds alternate between them (each round publishes a new
+version), so background load on a shared machine hits both alike; medians are reported. A round runs
+from the origin's `published` event (shards written, manifest signed) to the last worker's `checkpoint`
+event (every shard verified against the manifest, directory renamed into place). CPU seconds are those
+the topology's processes spent during the round (from /proc). The last line is one JSON object.
+
+`--uplink-mbps` caps every node's serving rate (a token bucket) to model real uplinks, where the relays
+take the load off the trainer; on bare loopback the limit is CPU (hashing, copying), not links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from node.dataplane.sources import ScoringConfig  # noqa: E402
+from node.dataplane.testing import RoleProcess, role_key, spawn, stop_all  # noqa: E402
+
+MIB = 1 << 20
+RUN = "bench"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cpu_seconds(procs: list[RoleProcess]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            with open(f"/proc/{proc.popen.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+class Topology:
+    """An origin, optional relays and workers, as processes, publishing one version per round."""
+
+    def __init__(self, name: str, tmp: Path, args: argparse.Namespace, relays: int, key_base: int) -> None:
+        rate = ["--upload-rate", str(args.uplink_mbps * 1e6 / 8)] if args.uplink_mbps else []
+        trainer = role_key(key_base)
+        follow = ["--trainer", trainer.checksum_address, "--run", RUN]
+
+        def common(label: str, key: int) -> list[str]:
+            return ["--root", str(tmp / name / label), "--key", role_key(key).private_key.hex(), "--run", RUN]
+
+        self.name = name
+        self.procs: list[RoleProcess] = []
+        self.origin = self._spawn(
+            f"{name}-origin",
+            "origin",
+            [
+                *common("origin", key_base),
+                *rate,
+                "--size-mb",
+                str(args.size_mb),
+                "--shard-mb",
+                str(args.shard_mb),
+            ],
+        )
+        ports = [_free_port() for _ in range(relays)]  # relays peer with each other, so fix ports first
+        relay_urls = [f"http://127.0.0.1:{port}" for port in ports]
+        self.relays = []
+        for i in range(relays):
+            mesh = [arg for url in relay_urls if url != relay_urls[i] for arg in ("--peer", url)]
+            self.relays.append(
+                self._spawn(
+                    f"{name}-relay{i}",
+                    "relay",
+                    [
+                        *common(f"relay{i}", key_base + 1 + i),
+                        *rate,
+                        *follow,
+                        "--port",
+                        str(ports[i]),
+                        "--peer",
+                        self.origin.endpoint,
+                        *(mesh if args.relay_mesh else []),
+                        "--parallel",
+                        str(args.relay_parallel),
+                        "--per-source",
+                        str(args.relay_per_source),
+                    ],
+                )
+            )
+        sources = [r.endpoint for r in self.relays] or [self.origin.endpoint]
+        peers = [arg for s in sources for arg in ("--peer", s)]
+        self.workers = [
+            self._spawn(
+                f"{name}-worker{i}",
+                "worker",
+                [
+                    *common(f"worker{i}", key_base + 10 + i),
+                    *follow,
+                    *peers,
+                    "--seed",
+                    str(i),
+                    "--parallel",
+                    str(args.worker_parallel),
+                ],
+            )
+            for i in range(args.workers)
+        ]
+        self.version = 0
+        self.dir = tmp / name
+
+    def _spawn(self, name: str, role: str, args: list[str]) -> RoleProcess:
+        proc = spawn(name, role, args, timeout=120)
+        self.procs.append(proc)
+        return proc
+
+    def round(self) -> dict[str, float]:
+        self.version += 1
+        cpu_before = _cpu_seconds(self.procs)
+        self.origin.send("publish")
+        published = self.origin.wait_event("published", 600, version=self.version)
+        cpu_published = _cpu_seconds(self.procs)
+        done = [w.wait_event("checkpoint", 600, version=self.version)["t"] for w in self.workers]
+        return {
+            "seconds": max(done) - published["t"],
+            "first_worker_s": min(done) - published["t"],
+            "total_size": published["total_size"],
+            "shards": published["shards"],
+            "publish_s": published["publish_s"],
+            "cpu_s": _cpu_seconds(self.procs) - cpu_published,
+            "publish_cpu_s": cpu_published - cpu_before,
+        }
+
+    def finish(self) -> dict[str, object]:
+        """Stop every process; the origin's upload bytes and every downloader failure."""
+        origin = self.origin.stop() or {}
+        failures: dict[str, int] = {}
+        for proc in self.relays + self.workers:
+            final = proc.stop() or {}
+            for kind, count in final.get("downloader", {}).get("failures", {}).items():
+                failures[kind] = failures.get(kind, 0) + count
+        stop_all(self.procs)
+        return {"origin_upload_bytes": origin.get("server", {}).get("bytes_served", 0), "failures": failures}
+
+
+_RECEIVER = """
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+buf = bytearray(1 << 20); view = memoryview(buf); total = 0
+while True:
+    n = s.recv_into(view)
+    if not n:
+        break
+    total += n
+print(total, time.time(), flush=True)
+"""
+
+
+def tcp_copy(files: list[Path]) -> float:
+    """Seconds to move the same bytes once over one loopback TCP connection (sendfile → recv_into)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", _RECEIVER, str(port)], stdout=subprocess.PIPE, text=True
+    )
+    conn, _ = listener.accept()
+    started = time.time()
+    for path in files:
+        with open(path, "rb") as f:
+            conn.sendfile(f)
+    conn.close()
+    listener.close()
+    out, _ = receiver.communicate(timeout=300)
+    total, finished = out.split()
+    expected = sum(p.stat().st_size for p in files)
+    if int(total) != expected:
+        raise RuntimeError(f"tcp copy moved {total} of {expected} bytes")
+    return float(finished) - started
+
+
+def _median(rounds: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in rounds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--size-mb", type=float, default=256)
+    parser.add_argument("--shard-mb", type=float, default=50)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--relays", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="versions published per topology")
+    parser.add_argument("--uplink-mbps", type=float, default=0, help="cap every node's upload (0: none)")
+    parser.add_argument("--relay-parallel", type=int, default=8)
+    parser.add_argument("--relay-per-source", type=int, default=ScoringConfig.max_per_source)
+    parser.add_argument(
+        "--no-relay-mesh",
+        dest="relay_mesh",
+        action="store_false",
+        help="relays fetch only from the origin (SHARDCAST's shape) instead of also from each other",
+    )
+    parser.add_argument("--worker-parallel", type=int, default=8)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-broadcast-") as tmp_text:
+        tmp = Path(tmp_text)
+        relayed = Topology("relayed", tmp, args, args.relays, key_base=0)
+        direct = Topology("direct", tmp, args, 0, key_base=100)
+        rounds: dict[str, list[dict[str, float]]] = {"relayed": [], "direct": [], "tcp": []}
+        try:
+            for i in range(args.rounds):
+                for topology in (relayed, direct):
+                    result = topology.round()
+                    rounds[topology.name].append(result)
+                    print(
+                        f"round {i + 1} {topology.name:8s} {result['seconds']:6.2f} s "
+                        f"(first worker {result['first_worker_s']:.2f} s, cpu {result['cpu_s']:.1f} s)",
+                        flush=True,
+                    )
+                version_dir = direct.dir / "worker0" / RUN / str(direct.version)
+                copy_s = tcp_copy(sorted(version_dir.glob("*.safetensors")))
+                rounds["tcp"].append({"seconds": copy_s})
+                print(f"round {i + 1} tcp copy {copy_s:6.2f} s", flush=True)
+        finally:
+            relayed_final = relayed.finish()
+            direct_final = direct.finish()
+
+    size = rounds["relayed"][0]["total_size"]
+    relayed_s = _median(rounds["relayed"], "seconds")
+    direct_s = _median(rounds["direct"], "seconds")
+    copy_s = _median(rounds["tcp"], "seconds")
+    delivered = args.workers * size
+    origin_bytes = relayed_final["origin_upload_bytes"] // args.rounds
+    direct_origin_bytes = direct_final["origin_upload_bytes"] // args.rounds
+    result = {
+        "checkpoint_bytes": size,
+        "shards": rounds["relayed"][0]["shards"],
+        "workers": args.workers,
+        "relays": args.relays,
+        "rounds": args.rounds,
+        "uplink_mbps": args.uplink_mbps,
+        "relay_mesh": args.relay_mesh,
+        "cpu_count": os.cpu_count(),
+        "publish_s": round(_median(rounds["relayed"], "publish_s"), 3),
+        "relayed_s": round(relayed_s, 3),
+        "relayed_first_worker_s": round(_median(rounds["relayed"], "first_worker_s"), 3),
+        "relayed_throughput_mb_s": round(delivered / relayed_s / 1e6, 1),
+        "relayed_cpu_s": round(_median(rounds["relayed"], "cpu_s"), 2),
+        "direct_s": round(direct_s, 3),
+        "direct_throughput_mb_s": round(delivered / direct_s / 1e6, 1),
+        "direct_cpu_s": round(_median(rounds["direct"], "cpu_s"), 2),
+        "tcp_copy_s": round(copy_s, 3),
+        "tcp_copy_throughput_mb_s": round(size / copy_s / 1e6, 1),
+        "relayed_vs_tcp_copy_ratio": round(relayed_s / copy_s, 2),
+        "relayed_vs_direct_ratio": round(relayed_s / direct_s, 2),
+        "origin_upload_bytes": origin_bytes,
+        "direct_origin_upload_bytes": direct_origin_bytes,
+        "origin_upload_vs_direct_ratio": round(origin_bytes / max(1, direct_origin_bytes), 2),
+        "failures": relayed_final["failures"]
+        | {f"direct_{k}": v for k, v in direct_final["failures"].items()},
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

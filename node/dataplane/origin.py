@@ -1,0 +1,101 @@
+"""The trainer's side of the broadcast: cut a state dict into shards, sign the manifest, serve the shards.
+
+Publishing writes every shard into `<version>.partial/`, hashes it, signs the manifest, then renames the
+directory into place and lists the version in the catalog, so the origin never announces or serves a
+version it does not hold whole. The signed envelope it returns is what the control plane gossips on
+`swarm/<run>/checkpoints`; the `latest` endpoint serves the same bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import trio
+
+from crypto.identity import NodeIdentity
+from node.dataplane.catalog import Catalog
+from node.dataplane.checkpoint import build_manifest, plan_shards, shard_info
+from node.dataplane.follower import wall_ms
+from node.dataplane.store import ShardStore
+from protocol.envelope import seal
+from protocol.messages import CheckpointManifest
+from protocol.shards import DEFAULT_SHARD_SIZE, versions_to_prune
+
+
+class Sealer:
+    """Signs messages for one run with strictly increasing sequence numbers.
+
+    Receivers drop a (sender, seq) they have seen, so seqs must never repeat, across restarts too: the
+    counter starts at the wall clock in microseconds. A node that also signs on the control plane should
+    share one Sealer (or one counter) between both.
+    """
+
+    def __init__(self, identity: NodeIdentity, run: str, clock_ms: Callable[[], int] = wall_ms) -> None:
+        self.identity = identity
+        self.run = run
+        self.clock_ms = clock_ms
+        self._seq = clock_ms() * 1000
+
+    def __call__(self, message: Any) -> bytes:
+        self._seq = max(self._seq + 1, self.clock_ms() * 1000)
+        return seal(self.identity, message, run=self.run, seq=self._seq, ts=self.clock_ms())
+
+
+class Origin:
+    """Publishes checkpoints of one run into a store and catalog that a `ShardService` serves."""
+
+    def __init__(
+        self,
+        seal: Sealer,
+        store: ShardStore,
+        catalog: Catalog,
+        *,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        async_level: int = 2,
+        clock_ms: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.seal = seal
+        self.store = store
+        self.catalog = catalog
+        self.shard_size = shard_size
+        self.async_level = async_level
+        self.clock_ms = clock_ms
+
+    async def publish(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        version: int,
+        parent_version: int,
+        model_config_hash: bytes,
+    ) -> tuple[CheckpointManifest, bytes]:
+        """Write, hash and sign version `version`; returns the manifest and its signed envelope."""
+        latest = self.catalog.latest_version
+        if latest is not None and version <= latest:
+            raise ValueError(f"version {version} is not newer than the published {latest}")
+        plans = await trio.to_thread.run_sync(plan_shards, state_dict, self.shard_size)
+        infos = []
+        for plan in plans:
+            data = await trio.to_thread.run_sync(plan.serialize)
+            infos.append(await trio.to_thread.run_sync(shard_info, plan.name, data))
+            await trio.to_thread.run_sync(self.store.write_shard, version, plan.name, data)
+            del data
+        manifest = build_manifest(
+            run=self.seal.run,
+            version=version,
+            parent_version=parent_version,
+            model_config_hash=model_config_hash,
+            shards=infos,
+            created_ms=self.clock_ms(),
+        )
+        envelope = self.seal(manifest)
+        self.store.save_manifest(version, envelope)
+        await trio.to_thread.run_sync(self.store.finalize, version)
+        self.catalog.add(manifest, envelope, set(range(len(infos))))
+        stale = versions_to_prune(self.catalog.versions(), version, self.async_level)
+        for old in stale:
+            self.catalog.remove(old)
+        await trio.to_thread.run_sync(self.store.remove, stale)
+        return manifest, envelope

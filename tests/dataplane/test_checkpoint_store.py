@@ -1,0 +1,177 @@
+"""Shards on disk and safetensors checkpoints: split, verify, resume, complete atomically, load only whole."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from node.dataplane.checkpoint import (
+    PIECES_KEY,
+    load_checkpoint,
+    plan_shards,
+    shard_info,
+    state_digest,
+)
+from node.dataplane.errors import CheckpointInvalid
+from node.dataplane.store import DigestMismatch, ShardStore
+from tests.dataplane.helpers import RUN, blobs, manifest_for, signed, small_state
+
+
+def _write_checkpoint(store, state, shard_size, version=1):
+    plans = plan_shards(state, shard_size)
+    infos = []
+    for plan in plans:
+        data = plan.serialize()
+        infos.append(shard_info(plan.name, data))
+        store.write_shard(version, plan.name, data)
+    manifest = manifest_for(infos, version)
+    store.save_manifest(version, signed(manifest))
+    return manifest, store.finalize(version)
+
+
+def test_split_and_load_round_trip(tmp_path):
+    state = small_state()
+    manifest, directory = _write_checkpoint(ShardStore(tmp_path, RUN), state, shard_size=4096)
+    assert len(manifest.shards) > 1
+    assert state_digest(load_checkpoint(directory, manifest)) == state_digest(state)
+
+
+def test_a_tensor_larger_than_a_shard_is_split_into_pieces_and_rejoined(tmp_path):
+    state = {"big": torch.arange(10_000, dtype=torch.float32).view(100, 100), "small": torch.ones(3)}
+    plans = plan_shards(state, shard_size=8_000)
+    assert all(p.nbytes <= 8_000 for p in plans)
+    assert sum(len(p.pieces) for p in plans) == 5
+    manifest, directory = _write_checkpoint(ShardStore(tmp_path, RUN), state, shard_size=8_000)
+    loaded = load_checkpoint(directory, manifest)
+    assert torch.equal(loaded["big"], state["big"]) and loaded["big"].shape == (100, 100)
+    header_len = int.from_bytes((directory / manifest.shards[0].name).read_bytes()[:8], "little")
+    header = json.loads((directory / manifest.shards[0].name).read_bytes()[8 : 8 + header_len])
+    assert PIECES_KEY in header["__metadata__"]
+
+
+def test_tied_and_view_tensors_are_saved(tmp_path):
+    base = torch.randn(8, 4)
+    state = {"embed": base, "lm_head": base, "half": base[:4]}
+    manifest, directory = _write_checkpoint(ShardStore(tmp_path, RUN), state, shard_size=1 << 20)
+    assert state_digest(load_checkpoint(directory, manifest)) == state_digest(state)
+
+
+def test_serialisation_is_deterministic():
+    a = [p.serialize() for p in plan_shards(small_state(1), 4096)]
+    b = [p.serialize() for p in plan_shards(small_state(1), 4096)]
+    assert a == b
+
+
+def test_a_corrupted_shard_is_never_loaded(tmp_path):
+    manifest, directory = _write_checkpoint(ShardStore(tmp_path, RUN), small_state(), shard_size=4096)
+    path = directory / manifest.shards[1].name
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointInvalid):
+        load_checkpoint(directory, manifest)
+
+
+def test_a_missing_shard_is_never_loaded(tmp_path):
+    manifest, directory = _write_checkpoint(ShardStore(tmp_path, RUN), small_state(), shard_size=4096)
+    (directory / manifest.shards[0].name).unlink()
+    with pytest.raises(CheckpointInvalid):
+        load_checkpoint(directory, manifest)
+
+
+def test_bytes_that_match_the_digest_but_are_not_safetensors_are_refused(tmp_path):
+    store = ShardStore(tmp_path, RUN)
+    junk = [("a.safetensors", b"\xff" * 64)]
+    manifest = manifest_for(junk)
+    store.write_shard(1, "a.safetensors", junk[0][1])
+    store.save_manifest(1, signed(manifest))
+    with pytest.raises(CheckpointInvalid):
+        load_checkpoint(store.finalize(1), manifest)
+
+
+# --- partial shards --------------------------------------------------------------------------------
+
+
+def test_a_partial_shard_resumes_by_offset_and_commits(tmp_path):
+    store = ShardStore(tmp_path, RUN)
+    name, data = blobs(1, 10_000)[0]
+    info = shard_info(name, data)
+    first = store.partial(1, info)
+    first.resume()
+    first.absorb(memoryview(data)[:4_000], "a")
+    first.close()  # a crash: only the .part file is left
+    assert not (store.partial_dir(1) / name).exists()
+
+    second = store.partial(1, info)
+    second.resume()
+    assert second.offset == 4_000
+    second.absorb(data[4_000:], "b")
+    second.commit()
+    assert (store.partial_dir(1) / name).read_bytes() == data
+    assert not (store.partial_dir(1) / (name + ".part")).exists()
+
+
+def test_a_wrong_digest_discards_everything_and_names_the_contributors(tmp_path):
+    store = ShardStore(tmp_path, RUN)
+    name, data = blobs(1, 1_000)[0]
+    partial = store.partial(1, shard_info(name, data))
+    partial.resume()
+    partial.absorb(data[:500], "good")
+    partial.absorb(bytes(500), "evil")
+    with pytest.raises(DigestMismatch) as exc:
+        partial.commit()
+    assert exc.value.contributors == {"good": 500, "evil": 500}
+    assert partial.offset == 0 and os.path.getsize(partial.part) == 0
+    assert not partial.final.exists()
+
+
+def test_a_part_file_longer_than_the_shard_is_restarted(tmp_path):
+    store = ShardStore(tmp_path, RUN)
+    name, data = blobs(1, 100)[0]
+    (store.partial_dir(1)).mkdir(parents=True)
+    (store.partial_dir(1) / (name + ".part")).write_bytes(bytes(500))
+    partial = store.partial(1, shard_info(name, data))
+    partial.resume()
+    assert partial.offset == 0
+
+
+# --- versions --------------------------------------------------------------------------------------
+
+
+def test_a_version_is_complete_only_after_the_rename(tmp_path):
+    store = ShardStore(tmp_path, RUN)
+    shards = blobs(2, 100)
+    manifest = manifest_for(shards)
+    store.save_manifest(1, signed(manifest))
+    store.write_shard(1, *shards[0])
+    assert store.versions_on_disk() == {1: False}
+    assert store.verified_shards(manifest) == {0}
+    assert not store.is_complete(1)
+    store.write_shard(1, *shards[1])
+    store.finalize(1)
+    assert store.versions_on_disk() == {1: True} and store.is_complete(1)
+    assert store.verified_shards(manifest) == {0, 1}
+    fd = store.open_verified(1, shards[1][0])
+    assert fd is not None and os.read(fd, 200) == shards[1][1]
+    os.close(fd)
+    assert store.open_verified(1, "nope") is None
+
+
+def test_remove_prunes_both_forms(tmp_path):
+    store = ShardStore(tmp_path, RUN)
+    for version in (1, 2):
+        store.save_manifest(version, b"x")
+    store.finalize(1)
+    store.remove([1, 2])
+    assert store.versions_on_disk() == {}
+
+
+def test_state_digest_sees_every_byte():
+    state = small_state()
+    other = {k: v.clone() for k, v in state.items()}
+    other["layers.0.bias"][3] += 1
+    assert state_digest(state) != state_digest(other)
+    assert state_digest(state) == state_digest({k: state[k] for k in reversed(list(state))})

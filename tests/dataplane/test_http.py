@@ -1,0 +1,264 @@
+"""The h11 server and client, in one trio.run: ranges, keep-alive, limits, and every deadline."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import trio
+
+from node.dataplane.errors import ConnectFailed, Stalled, Truncated
+from node.dataplane.http_client import ClientConfig, HttpClient
+from node.dataplane.http_server import (
+    FileBody,
+    HttpServer,
+    Response,
+    ServerConfig,
+    StreamBody,
+    simple_response,
+)
+from tests.dataplane.helpers import wait_until
+
+DATA = os.urandom(3 * 1024 * 1024 + 17)
+
+
+def _handler(path):
+    async def handle(request):
+        if request.target == "/file":
+            fd = os.open(path, os.O_RDONLY)
+            return Response(200, [("accept-ranges", "bytes")], FileBody(fd, 0, len(DATA)))
+        if request.target == "/tail":
+            fd = os.open(path, os.O_RDONLY)
+            return Response(206, [], FileBody(fd, 1000, len(DATA) - 1000))
+        if request.target == "/stall":
+
+            async def chunks():
+                yield DATA[:1000]
+                await trio.sleep_forever()
+
+            return Response(200, [], StreamBody(len(DATA), chunks))
+        if request.target == "/truncate":
+
+            async def chunks():
+                yield DATA[:5000]
+
+            return Response(200, [], StreamBody(len(DATA), chunks))
+        if request.target == "/slow-head":
+            await trio.sleep(5)
+        return simple_response(404, "no")
+
+    return handle
+
+
+def run_with_server(tmp_path, test, server_config=None, client_config=None):
+    path = tmp_path / "blob"
+    path.write_bytes(DATA)
+
+    async def main():
+        server = HttpServer(_handler(path), server_config or ServerConfig())
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(server.serve)
+            client = HttpClient(client_config or ClientConfig())
+            try:
+                await test(server, client, f"http://127.0.0.1:{port}", port)
+            finally:
+                await client.aclose()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_get_streams_the_file_and_reuses_the_connection(tmp_path):
+    async def test(server, client, url, port):
+        for _ in range(3):
+            status, headers, body = await client.get(url, "/file", len(DATA))
+            assert status == 200 and body == DATA
+        status, _, body = await client.get(url, "/tail", len(DATA))
+        assert status == 206 and body == DATA[1000:]
+        assert client.connections_opened == 1
+        assert server.stats.bytes_served == 4 * len(DATA) - 1000
+        assert server.stats.responses[200] == 3
+
+    run_with_server(tmp_path, test)
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced_transparently(tmp_path):
+    async def test(server, client, url, port):
+        assert (await client.get(url, "/nope", 100))[0] == 404
+        await trio.sleep(0.5)  # past the server's idle timeout: the pooled connection is dead
+        assert (await client.get(url, "/nope", 100))[0] == 404
+        assert client.connections_opened == 2
+
+    run_with_server(tmp_path, test, ServerConfig(idle_timeout=0.2))
+
+
+def test_head_sends_the_length_but_no_body(tmp_path):
+    async def test(server, client, url, port):
+        async with client.request(url, "HEAD", "/file") as response:
+            assert response.status == 200
+            assert response.headers["content-length"] == str(len(DATA))
+            assert await response.read(0) == b""
+        status, _, body = await client.get(url, "/file", len(DATA))  # the connection is still in sync
+        assert body == DATA and client.connections_opened == 1
+
+    run_with_server(tmp_path, test)
+
+
+def test_chunks_are_large_and_bounded(tmp_path):
+    async def test(server, client, url, port):
+        sizes = []
+        async with client.request(url, "GET", "/file") as response:
+            async for chunk in response.chunks():
+                sizes.append(len(chunk))
+        assert sum(sizes) == len(DATA) and max(sizes) == 1 << 20 and len(sizes) == 4
+
+    run_with_server(tmp_path, test)
+
+
+def test_a_stalled_body_raises_stalled_after_the_bytes_it_sent(tmp_path):
+    async def test(server, client, url, port):
+        got = 0
+        with pytest.raises(Stalled):
+            async with client.request(url, "GET", "/stall") as response:
+                async for chunk in response.chunks(stall_timeout=0.3):
+                    got += len(chunk)
+        assert got == 1000
+
+    run_with_server(tmp_path, test)
+
+
+def test_a_truncated_body_raises_truncated_after_the_bytes_it_sent(tmp_path):
+    async def test(server, client, url, port):
+        got = b""
+        with pytest.raises(Truncated):
+            async with client.request(url, "GET", "/truncate") as response:
+                async for chunk in response.chunks():
+                    got += bytes(chunk)
+        assert got == DATA[:5000]
+        status, _, _ = await client.get(url, "/nope", 100)  # a fresh connection replaces the broken one
+        assert status == 404 and client.connections_opened == 2
+
+    run_with_server(tmp_path, test)
+
+
+def test_a_slow_response_head_times_out(tmp_path):
+    async def test(server, client, url, port):
+        with pytest.raises(Stalled):
+            await client.get(url, "/slow-head", 100, head_timeout=0.2)
+
+    run_with_server(tmp_path, test)
+
+
+def test_connecting_to_a_closed_port_fails_fast(tmp_path):
+    async def test(server, client, url, port):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        free = sock.getsockname()[1]
+        sock.close()
+        with pytest.raises(ConnectFailed):
+            await client.get(f"http://127.0.0.1:{free}", "/", 10)
+
+    run_with_server(tmp_path, test)
+
+
+async def _raw(port, data, read=True):
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(data)
+    out = b""
+    if read:
+        with trio.move_on_after(2):
+            while chunk := await stream.receive_some(65536):
+                out += chunk
+    await stream.aclose()
+    return out
+
+
+def test_methods_other_than_get_and_head_get_405(tmp_path):
+    async def test(server, client, url, port):
+        reply = await _raw(port, b"DELETE /file HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 405") and b"allow: GET, HEAD" in reply
+
+    run_with_server(tmp_path, test)
+
+
+def test_a_request_with_a_body_is_refused(tmp_path):
+    async def test(server, client, url, port):
+        reply = await _raw(port, b"GET /file HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\n\r\nabc")
+        assert reply.startswith(b"HTTP/1.1 400")
+
+    run_with_server(tmp_path, test)
+
+
+def test_garbage_gets_400_and_a_close(tmp_path):
+    async def test(server, client, url, port):
+        reply = await _raw(port, b"\x00\x01 garbage\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 400")
+
+    run_with_server(tmp_path, test)
+
+
+def test_an_oversized_head_is_refused(tmp_path):
+    async def test(server, client, url, port):
+        reply = await _raw(port, b"GET /file HTTP/1.1\r\nx: " + b"a" * 40_000 + b"\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 431") or reply.startswith(b"HTTP/1.1 400")
+
+    run_with_server(tmp_path, test)
+
+
+def test_slowloris_and_idle_connections_are_dropped(tmp_path):
+    async def test(server, client, url, port):
+        slow = await trio.open_tcp_stream("127.0.0.1", port)
+        await slow.send_all(b"GET /file HTTP/1.1\r\n")  # never finishes its head
+        idle = await trio.open_tcp_stream("127.0.0.1", port)  # never says anything
+        with trio.fail_after(3):
+            assert await slow.receive_some(100) == b""
+            assert await idle.receive_some(100) == b""
+        assert server.stats.aborted == 2
+
+    run_with_server(tmp_path, test, ServerConfig(idle_timeout=0.5, head_timeout=0.2))
+
+
+def test_a_client_that_stops_reading_is_dropped(tmp_path):
+    async def test(server, client, url, port):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /file HTTP/1.1\r\nhost: x\r\n\r\n")
+        with trio.fail_after(5):
+            await wait_until(lambda: server.stats.aborted > 0)
+        sock.close()
+        assert server.stats.bytes_served < len(DATA)
+
+    run_with_server(tmp_path, test, ServerConfig(write_timeout=0.3))
+
+
+def test_connections_past_the_limit_get_503(tmp_path):
+    async def test(server, client, url, port):
+        holders = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+        await trio.sleep(0.1)
+        reply = await _raw(port, b"GET /file HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 503")
+        assert server.stats.rejected_busy == 1
+        for stream in holders:
+            await stream.aclose()
+
+    run_with_server(tmp_path, test, ServerConfig(max_connections=2))
+
+
+def test_upload_rate_is_capped(tmp_path):
+    async def test(server, client, url, port):
+        started = trio.current_time()
+        status, _, body = await client.get(url, "/file", len(DATA))
+        elapsed = trio.current_time() - started
+        assert body == DATA and elapsed > 0.25  # 3 MiB at 8 MiB/s with a 1 MiB burst: ≥ 0.27 s
+
+    run_with_server(tmp_path, test, ServerConfig(upload_rate=8 * 1024 * 1024))
+
+
+def test_the_copy_path_without_sendfile_serves_the_same_bytes(tmp_path):
+    async def test(server, client, url, port):
+        status, _, body = await client.get(url, "/file", len(DATA))
+        assert body == DATA
+
+    run_with_server(tmp_path, test, ServerConfig(use_sendfile=False))
