@@ -3,19 +3,29 @@
 Each step one honest worker generates its assigned groups on the current policy (version = step), and
 the trainer takes one GRPO step on them. The distributed devnet is compared against this loop at equal
 numbers of trainer steps (benchmarks/bench_rl.py).
+
+Progress is judged on a fixed held-out set (`node.rl.run.devnet_eval_tasks`) with `eval_reward`: the
+same tasks and the same sampling seeds every time, so two measurements differ only by the weights. The
+per-step reward of the trained groups is reported too, but it swings with which tasks a step drew.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.rl.engine import TransformersEngine
+from node.rl.engine import InferenceEngine, TransformersEngine
 from node.rl.rollouts import build_submission
-from node.rl.run import RunSetup
-from node.rl.trainer import GrpoTrainer, StepStats
+from node.rl.run import RunSetup, devnet_optimizer
+from node.rl.sampling import derive_seed
+from node.rl.tasks import Task, grade
+from node.rl.tokenizer import completion_text, encode_prompt
+from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats
+
+EVAL_RUN = "swarmnode-eval"
+EVAL_WORKER = b"held-out"
 
 
 @dataclass(frozen=True)
@@ -23,21 +33,68 @@ class SyncStep:
     stats: StepStats
     generate_s: float
     train_s: float
+    eval_reward: float | None = None  # held-out mean reward after this step, when it was measured
+    eval_s: float = 0.0
 
 
-def run_sync(setup: RunSetup, base_checkpoint: Path, steps: int, worker: bytes, *, out_dir: Path | None = None,
-             on_step: Callable[[SyncStep], None] | None = None) -> list[SyncStep]:
-    """Train for `steps` GRPO steps; checkpoints go to `out_dir` when given."""
+def eval_reward(
+    engine: InferenceEngine, tasks: Sequence[Task], *, samples: int, max_new_tokens: int, temperature: float
+) -> float:
+    """Mean reward of `samples` completions per task, with seeds fixed by (task, index) alone."""
+    if not tasks or samples < 1:
+        raise ValueError("need at least one task and one sample")
+    total = 0.0
+    for task in tasks:
+        seeds = [derive_seed(EVAL_RUN, EVAL_WORKER, task.task_id, i) for i in range(samples)]
+        group = engine.generate_group(encode_prompt(task.prompt), samples, seeds, max_new_tokens, temperature)
+        total += sum(grade(task, completion_text(c.tokens)).reward for c in group)
+    return total / (len(tasks) * samples)
+
+
+def run_sync(
+    setup: RunSetup,
+    base_checkpoint: Path,
+    steps: int,
+    worker: bytes,
+    *,
+    optim: OptimizerParams | None = None,
+    eval_tasks: Sequence[Task] = (),
+    eval_samples: int = 8,
+    eval_every: int = 0,
+    out_dir: Path | None = None,
+    on_step: Callable[[SyncStep], None] | None = None,
+) -> list[SyncStep]:
+    """Train for `steps` GRPO steps; checkpoints go to `out_dir` when given.
+
+    `optim` defaults to the devnet's (`node.rl.run.devnet_optimizer`). With `eval_tasks`, the held-out
+    reward is measured after every `eval_every`-th step and after the last one.
+    """
     descriptor = setup.descriptor
-    trainer = GrpoTrainer(TransformersEngine.from_checkpoint(base_checkpoint), descriptor.grpo)
+    grpo = descriptor.grpo
+    trainer = GrpoTrainer(
+        TransformersEngine.from_checkpoint(base_checkpoint), grpo, optim=optim or devnet_optimizer()
+    )
     dataset, ids = setup.dataset, setup.dataset_ids
     history = []
     for version in range(steps):
         started = time.perf_counter()
-        submission = build_submission(trainer.engine, descriptor, dataset, ids, worker, version, b"\0" * 32, 0)
+        submission = build_submission(
+            trainer.engine, descriptor, dataset, ids, worker, version, b"\0" * 32, 0
+        )
         generated = time.perf_counter()
         stats = trainer.step(submission.groups)
-        record = SyncStep(stats, generated - started, time.perf_counter() - generated)
+        trained = time.perf_counter()
+        reward, eval_s = None, 0.0
+        if eval_tasks and (version + 1 == steps or (eval_every > 0 and (version + 1) % eval_every == 0)):
+            reward = eval_reward(
+                trainer.engine,
+                eval_tasks,
+                samples=eval_samples,
+                max_new_tokens=grpo.max_new_tokens,
+                temperature=grpo.temperature,
+            )
+            eval_s = time.perf_counter() - trained
+        record = SyncStep(stats, generated - started, trained - generated, reward, eval_s)
         history.append(record)
         if on_step is not None:
             on_step(record)

@@ -1,0 +1,176 @@
+"""RL benchmark: does GRPO raise the devnet model's reward, and what does a step cost?
+
+Usage: `python benchmarks/bench_rl.py [--steps 30] [--worker NAME ...] [--threads 2]`.
+
+Sections (each a function returning its own keys; `SECTIONS` runs them in order):
+- sync: the synchronous single-process baseline (`node.rl.sync.run_sync`) from the committed base
+  checkpoint with the devnet recipe (`devnet_grpo`, `devnet_optimizer`). Reward is judged on the fixed
+  held-out set `devnet_eval_tasks` (128 tasks x 8 samples at the run's temperature, the same seeds every
+  time), measured on the base before training, every `--eval-every` steps and at the end; the per-step
+  reward of the trained groups is printed as well but swings with the tasks a step drew. Wall time per
+  step is split into generation (sampling + rewards + TOPLOC proofs, i.e. a worker's job) and training.
+  With several `--worker` names the run is repeated per worker (the task assignment and the sampling
+  seeds depend on the worker address) and the keys are means, plus the worst ratio.
+- devnet (later, by the lead): the same number of trainer steps through the distributed devnet.
+
+Progress goes to stderr; the last line on stdout is one JSON object (snake_case keys, ratios end in
+`_ratio`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from crypto.hashing import sha256
+from crypto.identity import NodeIdentity
+from node.rl.engine import TransformersEngine
+from node.rl.model import load_checkpoint
+from node.rl.run import BASE_CHECKPOINT, devnet_eval_tasks, devnet_optimizer, devnet_run
+from node.rl.sync import SyncStep, eval_reward, run_sync
+
+Section = Callable[[argparse.Namespace], dict[str, float | int]]
+TRAINER_KEY = sha256(b"swarmnode-sync-trainer")
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def sync_section(args: argparse.Namespace) -> dict[str, float | int]:
+    cfg, _ = load_checkpoint(BASE_CHECKPOINT)
+    setup = devnet_run(NodeIdentity(TRAINER_KEY).address, cfg, BASE_CHECKPOINT, created_ms=0)
+    grpo, optim = setup.descriptor.grpo, devnet_optimizer()
+    tasks = devnet_eval_tasks(args.eval_tasks)
+    _log(
+        f"sync: {args.steps} steps x {grpo.prompts_per_step} prompts x {grpo.group_size} completions, "
+        f"lr {grpo.learning_rate:g}, betas {optim.betas}, warmup {optim.warmup_steps}; "
+        f"eval {len(tasks)} held-out tasks x {args.eval_samples} samples"
+    )
+
+    started = time.perf_counter()
+    base = eval_reward(
+        TransformersEngine.from_checkpoint(BASE_CHECKPOINT),
+        tasks,
+        samples=args.eval_samples,
+        max_new_tokens=grpo.max_new_tokens,
+        temperature=grpo.temperature,
+    )
+    base_eval_s = time.perf_counter() - started
+    _log(f"base held-out reward {base:.3f} ({base_eval_s:.1f}s)")
+
+    finals, firsts, lasts, gen, train, evals, walls = [], [], [], [], [], [], []
+    for name in args.worker:
+        worker = NodeIdentity(sha256(name.encode())).address
+
+        def report(record: SyncStep, name: str = name) -> None:
+            s = record.stats
+            held = f"  held-out {record.eval_reward:.3f}" if record.eval_reward is not None else ""
+            _log(
+                f"[{name}] step {s.step:3d}  reward {s.mean_reward:.3f}  groups {s.groups_used}/"
+                f"{s.groups_used + s.groups_dropped}  grad {s.grad_norm:5.2f}  "
+                f"gen {record.generate_s:5.2f}s  train {record.train_s:5.2f}s{held}"
+            )
+
+        run_started = time.perf_counter()
+        history = run_sync(
+            setup,
+            BASE_CHECKPOINT,
+            args.steps,
+            worker,
+            optim=optim,
+            eval_tasks=tasks,
+            eval_samples=args.eval_samples,
+            eval_every=args.eval_every,
+            on_step=report,
+        )
+        walls.append(time.perf_counter() - run_started)
+        final = history[-1].eval_reward
+        assert final is not None
+        k = min(5, len(history))
+        rewards = [h.stats.mean_reward for h in history]
+        finals.append(final)
+        firsts.append(_mean(rewards[:k]))
+        lasts.append(_mean(rewards[-k:]))
+        gen.append(_mean([h.generate_s for h in history]))
+        train.append(_mean([h.train_s for h in history]))
+        evals.append(sum(h.eval_s for h in history))
+        _log(
+            f"[{name}] held-out reward {base:.3f} -> {final:.3f} ({final / base:.2f}x); "
+            f"step reward first {k} {firsts[-1]:.3f} -> last {k} {lasts[-1]:.3f}; "
+            f"per step gen {gen[-1]:.2f}s train {train[-1]:.2f}s"
+        )
+
+    final = _mean(finals)
+    return {
+        "steps": args.steps,
+        "workers": len(args.worker),
+        "group_size": grpo.group_size,
+        "prompts_per_step": grpo.prompts_per_step,
+        "max_new_tokens": grpo.max_new_tokens,
+        "learning_rate": grpo.learning_rate,
+        "warmup_steps": optim.warmup_steps,
+        "eval_tasks": len(tasks),
+        "eval_samples": args.eval_samples,
+        "base_eval_reward": round(base, 4),
+        "final_eval_reward": round(final, 4),
+        "final_eval_reward_min": round(min(finals), 4),
+        "eval_reward_gain": round(final - base, 4),
+        "final_vs_base_reward_ratio": round(final / base, 4),
+        "worst_final_vs_base_reward_ratio": round(min(finals) / base, 4),
+        "step_reward_first5": round(_mean(firsts), 4),
+        "step_reward_last5": round(_mean(lasts), 4),
+        "step_reward_last5_vs_first5_ratio": round(_mean(lasts) / max(_mean(firsts), 1e-9), 4),
+        "generate_s_per_step": round(_mean(gen), 4),
+        "train_s_per_step": round(_mean(train), 4),
+        "step_s": round(_mean(gen) + _mean(train), 4),
+        "train_vs_generate_time_ratio": round(_mean(train) / _mean(gen), 4),
+        "eval_s_per_run": round(_mean(evals), 3),
+        "base_eval_s": round(base_eval_s, 3),
+        "sync_wall_s_per_run": round(_mean(walls), 3),
+        "sync_reward_spread": round(statistics.pstdev(finals), 4) if len(finals) > 1 else 0.0,
+    }
+
+
+# The lead appends the distributed devnet section here (same steps, same eval set).
+SECTIONS: list[Section] = [sync_section]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps per run")
+    parser.add_argument(
+        "--worker",
+        action="append",
+        default=None,
+        help="worker key name (repeat for several runs; default: the CLI's sync worker)",
+    )
+    parser.add_argument("--eval-tasks", type=int, default=128, help="held-out tasks for the reward")
+    parser.add_argument("--eval-samples", type=int, default=8, help="samples per held-out task")
+    parser.add_argument(
+        "--eval-every", type=int, default=10, help="held-out reward every N steps (0: end only)"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    args = parser.parse_args()
+    args.worker = args.worker or ["swarmnode-sync-worker"]
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    result: dict[str, float | int] = {"torch_threads": torch.get_num_threads()}
+    for section in SECTIONS:
+        result.update(section(args))
+    result["wall_s"] = round(time.perf_counter() - started, 3)
+    print(json.dumps(result, sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()
