@@ -95,6 +95,17 @@ class InferenceEngine(Protocol):
     def load_weights(self, source: WeightsSource) -> None: ...
 
 
+def check_group_request(cfg: ModelConfig, prompt_ids: Sequence[int], n: int, seeds: Sequence[int],
+                        max_new_tokens: int) -> None:
+    """The arguments every engine's `generate_group` must refuse before doing any work."""
+    if len(seeds) != n or n < 1:
+        raise ValueError(f"need n >= 1 and one seed per completion, got n={n}, {len(seeds)} seeds")
+    if not prompt_ids or max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > cfg.max_positions:
+        raise ValueError(
+            f"prompt of {len(prompt_ids)} + {max_new_tokens} new tokens exceeds {cfg.max_positions} positions"
+        )
+
+
 def truncate_at_eos(tokens: Sequence[int]) -> tuple[int, ...]:
     """Tokens up to and including the first EOS (everything, if there is none)."""
     tokens = list(tokens)
@@ -132,13 +143,7 @@ class TransformersEngine:
         self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int, temperature: float
     ) -> list[Completion]:
         """n completions of one prompt, one seed each, batched with a KV cache; stops when all hit EOS."""
-        if len(seeds) != n or n < 1:
-            raise ValueError(f"need n >= 1 and one seed per completion, got n={n}, {len(seeds)} seeds")
-        if not prompt_ids or max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > self._cfg.max_positions:
-            raise ValueError(
-                f"prompt of {len(prompt_ids)} + {max_new_tokens} new tokens exceeds "
-                f"{self._cfg.max_positions} positions"
-            )
+        check_group_request(self._cfg, prompt_ids, n, seeds, max_new_tokens)
         ids = torch.tensor([list(prompt_ids)] * n, dtype=torch.int64, device=self.device)
         rows, toks, logps = [], [], []
         with torch.no_grad():

@@ -49,6 +49,7 @@ from node.rl.engine import (
     TokenLogprobs,
     TransformersEngine,
     WeightsSource,
+    check_group_request,
     truncate_at_eos,
 )
 from node.rl.model import ModelConfig, build_model, load_checkpoint, model_config_hash, write_hf_dir
@@ -193,8 +194,7 @@ class VLLMEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if len(seeds) != n or n < 1:
-            raise ValueError(f"need n >= 1 and one seed per completion, got n={n}, {len(seeds)} seeds")
+        check_group_request(self._cfg, prompt_ids, n, seeds, max_new_tokens)
         keys = list(range(self._next_key, self._next_key + n))
         self._next_key += n
         requests = [_Request(seed=int(s), temperature=temperature) for s in seeds]
