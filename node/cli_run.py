@@ -18,7 +18,8 @@ import trio
 
 from crypto.identity import NodeIdentity
 from crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
-from node.config import ROLE_NAMES, ConfigError, NodeConfig, load_config
+from ledger.errors import LedgerError
+from node.config import CHEATS, ROLE_NAMES, ConfigError, NodeConfig, load_config
 from node.p2p.host import apply_yamux_tuning
 from node.runtime import NodeRuntime, cancel_on_signal, configure_logging, run_until_signalled
 
@@ -80,21 +81,49 @@ def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
         "metrics_port": kwargs["metrics_port"],
         "ledger_url": kwargs["ledger_url"],
         "log_level": kwargs["log_level"],
+        "work": kwargs.get("work"),
     }
 
 
 @click.command("run")
 @click.option("--role", type=click.Choice(ROLE_NAMES), help="Role of this node (overrides the config).")
 @_node_options
-def run_command(role: str | None, config_path: Path | None, **kwargs: Any) -> None:
-    """Run a node until SIGINT/SIGTERM: host, DHT, gossip, request/response and the role's service."""
-    from node.roles import ROLE_CLASSES
+@click.option("--steps", type=int, help="Trainer: stop training after this many GRPO steps (0: never).")
+@click.option("--threads", type=int, help="Torch threads of this process (default 1).")
+@click.option(
+    "--cheat", type=click.Choice([c for c in CHEATS if c]), help="Worker, devnets only: cheat this way."
+)
+def run_command(
+    role: str | None,
+    config_path: Path | None,
+    steps: int | None,
+    threads: int | None,
+    cheat: str | None,
+    **kwargs: Any,
+) -> None:
+    """Run a node until SIGINT/SIGTERM: host, DHT, gossip, request/response and the role's work.
+
+    \b
+    trainer    owns the run: GRPO steps on accepted rollouts, checkpoints out as the shard origin
+    relay      re-serves checkpoint shards, announces them (DHT providers, ShardHave gossip)
+    worker     generates rollouts with TOPLOC proofs on the newest checkpoint (must be staked)
+    validator  re-checks rollouts by prefill, gossips verdicts, credits or slashes in the ledger
+    bootstrap  only routes (DHT, gossip) for the others to meet
+    """
+    work = {k: v for k, v in (("steps", steps), ("threads", threads), ("cheat", cheat)) if v is not None}
+    if work:
+        kwargs["work"] = work
+    from node.swarm.factory import make_role
 
     config = _config(config_path, {"role": role, **_overrides(kwargs)})
     identity = _identity(config)
     configure_logging(config)
     apply_yamux_tuning()
-    runtime = NodeRuntime(config, identity, ROLE_CLASSES[config.role]())
+    try:
+        service = make_role(config, identity)
+    except (LedgerError, ValueError, OSError) as exc:
+        raise click.ClickException(f"cannot start the {config.role}: {exc}") from None
+    runtime = NodeRuntime(config, identity, service)
     trio.run(run_until_signalled, runtime)
 
 

@@ -21,6 +21,7 @@ record_deliveries = false          # append every delivered gossip message to da
 [gossip]      # degree, degree_low, degree_high, heartbeat_interval, seen_ttl, forward_cap_per_topic
 [liveness]    # interval, idle_after, max_strikes
 [scoring]     # ScoreParams fields
+[work]        # WorkSettings: what the role does with the network (training, generating, validating)
 ```
 Unknown keys are errors: a typo must not silently fall back to a default.
 """
@@ -53,6 +54,21 @@ class LivenessSettings:
     max_strikes: int = 3
 
 
+CHEATS = ("", "perturbed-model", "tampered-prompt", "forged-reward")
+
+
+@dataclass(frozen=True)
+class WorkSettings:
+    """The role's work. Defaults run the committed devnet recipe on CPU; `steps = 0` trains forever."""
+
+    steps: int = 0  # trainer: stop after this many GRPO steps (0: never)
+    threads: int = 1  # torch intra-op threads of this process (the devnet shares 2 cores among 8 nodes)
+    shard_mb: float = 1.0  # trainer: checkpoint shard size
+    submissions_per_version: int = 4  # worker: most submissions per checkpoint version before waiting
+    cheat: str = ""  # worker, devnet only: perturbed-model | tampered-prompt | forged-reward
+    min_batch_groups: int = 0  # trainer: signal groups per step (0: the run's prompts_per_step)
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     identity: Path
@@ -73,6 +89,7 @@ class NodeConfig:
     gossip: GossipSettings = field(default_factory=GossipSettings)
     liveness: LivenessSettings = field(default_factory=LivenessSettings)
     scoring: ScoreParams = field(default_factory=ScoreParams)
+    work: WorkSettings = field(default_factory=WorkSettings)
 
     @property
     def http_endpoint(self) -> str:
@@ -136,7 +153,7 @@ def _section(cls: type, table: dict[str, Any], name: str, allowed: set[str] | No
 
 def parse_config(document: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     """The keyword arguments of NodeConfig from a parsed TOML document (paths resolved from base_dir)."""
-    unknown = set(document) - {"node", "discovery", "gossip", "liveness", "scoring"}
+    unknown = set(document) - {"node", "discovery", "gossip", "liveness", "scoring", "work"}
     if unknown:
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
     node = dict(document.get("node", {}))
@@ -175,7 +192,22 @@ def parse_config(document: dict[str, Any], base_dir: Path) -> dict[str, Any]:
         kwargs["liveness"] = _section(LivenessSettings, document["liveness"], "liveness")
     if "scoring" in document:
         kwargs["scoring"] = _section(ScoreParams, document["scoring"], "scoring")
+    if "work" in document:
+        kwargs["work"] = check_work(_section(WorkSettings, document["work"], "work"))
     return kwargs
+
+
+def check_work(work: WorkSettings) -> WorkSettings:
+    if work.cheat not in CHEATS:
+        named = ", ".join(c for c in CHEATS if c)
+        raise ConfigError(f"[work] cheat must be one of {named}, not {work.cheat!r}")
+    if work.steps < 0 or work.threads < 1 or work.submissions_per_version < 1 or work.min_batch_groups < 0:
+        raise ConfigError(
+            "[work] steps and min_batch_groups must be >= 0; threads and submissions_per_version >= 1"
+        )
+    if not 0 < work.shard_mb <= 1024:
+        raise ConfigError("[work] shard_mb must be in (0, 1024]")
+    return work
 
 
 def _address(text: object) -> bytes:
@@ -205,6 +237,8 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> N
             value = _address(value)
         elif key == "bootstrap":
             value = tuple(value)
+        elif key == "work":
+            value = check_work(dataclasses.replace(kwargs.get("work", WorkSettings()), **value))
         kwargs[key] = value
     missing = [k for k in ("identity", "run", "role", "data_dir") if k not in kwargs]
     if missing:
@@ -244,4 +278,4 @@ def render_config(config: NodeConfig, base_dir: Path) -> dict[str, Any]:
     }
     if config.trainer is not None:
         node["trainer"] = "0x" + config.trainer.hex()
-    return {"node": node}
+    return {"node": node, "work": dataclasses.asdict(config.work)}

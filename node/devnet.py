@@ -34,6 +34,7 @@ from rich.table import Table
 from crypto.identity import NodeIdentity
 from crypto.keystore import PASSWORD_ENV, save_keystore
 from node.config import NodeConfig, render_config
+from node.devnet_rl import DEVNET_STAKE_GWEI, STAKED_ROLES, DevnetLedger, work_cell
 
 KDF_ITERATIONS = 2  # devnet keys only: fast to open, useless to protect anything
 STOP_GRACE = 10.0
@@ -48,6 +49,11 @@ class DevnetPlan:
     run: str = "devnet"
     record_deliveries: bool = False
     sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # extra [discovery]/[liveness]...
+    steps: int = 0  # > 0: a training run of this many trainer steps (the nodes do real work)
+    cheaters: tuple[str, ...] = ()  # one extra worker per entry, cheating that way
+    ledger: str = ""  # "signed" | "evm" | "" (no ledger: discovery-only runs)
+    threads: int = 1
+    shard_mb: float = 1.0
 
     def roles(self) -> list[tuple[str, str]]:
         """(name, role) of every node, bootstrap first."""
@@ -59,7 +65,22 @@ class DevnetPlan:
             ("validator", self.validators),
         ):
             nodes += [(f"{role}-{i}", role) for i in range(1, count + 1)]
+        nodes += [(f"cheater-{i}", "worker") for i in range(1, len(self.cheaters) + 1)]
         return nodes
+
+    def cheat_of(self, name: str) -> str:
+        if name.startswith("cheater-"):
+            return self.cheaters[int(name.split("-")[1]) - 1]
+        return ""
+
+    def work_section(self, name: str, role: str) -> dict[str, Any]:
+        """The [work] table of a node in a training run."""
+        work: dict[str, Any] = {"threads": self.threads}
+        if role == "trainer":
+            work |= {"steps": self.steps, "shard_mb": self.shard_mb}
+        if self.cheat_of(name):
+            work["cheat"] = self.cheat_of(name)
+        return work
 
 
 @dataclass
@@ -69,6 +90,9 @@ class DevnetNode:
     directory: Path
     port: int
     peer_id: str
+    address: str = ""
+    http_port: int = 0
+    cheat: str = ""
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
 
@@ -113,10 +137,14 @@ class Devnet:
         self.folder = folder.resolve()
         self.password = secrets.token_hex(16)
         self.nodes: dict[str, DevnetNode] = {}
+        self.identities: dict[str, NodeIdentity] = {}
+        self.ledger: DevnetLedger | None = None
 
     def prepare(self) -> list[DevnetNode]:
         if self.folder.exists():
-            raise click.ClickException(f"{self.folder} already exists; pass a new --out (runs are never overwritten)")
+            raise click.ClickException(
+                f"{self.folder} already exists; pass a new --out (runs are never overwritten)"
+            )
         self.folder.mkdir(parents=True)
         identities = {}
         for name, role in self.plan.roles():
@@ -124,7 +152,22 @@ class Devnet:
             identity = NodeIdentity(secrets.token_bytes(32))
             save_keystore(identity, directory / "node.key", self.password, kdf_iterations=KDF_ITERATIONS)
             identities[name] = identity
-            self.nodes[name] = DevnetNode(name, role, directory, free_port(), identity.peer_id)
+            self.nodes[name] = DevnetNode(
+                name,
+                role,
+                directory,
+                free_port(),
+                identity.peer_id,
+                identity.checksum_address,
+                free_port() if self.plan.steps else 0,
+                self.plan.cheat_of(name),
+            )
+        self.identities = identities
+        if self.plan.ledger:
+            self.ledger = DevnetLedger(self.plan.ledger, self.folder)
+            self.ledger.create()
+            staked = [(n.role, identities[n.name]) for n in self.nodes.values() if n.role in STAKED_ROLES]
+            self.ledger.enroll(staked, {n.address: n.peer_id for n in self.nodes.values()})
         bootstrap = self.nodes["bootstrap"].addr
         for node in self.nodes.values():
             self.write_config(node, bootstrap=() if node.role == "bootstrap" else (bootstrap,))
@@ -133,8 +176,16 @@ class Devnet:
                 {
                     "run": self.plan.run,
                     "bootstrap": bootstrap,
+                    "ledger": self.ledger.url if self.ledger is not None else "",
                     "nodes": {
-                        n.name: {"role": n.role, "peer_id": n.peer_id, "addr": n.addr}
+                        n.name: {
+                            "role": n.role,
+                            "peer_id": n.peer_id,
+                            "addr": n.addr,
+                            "address": n.address,
+                            "http_port": n.http_port,
+                            "cheat": n.cheat,
+                        }
                         for n in self.nodes.values()
                     },
                 },
@@ -157,10 +208,15 @@ class Devnet:
             data_dir=node.data_dir,
             listen=f"/ip4/127.0.0.1/tcp/{node.port}",
             bootstrap=bootstrap,
-            http_port=0,
+            http_port=node.http_port,
+            ledger_url=self.ledger.url if self.ledger is not None and node.role in STAKED_ROLES else "",
             record_deliveries=self.plan.record_deliveries,
         )
         document = render_config(config, node.directory)
+        if self.plan.steps and node.role in STAKED_ROLES:
+            document["work"] = self.plan.work_section(node.name, node.role)
+        else:
+            document.pop("work", None)
         for section, values in (self.plan.sections if sections is None else sections).items():
             document[section] = dict(values)
         node.config_path.write_text(tomli_w.dumps(document))
@@ -267,6 +323,15 @@ class Devnet:
     def statuses(self) -> dict[str, dict[str, Any] | None]:
         return {name: node.status() for name, node in self.nodes.items()}
 
+    def trainer_done(self) -> bool:
+        """Every trainer finished its steps (training runs)."""
+        trainers = [n for n in self.nodes.values() if n.role == "trainer"]
+        for node in trainers:
+            work = (node.status() or {}).get("work") or {}
+            if not work.get("done"):
+                return False
+        return bool(trainers)
+
     def discovered(self) -> bool:
         """Every role node is ready and has found a verified provider of each role it needs."""
         for node in self.nodes.values():
@@ -283,7 +348,10 @@ class Devnet:
 
 def status_table(devnet: Devnet, elapsed: float) -> Table:
     table = Table(title=f"devnet {devnet.plan.run} · {devnet.folder} · {elapsed:.0f}s", expand=False)
-    for column in ("node", "pid", "state", "peers", "dht", "providers found", "in", "out", "rej", "ban"):
+    columns = ["node", "pid", "state", "peers", "dht", "providers found", "in", "out", "rej", "ban"]
+    if devnet.plan.steps:
+        columns = ["node", "state", "peers", "providers found", "in", "out", "rej", "work"]
+    for column in columns:
         table.add_column(column, no_wrap=column in ("node", "providers found"))
     for node in devnet.nodes.values():
         status = node.status() or {}
@@ -303,11 +371,17 @@ def status_table(devnet: Devnet, elapsed: float) -> Table:
         received = sum(s["delivered"] for s in gossip.values())
         sent = sum(s["published"] for s in gossip.values())
         rejected = sum(sum(s["rejected"].values()) for s in gossip.values())
+        peers = str(len(status.get("connected_peers", [])))
+        if devnet.plan.steps:
+            work = work_cell(node.role, status.get("work") or {}, devnet.plan.steps)
+            name = f"{node.name} ({node.role})" if node.cheat else node.name
+            table.add_row(name, state, peers, found_text, str(received), str(sent), str(rejected), work)
+            continue
         table.add_row(
             node.name,
             str(status.get("pid", "-")),
             state,
-            str(len(status.get("connected_peers", []))),
+            peers,
             str(status.get("dht", {}).get("routing_table_size", "-")),
             found_text,
             str(received),
@@ -362,6 +436,9 @@ async def run_devnet(
                     if until_discovered and devnet.discovered():
                         reason = "discovered"
                         break
+                    if devnet.plan.steps and devnet.trainer_done():
+                        reason = "trained"
+                        break
                     if duration and elapsed >= duration:
                         reason = "duration"
                         break
@@ -398,10 +475,39 @@ class _NullLive:
         return None
 
 
+CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
+
+
 @click.command("devnet")
+@click.option(
+    "--steps",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Train for this many GRPO steps on the swarm, then stop and report (0: only run the network).",
+)
+@click.option(
+    "--cheaters",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Extra dishonest workers, cycling through: " + ", ".join(CHEAT_ORDER) + ".",
+)
+@click.option(
+    "--ledger",
+    "ledger_kind",
+    type=click.Choice(["signed", "evm"]),
+    default="signed",
+    show_default=True,
+    help="signed: a signed log in the devnet folder; evm: a local anvil chain started for the run.",
+)
+@click.option(
+    "--summary", "summary_path", type=click.Path(path_type=Path), help="Also write the summary JSON here."
+)
+@click.option("--threads", type=int, default=1, show_default=True, help="Torch threads per node process.")
 @click.option("--trainers", type=int, default=1, show_default=True)
 @click.option("--relays", type=int, default=2, show_default=True)
-@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--workers", type=int, default=3, show_default=True, help="Honest workers.")
 @click.option("--validators", type=int, default=1, show_default=True)
 @click.option("--run", "run_id", default="devnet", show_default=True, help="Run id.")
 @click.option(
@@ -424,6 +530,11 @@ class _NullLive:
     "--no-live", is_flag=True, help="No live table (for logs and CI); prints the summary at the end."
 )
 def devnet_command(
+    steps: int,
+    cheaters: int,
+    ledger_kind: str,
+    summary_path: Path | None,
+    threads: int,
     trainers: int,
     relays: int,
     workers: int,
@@ -436,12 +547,60 @@ def devnet_command(
     probe_rate: float,
     no_live: bool,
 ) -> None:
-    """Run a swarm of separate node processes on 127.0.0.1 and show live status."""
-    plan = DevnetPlan(trainers, relays, workers, validators, run_id, record_deliveries)
+    """Run a swarm of separate node processes on 127.0.0.1 and show live status.
+
+    With --steps N it is the whole training run of DESIGN.md on loopback: bootstrap, trainer, relays,
+    workers (--cheaters more that cheat), validators, a ledger every role is staked and registered in.
+    It ends with a summary table, a PNG plot and the final ledger, in the devnet folder.
+    """
+    cheats = tuple(CHEAT_ORDER[i % len(CHEAT_ORDER)] for i in range(cheaters))
+    plan = DevnetPlan(
+        trainers,
+        relays,
+        workers,
+        validators,
+        run_id,
+        record_deliveries,
+        steps=steps,
+        cheaters=cheats,
+        ledger=ledger_kind if steps else "",
+        threads=threads,
+    )
+    if steps and (trainers != 1 or validators < 1 or relays < 1 or workers + cheaters < 1):
+        raise click.UsageError("a training run needs 1 trainer, and at least 1 relay, worker and validator")
     devnet = Devnet(plan, out or default_folder())
-    devnet.prepare()
     console = Console()
+    try:
+        devnet.prepare()
+    except (RuntimeError, OSError) as exc:
+        raise click.ClickException(f"cannot set the devnet up: {exc}") from None
     console.print(f"devnet folder: [bold]{devnet.folder}[/]  ({len(devnet.nodes)} nodes)")
+    if devnet.ledger is not None:
+        console.print(f"ledger: {devnet.ledger.url} (every role node registered and staked)")
+    try:
+        summary = _run(devnet, console, duration, until_discovered, no_live, probe_rate)
+        if steps:
+            _report(devnet, summary, console, summary_path)
+    finally:
+        if devnet.ledger is not None:
+            devnet.ledger.stop()
+    failed = {n: c for n, c in summary["exit_codes"].items() if c not in (0, None)}
+    if failed:
+        raise click.ClickException(f"nodes did not stop cleanly: {failed}")
+    if until_discovered and summary["reason"] != "discovered":
+        raise click.ClickException(f"discovery did not complete ({summary['reason']})")
+    if steps and summary["reason"] != "trained":
+        raise click.ClickException(f"the run did not finish its {steps} steps ({summary['reason']})")
+
+
+def _run(
+    devnet: Devnet,
+    console: Console,
+    duration: float,
+    until_discovered: bool,
+    no_live: bool,
+    probe_rate: float,
+) -> dict[str, Any]:
     summary = trio.run(
         lambda: run_devnet(
             devnet,
@@ -456,8 +615,53 @@ def devnet_command(
         console.print(status_table(devnet, summary["elapsed_s"]))
     console.print()
     console.print(f"stopped ({summary['reason']}); data dirs and logs in [bold]{devnet.folder}[/]")
-    failed = {n: c for n, c in summary["exit_codes"].items() if c not in (0, None)}
-    if failed:
-        raise click.ClickException(f"nodes did not stop cleanly: {failed}")
-    if until_discovered and summary["reason"] != "discovered":
-        raise click.ClickException(f"discovery did not complete ({summary['reason']})")
+    return summary
+
+
+def _report(devnet: Devnet, run_summary: dict[str, Any], console: Console, path: Path | None) -> None:
+    """Held-out reward before and after, the final ledger, the tables, the plot and the JSON."""
+    from node.devnet_report import NodeFacts, ReportInputs, build_summary, plot_summary, summary_tables
+    from node.devnet_rl import final_checkpoint, held_out_rewards, ledger_facts, write_json
+
+    assert devnet.ledger is not None
+    console.print("measuring the held-out reward of the base and the final checkpoint ...")
+    trainer = next(n for n in devnet.nodes.values() if n.role == "trainer")
+    final = final_checkpoint(trainer.data_dir, devnet.plan.run)
+    base_reward, final_reward = held_out_rewards(final[1] if final is not None else None)
+    facts = ledger_facts(devnet.ledger)
+    stakes_before = {
+        n.address.lower(): DEVNET_STAKE_GWEI for n in devnet.nodes.values() if n.role in STAKED_ROLES
+    }
+    inputs = ReportInputs(
+        run=devnet.plan.run,
+        steps=devnet.plan.steps,
+        elapsed_s=run_summary["elapsed_s"],
+        ledger_kind=devnet.ledger.kind,
+        ledger_url=devnet.ledger.url,
+        ledger_verified=facts.verified,
+        base_reward=base_reward,
+        final_reward=final_reward if final_reward is not None else base_reward,
+        nodes=[
+            NodeFacts(
+                name=n.name,
+                role=n.role,
+                address=n.address,
+                cheat=n.cheat,
+                stake_before_gwei=stakes_before.get(n.address.lower()),
+                stake_after_gwei=facts.stakes.get(n.address.lower()),
+            )
+            for n in devnet.nodes.values()
+            if n.role in STAKED_ROLES
+        ],
+        statuses={name: status for name, status in run_summary["nodes"].items() if status is not None},
+        ledger_slashes=facts.slashes,
+        ledger_contributions=facts.contributions,
+    )
+    summary = build_summary(inputs)
+    write_json(devnet.folder / "devnet-summary.json", summary)
+    if path is not None:
+        write_json(path, summary)
+    plot = plot_summary(summary, devnet.folder / "devnet.png")
+    for table in summary_tables(summary):
+        console.print(table)
+    console.print(f"plot: [bold]{plot}[/]  summary: [bold]{devnet.folder / 'devnet-summary.json'}[/]")

@@ -193,7 +193,7 @@ class NodeRuntime:
             "scores": guard.scores.snapshot(trio.current_time()),
             "reqresp": net.reqresp.statistics(),
             "liveness": liveness.statistics(),
-            "work": dict(getattr(work, "received", {})),
+            "work": work.status() if hasattr(work, "status") else dict(getattr(work, "received", {})),
         }
 
     def _write_status(self, *, final: bool = False) -> None:

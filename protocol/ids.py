@@ -14,6 +14,7 @@ PING = protocol_id("ping")
 MANIFEST = protocol_id("manifest")
 SUBMIT = protocol_id("submit")
 LEDGER_SYNC = protocol_id("ledger-sync")
+ACCEPTED = protocol_id("accepted")
 
 TOPIC_KINDS = ("checkpoints", "shards", "verdicts", "ledger")
 

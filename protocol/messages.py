@@ -237,6 +237,46 @@ class SubmitAck:
     detail: Annotated[str, MaxLen(512)]
 
 
+
+@dataclass(frozen=True)
+class AcceptedRequest:
+    """The trainer pulls a validator's accepted submissions in the validator's order, after a cursor.
+
+    A pull with a cursor, not a push: the trainer stores what it received with the cursor in one
+    transaction, so a crash on either side loses nothing and re-sends nothing twice.
+    """
+
+    TYPE: ClassVar[str] = "accepted_request"
+    MAX_SIZE: ClassVar[int] = 256
+
+    run: RunId
+    after: int  # the last index received from this validator; 0 asks from the start (indices begin at 1)
+    limit: Annotated[int, Range(1, 256)]
+    wait_ms: Annotated[int, Range(0, 30_000)]  # long poll: answer early when something new is accepted
+
+
+@dataclass(frozen=True)
+class AcceptedRollout:
+    """One accepted submission: the worker's signed envelope and the validator's signed accepting Verdict."""
+
+    TYPE: ClassVar[str] = "accepted_rollout"
+    MAX_SIZE: ClassVar[int] = 16 * MIB + 128 * KIB
+
+    index: Annotated[int, Range(1, 2**63)]
+    verdict: Annotated[bytes, MaxLen(96 * KIB)]
+    submission: Annotated[bytes, MaxLen(16 * MIB + 4 * KIB)]
+
+
+@dataclass(frozen=True)
+class AcceptedBatch:
+    """Accepted submissions with index > the request's cursor, oldest first (at least one if any exist)."""
+
+    TYPE: ClassVar[str] = "accepted_batch"
+    MAX_SIZE: ClassVar[int] = 24 * MIB
+
+    items: Annotated[tuple[AcceptedRollout, ...], MaxLen(256)]
+    newest: int  # the validator's newest index, so the puller knows whether to ask again at once
+
 LATEST_VERSION = 2**64 - 1
 
 MESSAGE_TYPES = registry(
@@ -259,4 +299,7 @@ MESSAGE_TYPES = registry(
     ManifestRequest,
     ManifestResponse,
     SubmitAck,
+    AcceptedRequest,
+    AcceptedRollout,
+    AcceptedBatch,
 )

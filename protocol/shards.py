@@ -59,7 +59,7 @@ def check_manifest(manifest: CheckpointManifest) -> None:
         raise _rule(f"total_size {manifest.total_size} is not the sum of the shard sizes")
     if manifest.version == 0:
         if manifest.parent_version != 0:
-            raise _rule("version 0 has parent_version 0")
+            raise _rule(f"version 0 must have parent_version 0, not {manifest.parent_version}")
     elif manifest.parent_version >= manifest.version:
         raise _rule(f"parent_version {manifest.parent_version} is not below version {manifest.version}")
     if merkle_root([s.sha256 for s in shards]) != manifest.merkle_root:

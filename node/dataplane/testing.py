@@ -10,11 +10,15 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from crypto.identity import NodeIdentity
+from protocol.shards import STATS_PATH
 
 
 def role_key(n: int) -> NodeIdentity:
@@ -51,7 +55,8 @@ class RoleProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(
-                    f"{self.name}: no {kind} {match} within {timeout} s (rc={self.popen.poll()})"
+                    f"{self.name}: no {kind} {match} within {timeout} s (rc={self.popen.poll()}); "
+                    f"its stats: {self.diagnostics()}"
                 )
             try:
                 event = self.events.get(timeout=min(left, 0.5))
@@ -64,6 +69,16 @@ class RoleProcess:
             if event.get("event") == kind and all(event.get(k) == v for k, v in match.items()):
                 return event
             self.seen.append(event)
+
+    def diagnostics(self) -> str:
+        """The process's live stats (for a failure message), or why they could not be read."""
+        if not self.endpoint:
+            return "(not listening yet)"
+        try:
+            with urllib.request.urlopen(self.endpoint + STATS_PATH, timeout=3) as response:
+                return json.dumps(msgpack.unpackb(response.read()), default=str)[:4000]
+        except (OSError, ValueError) as exc:
+            return f"(unreadable: {exc})"
 
     def send(self, line: str) -> None:
         assert self.popen.stdin is not None

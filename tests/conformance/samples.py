@@ -85,6 +85,9 @@ def every_message() -> list[Any]:
         m.ManifestRequest(RUN, m.LATEST_VERSION),
         m.ManifestResponse(200, b"\x04" * 64),
         m.SubmitAck(_digest("submission"), 100, "queued"),
+        m.AcceptedRequest(RUN, 41, 16, 20_000),
+        m.AcceptedRollout(42, b"\x05" * 48, b"\x06" * 96),
+        m.AcceptedBatch((m.AcceptedRollout(42, b"\x05" * 48, b"\x06" * 96),), 42),
     ]
     assert [type(s).TYPE for s in samples] == list(m.MESSAGE_TYPES), "samples must cover every message type"
     return samples

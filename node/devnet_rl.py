@@ -1,0 +1,213 @@
+"""The devnet's training run: its ledger, the live work column, and the end-of-run facts.
+
+`DevnetLedger` creates the run's ledger before any node starts (a signed log in the devnet folder, or the
+contract on a local anvil chain the devnet starts itself) and stakes and registers every role node from
+its own key, as each operator would with `swarmnode stake deposit` and `swarmnode register`. After the
+run, `final_facts` reads the ledger back and measures the held-out reward of the base and the final
+checkpoint with the same tasks and seeds (`node.rl.sync.eval_reward`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crypto.identity import NodeIdentity
+from ledger import Ledger
+from ledger.types import Params
+from protocol.ledger_messages import ComputeSpec
+
+DEVNET_STAKE_GWEI = 2 * 10**9  # twice the devnet's minimum: one slash leaves a node eligible, three eject it
+DEVNET_PARAMS = Params(
+    min_stake_per_unit_gwei=10**9,
+    unbonding_delay_epochs=24,
+    slash_gwei=5 * 10**8,
+    ejection_threshold=3,
+    epoch_seconds=3600,
+)
+STAKED_ROLES = ("trainer", "relay", "worker", "validator")
+EVAL_SAMPLES = 8
+
+
+class DevnetLedger:
+    """The ledger of one devnet: created, funded and populated before the nodes start."""
+
+    def __init__(self, kind: str, folder: Path) -> None:
+        if kind not in ("signed", "evm"):
+            raise ValueError(f"ledger kind must be signed or evm, not {kind!r}")
+        self.kind = kind
+        self.folder = folder
+        self.anvil: Any = None
+        self.harness: Any = None
+        self.url = ""  # what nodes put in [node] ledger_url
+
+    def create(self) -> None:
+        if self.kind == "signed":
+            from ledger.signedlog import SignedLog
+
+            path = self.folder / "ledger.db"
+            SignedLog.create(path, DEVNET_PARAMS, ledger_id="devnet").close()
+            self.url = f"signed:{path}"
+            return
+        from ledger.testing import AnvilProcess, EvmHarness, find_anvil
+
+        binary = find_anvil()
+        if binary is None:
+            raise RuntimeError("no anvil binary: run scripts/install_anvil.sh (make devnet does)")
+        self.anvil = AnvilProcess(binary, state=self.folder / "anvil-state.json")
+        self.harness = EvmHarness.anvil(self.anvil.url, DEVNET_PARAMS)
+        contract = self.harness.ledger.address
+        self.url = f"evm:{self.anvil.url}#{contract}"
+        (self.folder / "contract.txt").write_text(contract + "\n")
+
+    def open(self) -> Ledger:
+        from node.swarm.common import open_work_ledger
+
+        ledger = open_work_ledger(self.url)
+        assert ledger is not None
+        return ledger
+
+    def enroll(self, nodes: list[tuple[str, NodeIdentity]], peer_ids: dict[str, str]) -> None:
+        """Fund (EVM), register and stake every role node from its own key."""
+        if self.harness is not None:
+            self.harness.fund(*(identity for _, identity in nodes))
+        ledger = self.open()
+        try:
+            for role, identity in nodes:
+                spec = ComputeSpec(accelerator="cpu", count=1, memory_gb=1, benchmark_gflops=0)
+                ledger.register(identity, role, spec, peer_ids.get(identity.checksum_address))
+                ledger.deposit(identity, DEVNET_STAKE_GWEI)
+        finally:
+            ledger.close()
+
+    def stop(self) -> None:
+        if self.anvil is not None:
+            self.anvil.stop()
+            self.anvil = None
+
+
+@dataclass(frozen=True)
+class LedgerFacts:
+    stakes: dict[str, int]  # lowercase 0x address → bonded gwei
+    slashes: list[dict[str, Any]]
+    contributions: dict[str, int]
+    verified: bool | None
+
+
+def ledger_facts(devnet_ledger: DevnetLedger) -> LedgerFacts:
+    """Stakes, slashes and contribution counts now; for a signed log, the full audit too."""
+    from protocol.errors import Reason
+
+    ledger = devnet_ledger.open()
+    try:
+        stakes = {"0x" + s.address.hex(): s.bonded_gwei for s in ledger.stakes()}
+        slashes = []
+        for record in ledger.slashes():
+            try:
+                reason = Reason(record.reason_code).name
+            except ValueError:
+                reason = str(record.reason_code)
+            slashes.append(
+                {
+                    "worker": "0x" + record.worker.hex(),
+                    "validator": "0x" + record.validator.hex(),
+                    "amount_gwei": record.taken_gwei,
+                    "reason_code": record.reason_code,
+                    "reason": reason,
+                }
+            )
+        contributions: dict[str, int] = {}
+        for entry in ledger.contributions():
+            key = "0x" + entry.worker.hex()
+            contributions[key] = contributions.get(key, 0) + 1
+    finally:
+        ledger.close()
+    verified = None
+    if devnet_ledger.kind == "signed":
+        from ledger.signedlog import verify_log
+
+        verified = verify_log(devnet_ledger.folder / "ledger.db").ok
+    return LedgerFacts(stakes, slashes, contributions, verified)
+
+
+def work_cell(role: str, work: dict[str, Any], steps: int) -> str:
+    """One line of live progress for a node's work status (the devnet table's last column)."""
+    if not isinstance(work, dict) or not work:
+        return "-"
+    if role == "trainer":
+        rewards = work.get("rewards") or []
+        reward = f" reward {rewards[-1]:.3f}" if rewards else ""
+        total = f"/{steps}" if steps else ""
+        done = " [green]done[/]" if work.get("done") else ""
+        return (
+            f"step {work.get('step', 0)}{total} v{work.get('version', '-')}{reward}"
+            f" used {work.get('submissions_used', 0)} wait {work.get('wait_s', 0):.0f}s{done}"
+        )
+    if role == "worker":
+        cheat = f" [red]{work['cheat']}[/]" if work.get("cheat") else ""
+        return (
+            f"v{work.get('version', '-')} sent {work.get('submitted', 0)}"
+            f" ok {work.get('accepted', 0)} rej {work.get('rejected', 0)}{cheat}"
+        )
+    if role == "validator":
+        return (
+            f"ok {work.get('accepted', 0)} rej {work.get('rejected', 0)} slash {work.get('slashes', 0)}"
+            f" queue {work.get('queued', 0)} cpu {work.get('cpu_s', 0):.0f}s"
+        )
+    if role == "relay":
+        served = work.get("bytes_served", 0) / 1e6
+        return f"holds {work.get('versions_held', [])} served {served:.1f} MB"
+    return "-"
+
+
+def final_checkpoint(trainer_data: Path, run: str) -> tuple[int, dict[str, Any]] | None:
+    """The newest complete checkpoint the trainer published: (version, state dict)."""
+    from node.dataplane.checkpoint import load_checkpoint
+    from node.dataplane.store import ShardStore
+    from protocol.codec import decode
+    from protocol.envelope import Envelope
+    from protocol.messages import CheckpointManifest
+
+    store = ShardStore(trainer_data / "checkpoints", run)
+    complete = sorted(v for v, whole in store.versions_on_disk().items() if whole)
+    if not complete:
+        return None
+    version = complete[-1]
+    envelope = store.load_manifest(version)
+    assert envelope is not None
+    manifest = decode(CheckpointManifest, decode(Envelope, envelope).body)
+    return version, load_checkpoint(store.complete_dir(version), manifest)
+
+
+def held_out_rewards(final_state: dict[str, Any] | None) -> tuple[float, float | None]:
+    """Held-out mean reward of the base checkpoint and of `final_state` (same tasks, same seeds)."""
+    from node.rl.engine import TransformersEngine
+    from node.rl.run import BASE_CHECKPOINT, devnet_eval_tasks, devnet_grpo
+    from node.rl.sync import eval_reward
+
+    engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    grpo = devnet_grpo(engine.config)
+    tasks = devnet_eval_tasks()
+
+    def measure() -> float:
+        return eval_reward(
+            engine,
+            tasks,
+            samples=EVAL_SAMPLES,
+            max_new_tokens=grpo.max_new_tokens,
+            temperature=grpo.temperature,
+        )
+
+    base = measure()
+    if final_state is None:
+        return base, None
+    engine.load_weights(final_state)
+    return base, measure()
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=1, default=str))
+    tmp.replace(path)

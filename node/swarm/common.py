@@ -1,0 +1,58 @@
+"""What the role works share: the run's setup from its descriptor, the ledger, the ACCEPTED protocol."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ledger import Ledger, open_ledger
+from node.p2p.reqresp import ProtocolSpec
+from node.rl.model import file_sha256, load_model, model_config_hash
+from node.rl.run import BASE_CHECKPOINT, RunSetup, dataset_hash, devnet_dataset
+from protocol import ids
+from protocol.messages import AcceptedBatch, AcceptedRequest, RunDescriptor
+
+# The trainer pulls accepted submissions from each validator with this (long poll, cursor).
+ACCEPTED = ProtocolSpec(ids.ACCEPTED, AcceptedRequest, AcceptedBatch, timeout=45.0, max_inbound=4)
+
+CONTRACT_ENV = "SWARMNODE_CONTRACT"
+
+
+class RunMismatch(RuntimeError):
+    """This node cannot take part in the run its descriptor names (other dataset, model or base)."""
+
+
+def load_run_setup(descriptor: RunDescriptor, base_checkpoint: Path = BASE_CHECKPOINT) -> RunSetup:
+    """The run's tasks, after checking that the descriptor names the dataset and base this node holds."""
+    run = repr(descriptor.run)
+    if descriptor.task_kind != "arithmetic":
+        raise RunMismatch(f"run {run} has task kind {descriptor.task_kind!r}; this node knows arithmetic")
+    tasks = devnet_dataset()
+    if dataset_hash(tasks) != descriptor.dataset_hash:
+        raise RunMismatch(f"run {run} names dataset {descriptor.dataset_hash.hex()[:16]}, not ours")
+    if file_sha256(base_checkpoint) != descriptor.base_checkpoint_hash:
+        raise RunMismatch(f"run {run} starts from another base checkpoint than {base_checkpoint}")
+    cfg, _ = load_model(base_checkpoint)
+    if model_config_hash(cfg) != descriptor.model_config_hash:
+        raise RunMismatch(f"run {run} names another model config than {base_checkpoint}")
+    return RunSetup(descriptor, tasks)
+
+
+def open_work_ledger(url: str) -> Ledger | None:
+    """The node's ledger from `[node] ledger_url`: `signed:PATH`, or `evm:RPC_URL#0xCONTRACT` (or the
+    contract from $SWARMNODE_CONTRACT); None when no ledger is configured."""
+    if not url:
+        return None
+    contract = None
+    if url.startswith("evm:") and "#" in url:
+        url, contract = url.split("#", 1)
+    elif url.startswith("evm:"):
+        contract = os.environ.get(CONTRACT_ENV)
+    return open_ledger(url, contract=contract)
+
+
+def set_threads(threads: int) -> None:
+    """Torch intra-op threads for this process: the devnet runs eight processes on two cores."""
+    torch.set_num_threads(threads)

@@ -1,0 +1,32 @@
+"""Build a role's work from the node's config: what `swarmnode run --role ROLE` runs."""
+
+from __future__ import annotations
+
+from crypto.identity import NodeIdentity
+from node.config import NodeConfig
+from node.roles import ROLE_CLASSES
+from node.roles.base import RoleService
+from node.swarm.common import open_work_ledger
+
+
+def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
+    """The role service with its real work (bootstrap nodes only route and have none)."""
+    role = config.role
+    cls = ROLE_CLASSES[role]
+    if role == "trainer":
+        from node.swarm.trainer import SwarmTrainerWork
+
+        return cls(SwarmTrainerWork(config, identity))  # type: ignore[call-arg]
+    if role == "relay":
+        from node.swarm.relay import SwarmRelayWork
+
+        return cls(SwarmRelayWork(config))
+    if role == "worker":
+        from node.swarm.worker import SwarmWorkerWork
+
+        return cls(SwarmWorkerWork(config, identity, open_work_ledger(config.ledger_url)))
+    if role == "validator":
+        from node.swarm.validator import SwarmValidatorWork
+
+        return cls(SwarmValidatorWork(config, identity, open_work_ledger(config.ledger_url)))  # type: ignore[call-arg]
+    return cls()

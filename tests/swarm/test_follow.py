@@ -1,0 +1,146 @@
+"""Checkpoints through the swarm, in process: a trainer's origin, a relay, a following worker, real libp2p.
+
+The worker is given nothing but the bootstrap address: it finds the relay through the DHT, hears the
+manifest on gossip (or its HTTP long poll), fetches the shards from the relay, verifies them, and the relay
+announces what it holds on `shards` and as a DHT provider of the version.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import torch
+import trio
+
+from crypto.identity import NodeIdentity
+from node.dataplane.checkpoint import load_checkpoint
+from node.dataplane.follower import VerifiedCheckpoint
+from node.dataplane.http_server import ServerConfig
+from node.dataplane.roles import OriginNode
+from node.devnet import free_port
+from node.p2p.gossip import Delivery
+from node.roles import Relay, Trainer, Worker
+from node.roles.base import RoleNet, RoleService
+from node.roles.bootstrap import Bootstrap
+from node.roles.trainer import IdleTrainerWork
+from node.runtime import NodeRuntime
+from node.swarm.follow import SwarmFollower
+from node.swarm.relay import SwarmRelayWork
+from tests.p2p.helpers import node_config, replaced, wait_until
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {f"layer{i}.weight": torch.randn(64, 256, generator=generator) for i in range(4)}
+
+
+class OriginOnlyTrainerWork(IdleTrainerWork):
+    """A trainer that publishes what the test tells it to, through the real origin and gossip."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        super().__init__()
+        self.root, self.port = root, port
+        self.origin: OriginNode | None = None
+        self.net: RoleNet | None = None
+
+    async def run(
+        self, net: RoleNet, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        self.net = net
+        self.origin = OriginNode(
+            self.root, net.identity, net.run, server=ServerConfig(port=self.port), shard_size=100_000
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.origin.run)
+            task_status.started()
+
+    async def publish(self, version: int) -> bytes:
+        assert self.origin is not None and self.net is not None
+        manifest, _ = await self.origin.origin.publish(
+            _state(version), version=version, parent_version=max(version - 1, 0), model_config_hash=bytes(32)
+        )
+        await self.net.publish("checkpoints", manifest)
+        return manifest.merkle_root
+
+
+class FollowingWork:
+    """A worker that only follows checkpoints (what the worker work does before generating)."""
+
+    def __init__(self, config) -> None:  # type: ignore[no-untyped-def]
+        self.config = config
+        self.follower: SwarmFollower | None = None
+        self.completed: list[VerifiedCheckpoint] = []
+
+    async def run(
+        self, net: RoleNet, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        self.follower = SwarmFollower(net, self.config, newest_only=True, serve=False)
+        send, receive = trio.open_memory_channel[VerifiedCheckpoint](4)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.follower.run, send)
+            task_status.started()
+            async for checkpoint in receive:
+                self.completed.append(checkpoint)
+
+    async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
+        assert self.follower is not None
+        await self.follower.on_gossip(delivery)
+
+
+def test_a_checkpoint_reaches_a_worker_through_a_relay_found_in_the_dht(tmp_path: Path) -> None:
+    names = ["bootstrap", "trainer", "relay", "worker"]
+    identities = [NodeIdentity(secrets.token_bytes(32)) for _ in names]
+    ports = [free_port() for _ in names]
+    http_ports = [free_port() for _ in names]
+    bootstrap = f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/{identities[0].peer_id}"
+    configs = [
+        replaced(
+            node_config(tmp_path, name, name, port=ports[i], bootstrap=(bootstrap,) if i else ()),
+            http_port=http_ports[i],
+        )
+        for i, name in enumerate(names)
+    ]
+    trainer_work = OriginOnlyTrainerWork(tmp_path / "origin", http_ports[1])
+    relay_work = SwarmRelayWork(configs[2])
+    worker_work = FollowingWork(configs[3])
+    services: list[RoleService] = [Bootstrap(), Trainer(trainer_work), Relay(relay_work), Worker(worker_work)]
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            runtimes = []
+            for config, identity, service in zip(configs, identities, services, strict=True):
+                runtime = NodeRuntime(config, identity, service)
+                await nursery.start(runtime.run)
+                runtimes.append(runtime)
+            worker_net = runtimes[3].net
+            assert worker_net is not None
+            await wait_until(lambda: bool(worker_net.peers("relay")), timeout=30)
+
+            root0 = await trainer_work.publish(0)
+            await wait_until(lambda: len(worker_work.completed) >= 1, timeout=60)
+            got = worker_work.completed[0]
+            assert got.manifest.version == 0 and got.manifest.merkle_root == root0
+            state = await trio.to_thread.run_sync(load_checkpoint, got.directory, got.manifest)
+            assert all(torch.equal(state[k], v) for k, v in _state(0).items())
+
+            relay_endpoint = f"http://127.0.0.1:{http_ports[2]}"
+            follower = worker_work.follower
+            assert follower is not None
+            await wait_until(lambda: relay_endpoint in follower.followed, timeout=10)
+            stats = follower.statistics()
+            assert (
+                f"http://127.0.0.1:{http_ports[1]}" not in stats["endpoints_followed"]
+            )  # workers use relays
+            assert relay_work.status()["versions_held"] == [0] and relay_work.announced >= 1
+
+            providers = await worker_net.find_checkpoint_providers(0)
+            assert identities[2].peer_id in {str(p.peer_id) for p in providers}
+
+            root1 = await trainer_work.publish(1)
+            await wait_until(lambda: any(c.manifest.version == 1 for c in worker_work.completed), timeout=60)
+            assert worker_work.completed[-1].manifest.merkle_root == root1
+            assert relay_work.status()["bytes_served"] > 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
