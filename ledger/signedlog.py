@@ -99,7 +99,9 @@ class VerifyReport:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+    """One connection per SignedLog; callers may use it from a worker thread (the validator calls it
+    through `trio.to_thread`), one call at a time: the SignedLog is not itself thread-safe."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30.0, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")  # every commit fsyncs the WAL: acknowledged means durable

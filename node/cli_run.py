@@ -121,7 +121,7 @@ def run_command(
     apply_yamux_tuning()
     try:
         service = make_role(config, identity)
-    except (LedgerError, ValueError, OSError) as exc:
+    except (LedgerError, ValueError, OSError, RuntimeError) as exc:  # NotEligible says how to stake
         raise click.ClickException(f"cannot start the {config.role}: {exc}") from None
     runtime = NodeRuntime(config, identity, service)
     trio.run(run_until_signalled, runtime)

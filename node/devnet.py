@@ -54,6 +54,9 @@ class DevnetPlan:
     ledger: str = ""  # "signed" | "evm" | "" (no ledger: discovery-only runs)
     threads: int = 1
     shard_mb: float = 1.0
+    # Signal groups per trainer step: 24 of a submission's 32 prompts (about 31 have signal) make a step
+    # take one submission, as the synchronous baseline does, so the two compare at equal data per step.
+    min_batch_groups: int = 24
 
     def roles(self) -> list[tuple[str, str]]:
         """(name, role) of every node, bootstrap first."""
@@ -77,7 +80,11 @@ class DevnetPlan:
         """The [work] table of a node in a training run."""
         work: dict[str, Any] = {"threads": self.threads}
         if role == "trainer":
-            work |= {"steps": self.steps, "shard_mb": self.shard_mb}
+            work |= {
+                "steps": self.steps,
+                "shard_mb": self.shard_mb,
+                "min_batch_groups": self.min_batch_groups,
+            }
         if self.cheat_of(name):
             work["cheat"] = self.cheat_of(name)
         return work
@@ -570,6 +577,8 @@ def devnet_command(
         raise click.UsageError("a training run needs 1 trainer, and at least 1 relay, worker and validator")
     devnet = Devnet(plan, out or default_folder())
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)  # logs and CI: the tables are wider than the 80-column default
     try:
         devnet.prepare()
     except (RuntimeError, OSError) as exc:

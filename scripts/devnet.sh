@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Install, then run the main job on this machine. Extra args pass through to `swarmnode devnet`.
+# Install, then run the main job on this machine: the whole swarm training the devnet model.
 #
-# What runs today (the issues say what is still to come):
-#   1. the swarm: bootstrap, trainer, relays, workers and a validator as separate processes on 127.0.0.1,
-#      finding each other through the DHT and checking each other's signed messages;
-#   2. GRPO training of the devnet model from the committed base checkpoint, with TOPLOC proofs on every
-#      rollout — still the single-process baseline: the roles of step 1 do not yet carry the RL work (issue 6).
+# `swarmnode devnet --steps 30 --cheaters 1` starts, as separate processes on 127.0.0.1, a bootstrap node,
+# the trainer, 2 relays, 3 honest workers, 1 cheating worker and 1 validator, with a signed-log ledger in
+# which every role node is registered and staked. They find each other through the DHT; checkpoints fan
+# out through the relays; workers submit TOPLOC-proved rollouts; the validator re-checks them, credits or
+# slashes; the trainer runs 30 asynchronous GRPO steps. It ends with a summary table, a PNG plot and the
+# final ledger in the devnet folder. Extra args pass through (e.g. --ledger evm, --summary out.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
 . .venv/bin/activate
-echo "==> 1/2 the swarm on loopback (swarmnode devnet)"
-swarmnode devnet --until-discovered "$@"
-echo "==> 2/2 GRPO on the devnet model (swarmnode train --sync; the swarm-wide run is issue 6)"
-swarmnode train --sync --steps 30
+if [ "$#" -eq 0 ]; then
+  set -- --steps 30 --cheaters 1
+fi
+swarmnode devnet "$@"

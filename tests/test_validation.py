@@ -18,7 +18,7 @@ from node.rl.rollouts import (
     generate_group,
     to_wire_group,
 )
-from node.rl.run import devnet_grpo, devnet_policy, devnet_dataset, dataset_hash
+from node.rl.run import dataset_hash, devnet_dataset, devnet_grpo, devnet_policy
 from node.rl.validation import BadProof, ValidationContext, validate_submission
 from protocol.errors import Ignore, Reason, Reject
 from protocol.messages import RolloutSubmission, RunDescriptor
@@ -37,22 +37,39 @@ def engine():
 def setup():
     tasks = devnet_dataset()
     grpo = dataclasses.replace(devnet_grpo(CFG), prompts_per_step=2, group_size=4)
-    descriptor = RunDescriptor("test-run", b"\x01" * 20, b"\x02" * 32, b"\x03" * 32, dataset_hash(tasks),
-                               "arithmetic", grpo, 2, devnet_policy(), 0)
+    descriptor = RunDescriptor(
+        "test-run",
+        b"\x01" * 20,
+        b"\x02" * 32,
+        b"\x03" * 32,
+        dataset_hash(tasks),
+        "arithmetic",
+        grpo,
+        2,
+        devnet_policy(),
+        0,
+    )
     return descriptor, tasks
 
 
 def context(setup, newest=3, eligible=True):
     descriptor, tasks = setup
-    return ValidationContext(descriptor, {t.task_id: t for t in tasks}, [t.task_id for t in tasks], newest,
-                             {3: ROOT, 2: sha256(b"checkpoint-2")}, lambda _: eligible)
+    return ValidationContext(
+        descriptor,
+        {t.task_id: t for t in tasks},
+        [t.task_id for t in tasks],
+        newest,
+        {3: ROOT, 2: sha256(b"checkpoint-2")},
+        lambda _: eligible,
+    )
 
 
 @pytest.fixture(scope="module")
 def honest(engine, setup):
     descriptor, tasks = setup
-    return build_submission(engine, descriptor, {t.task_id: t for t in tasks}, [t.task_id for t in tasks],
-                            WORKER, 3, ROOT, 0)
+    return build_submission(
+        engine, descriptor, {t.task_id: t for t in tasks}, [t.task_id for t in tasks], WORKER, 3, ROOT, 0
+    )
 
 
 def judge(sub, ctx, engine, worker=WORKER):
@@ -76,7 +93,11 @@ def test_stale_and_unknown_checkpoints_are_ignored(honest, setup, engine):
         judge(honest, context(setup, newest=6), engine)
     assert err.value.reason == Reason.STALE
     with pytest.raises(Ignore):
-        judge(dataclasses.replace(honest, checkpoint_version=4, step=assignment_step(4, 0)), context(setup), engine)
+        judge(
+            dataclasses.replace(honest, checkpoint_version=4, step=assignment_step(4, 0)),
+            context(setup),
+            engine,
+        )
 
 
 def test_wrong_checkpoint_root_is_rejected(honest, setup, engine):
@@ -97,7 +118,9 @@ def test_cherry_picked_tasks_are_rejected(honest, setup, engine):
 def test_forged_reward_is_rejected(honest, setup, engine):
     group = honest.groups[0]
     forged = tuple(dataclasses.replace(c, reward=1.0) for c in group.completions)
-    sub = dataclasses.replace(honest, groups=(dataclasses.replace(group, completions=forged),) + honest.groups[1:])
+    sub = dataclasses.replace(
+        honest, groups=(dataclasses.replace(group, completions=forged),) + honest.groups[1:]
+    )
     with pytest.raises(Reject) as err:
         judge(sub, context(setup), engine)
     assert err.value.reason == Reason.BAD_REWARD
@@ -115,12 +138,15 @@ def test_tampered_prompt_is_caught_by_toploc(honest, setup, engine):
         if i == 0:
             prompt = list(generated.prompt_ids)
             prompt[1] = prompt[1] + 1 if prompt[1] < 20 else prompt[1] - 1  # change one digit
-            generated = dataclasses.replace(generate_group(engine, task, descriptor, WORKER, prompt),
-                                            prompt_ids=generated.prompt_ids)
+            generated = dataclasses.replace(
+                generate_group(engine, task, descriptor, WORKER, prompt), prompt_ids=generated.prompt_ids
+            )
         groups.append(to_wire_group(generated, descriptor))
-    with pytest.raises(Reject) as err:
+    with pytest.raises(BadProof) as err:
         judge(dataclasses.replace(honest, groups=tuple(groups)), context(setup), engine)
-    assert err.value.reason in (Reason.BAD_PROOF, Reason.RULE_VIOLATION, Reason.BAD_REWARD)
+    group_size = setup[0].grpo.group_size
+    assert err.value.failure.failing_chunks  # the first group's completions (one chunk each here)
+    assert all(c < group_size for c in err.value.failure.failing_chunks)
 
 
 def test_perturbed_model_is_caught_by_toploc(setup, engine):
@@ -130,13 +156,15 @@ def test_perturbed_model_is_caught_by_toploc(setup, engine):
     with torch.no_grad():
         for p in cheat.model.parameters():
             p.mul_(1 + 0.01 * torch.randn(p.shape, generator=gen))
-    sub = build_submission(cheat, descriptor, {t.task_id: t for t in tasks}, [t.task_id for t in tasks], WORKER, 3,
-                           ROOT, 1)
-    with pytest.raises(Reject) as err:
+    sub = build_submission(
+        cheat, descriptor, {t.task_id: t for t in tasks}, [t.task_id for t in tasks], WORKER, 3, ROOT, 1
+    )
+    with pytest.raises(BadProof) as err:
         judge(sub, context(setup), engine)
-    assert err.value.reason in (Reason.BAD_PROOF, Reason.RULE_VIOLATION)
-    if isinstance(err.value, BadProof):
-        assert err.value.failure.mean_mant_err > 0
+    assert err.value.reason == Reason.BAD_PROOF
+    chunks = sum(len(c.proofs) for g in sub.groups for c in g.completions)
+    assert err.value.failure.failing_chunks and err.value.failure.failing_chunks[-1] < chunks
+    assert err.value.failure.mean_mant_err > setup[0].policy.max_mean_mant_err
 
 
 def test_swapped_token_is_rejected(honest, setup, engine):
@@ -145,16 +173,83 @@ def test_swapped_token_is_rejected(honest, setup, engine):
     tokens = list(c.token_ids)
     tokens[0] = 5 if tokens[0] != 5 else 6
     bad = dataclasses.replace(c, token_ids=tuple(tokens))
-    sub = dataclasses.replace(honest, groups=(dataclasses.replace(group, completions=(bad,) + group.completions[1:]),)
-                              + honest.groups[1:])
-    with pytest.raises(Reject) as err:
+    sub = dataclasses.replace(
+        honest,
+        groups=(dataclasses.replace(group, completions=(bad,) + group.completions[1:]),) + honest.groups[1:],
+    )
+    with pytest.raises(BadProof) as err:  # the row behind the swapped token is not the one proved
         judge(sub, context(setup), engine)
-    assert err.value.reason in (Reason.BAD_REWARD, Reason.BAD_TERMINATION, Reason.RULE_VIOLATION,
-                                Reason.BAD_PROOF, Reason.BAD_SAMPLING)
+    assert err.value.failure.failing_chunks == (0,)
+
+
+def _replace_completion(sub, gi, ci, **changes):
+    group = sub.groups[gi]
+    completions = list(group.completions)
+    completions[ci] = dataclasses.replace(completions[ci], **changes)
+    groups = list(sub.groups)
+    groups[gi] = dataclasses.replace(group, completions=tuple(completions))
+    return dataclasses.replace(sub, groups=tuple(groups))
+
+
+def test_a_malformed_proof_names_its_chunk(honest, setup, engine):
+    """Chunks are numbered across the submission: group 1, completion 2 is chunk G + 2 here."""
+    group_size = setup[0].grpo.group_size
+    proof = honest.groups[1].completions[2].proofs[0]
+    bad = _replace_completion(honest, 1, 2, proofs=(b"\x00\x00" + proof[2:],))  # modulus 0
+    with pytest.raises(BadProof) as err:
+        judge(bad, context(setup), engine)
+    assert err.value.failure.failing_chunks == (group_size + 2,)
+
+
+def test_a_wrong_proof_count_names_the_completions_chunks(honest, setup, engine):
+    proof = honest.groups[0].completions[1].proofs[0]
+    bad = _replace_completion(honest, 0, 1, proofs=(proof, proof))
+    with pytest.raises(BadProof) as err:
+        judge(bad, context(setup), engine)
+    assert err.value.failure.failing_chunks == (1, 2)
+
+
+def test_logprobs_are_checked_after_the_proofs(honest, setup, engine):
+    """Right tokens and proofs, wrong logprobs (what the trainer would use): a rule violation, not a slash."""
+    from node.rl.rollouts import pack_logprobs, unpack_logprobs
+
+    c = honest.groups[0].completions[0]
+    bad = _replace_completion(honest, 0, 0, logprobs=pack_logprobs(unpack_logprobs(c.logprobs) + 0.5))
+    with pytest.raises(Reject) as err:
+        judge(bad, context(setup), engine)
+    assert err.value.reason == Reason.RULE_VIOLATION
+
+
+def test_cheap_checks_only_when_not_sampled(honest, setup, engine):
+    """prefill=False (the submission was not drawn for the full check): no model is touched."""
+
+    def no_engine(version):
+        raise AssertionError("the engine must not be used")
+
+    accepted = validate_submission(honest, WORKER, context(setup), no_engine, prefill=False)
+    assert accepted.tokens == sum(len(c.token_ids) for g in honest.groups for c in g.completions)
+    assert (accepted.mean_exp_mismatches, accepted.mean_mant_err) == (0.0, 0.0)
+    forged = _replace_completion(honest, 0, 0, reward=honest.groups[0].completions[0].reward + 1.0)
+    with pytest.raises(Reject) as err:
+        validate_submission(forged, WORKER, context(setup), no_engine, prefill=False)
+    assert err.value.reason == Reason.BAD_REWARD
+
+
+def test_tier_two_failures_name_the_chunks_over_the_bound():
+    from crypto.toploc import CalibratedPolicy, ChunkCheck
+    from node.rl.validation import failing_chunks
+
+    checks = [
+        ChunkCheck(0, 0.0, 0.0, True),
+        ChunkCheck(3, 0.2, 0.0, True),
+        ChunkCheck(0, 0.9, 0.0, True),
+        ChunkCheck(40, 0.0, 0.0, False),
+    ]
+    assert failing_chunks(checks, CalibratedPolicy(1.0, 0.5)) == (1, 2, 3)
 
 
 def _submission_from(engine, setup, seed_offset=0, edit=None, counter=2):
-    """An internally consistent submission (rewards, advantages, proofs match its tokens), possibly off-policy."""
+    """A consistent submission (rewards, advantages, proofs match its tokens), possibly off-policy."""
     from node.rl.rollouts import GeneratedGroup
     from node.rl.sampling import derive_seed
     from node.rl.tokenizer import encode_prompt
@@ -168,8 +263,9 @@ def _submission_from(engine, setup, seed_offset=0, edit=None, counter=2):
         grpo = descriptor.grpo
         seeds = [derive_seed(descriptor.run, WORKER, task_id, i) for i in range(grpo.group_size)]
         prompt = encode_prompt(task.prompt)
-        completions = engine.generate_group(prompt, grpo.group_size, [s + seed_offset for s in seeds],
-                                            grpo.max_new_tokens, grpo.temperature)
+        completions = engine.generate_group(
+            prompt, grpo.group_size, [s + seed_offset for s in seeds], grpo.max_new_tokens, grpo.temperature
+        )
         completions = [dataclasses.replace(c, seed=s) for c, s in zip(completions, seeds, strict=True)]
         if edit is not None:
             completions = edit(engine, prompt, completions)
@@ -186,18 +282,18 @@ def test_int8_quantised_weights_are_caught(setup, engine):
                 p.copy_(torch.round(p / scale).clamp(-127, 127) * scale)
     with pytest.raises(Reject) as err:
         judge(_submission_from(cheat, setup), context(setup), engine)
-    assert err.value.reason in (Reason.BAD_PROOF, Reason.RULE_VIOLATION)
+    assert isinstance(err.value, BadProof) and err.value.failure.failing_chunks
 
 
 def test_a_different_model_size_is_caught(setup, engine):
     bigger = TransformersEngine.from_seed(dataclasses.replace(CFG, hidden_size=96, num_layers=3), seed=7)
     with pytest.raises(Reject) as err:
         judge(_submission_from(bigger, setup), context(setup), engine)
-    assert err.value.reason in (Reason.BAD_PROOF, Reason.RULE_VIOLATION, Reason.BAD_TERMINATION)
+    assert isinstance(err.value, BadProof) and err.value.failure.failing_chunks
 
 
 def test_tokens_not_from_the_seeded_sampler_are_caught(setup, engine):
-    """Everything else consistent (the claimed model, proofs, logprobs, rewards): only the sampling check sees it."""
+    """All else consistent (the claimed model, proofs, logprobs, rewards): only the sampling check sees it."""
     with pytest.raises(Reject) as err:
         judge(_submission_from(engine, setup, seed_offset=1000), context(setup), engine)
     assert err.value.reason == Reason.BAD_SAMPLING

@@ -22,9 +22,12 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
 
         return cls(SwarmRelayWork(config))
     if role == "worker":
-        from node.swarm.worker import SwarmWorkerWork
+        from node.swarm.worker import SwarmWorkerWork, require_eligible
 
-        return cls(SwarmWorkerWork(config, identity, open_work_ledger(config.ledger_url)))
+        ledger = open_work_ledger(config.ledger_url)
+        if ledger is not None:
+            require_eligible(ledger, identity.address, config)  # refuse before joining, with the fix
+        return cls(SwarmWorkerWork(config, identity, ledger))
     if role == "validator":
         from node.swarm.validator import SwarmValidatorWork
 

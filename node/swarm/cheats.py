@@ -1,0 +1,136 @@
+"""Devnet-only dishonest workers: each cheat is one small pure function applied at one point of the honest
+pipeline (`node.rl.rollouts`), so the submission stays well-formed and signed and only a validator check
+(`node.rl.validation`) can catch it.
+
+| cheat             | applied                                     | claims                 | caught by      |
+|-------------------|---------------------------------------------|------------------------|----------------|
+| `perturbed-model` | to every loaded checkpoint's weights        | the trainer's weights  | BAD_PROOF      |
+| `tampered-prompt` | to the first group's prompt, before it is   | the assigned task id   | BAD_ASSIGNMENT |
+|                   | generated: an easier task's prompt tokens   |                        |                |
+| `forged-reward`   | to one group's rewards, after scoring       | full marks for wrong   | BAD_REWARD     |
+|                   |                                             | answers                |                |
+
+Decisions:
+- The perturbation is Gaussian noise of `PERTURB_FRACTION` (5%) of each tensor's own standard deviation, from
+  a `torch.Generator` seeded with the checkpoint version: small enough that the model still answers in
+  plausible digits, large enough that the hidden rows TOPLOC commits to move far outside the run's bounds.
+- The forged group's advantages are recomputed from the forged rewards (`to_wire_group`), so the submission
+  is internally consistent and only the reward recomputation, not the advantage check, can object.
+- The tampered group keeps the assigned task's rewards (scored against the assigned target): the only lie is
+  the prompt, which the assignment check compares with the task's own prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from node.rl.engine import InferenceEngine
+from node.rl.rollouts import (
+    GeneratedGroup,
+    assigned_tasks,
+    assignment_step,
+    completion_rewards,
+    generate_group,
+    to_wire_group,
+)
+from node.rl.tasks import Task
+from node.rl.tokenizer import encode_prompt
+from protocol.messages import RolloutSubmission, RunDescriptor
+
+PERTURBED_MODEL = "perturbed-model"
+TAMPERED_PROMPT = "tampered-prompt"
+FORGED_REWARD = "forged-reward"
+
+PERTURB_FRACTION = 0.05
+FULL_MARKS = 1.0
+
+
+# --- perturbed-model ---------------------------------------------------------------------------------
+
+
+def perturb_weights(
+    state: Mapping[str, torch.Tensor], *, seed: int, fraction: float = PERTURB_FRACTION
+) -> dict[str, torch.Tensor]:
+    """A copy of `state` with N(0, (fraction * std)^2) noise added to every floating-point tensor."""
+    generator = torch.Generator().manual_seed(seed)
+    noisy: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if not tensor.is_floating_point():
+            noisy[name] = tensor.clone()
+            continue
+        values = tensor.detach().to(torch.float32)
+        spread = values.std() if values.numel() > 1 else values.abs().reshape(())
+        noise = torch.randn(values.shape, generator=generator) * (fraction * spread)
+        noisy[name] = (values + noise).to(tensor.dtype)
+    return noisy
+
+
+def tamper_weights(cheat: str, state: Mapping[str, torch.Tensor], version: int) -> Mapping[str, torch.Tensor]:
+    """The weights a worker with this `cheat` actually loads for checkpoint `version`."""
+    return perturb_weights(state, seed=version) if cheat == PERTURBED_MODEL else state
+
+
+# --- tampered-prompt ---------------------------------------------------------------------------------
+
+
+def easier_task(task: Task, dataset: Mapping[bytes, Task]) -> Task:
+    """The dataset's easiest other task: the smallest answer, then the shortest prompt."""
+    others = [t for t in dataset.values() if t.task_id != task.task_id]
+    if not others:
+        raise ValueError("the dataset has no other task to swap in")
+    return min(others, key=lambda t: (len(t.target), t.target, len(t.prompt), t.prompt))
+
+
+def tampered_prompt(task: Task, dataset: Mapping[bytes, Task]) -> tuple[int, ...]:
+    """Prompt tokens to generate on instead of `task`'s own: an easier task's."""
+    return tuple(encode_prompt(easier_task(task, dataset).prompt))
+
+
+# --- forged-reward -----------------------------------------------------------------------------------
+
+
+def forge_rewards(rewards: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Per-group rewards with the first group that has a wrong answer claimed at full marks throughout.
+
+    With no wrong answer anywhere, the first completion claims more than full marks: the cheat always lies.
+    """
+    forged = [list(group) for group in rewards]
+    for group in forged:
+        if any(r < FULL_MARKS for r in group):
+            group[:] = [FULL_MARKS] * len(group)
+            return forged
+    if forged and forged[0]:
+        forged[0][0] += FULL_MARKS
+    return forged
+
+
+# --- the dishonest submission --------------------------------------------------------------------------
+
+
+def build_dishonest_submission(
+    cheat: str,
+    engine: InferenceEngine,
+    descriptor: RunDescriptor,
+    dataset: Mapping[bytes, Task],
+    dataset_ids: Sequence[bytes],
+    worker: bytes,
+    checkpoint_version: int,
+    checkpoint_root: bytes,
+    counter: int,
+) -> RolloutSubmission:
+    """`build_submission` with a submission-time cheat (`tampered-prompt`, `forged-reward`) applied."""
+    if cheat not in (TAMPERED_PROMPT, FORGED_REWARD):
+        raise ValueError(f"{cheat!r} is not a submission-time cheat")
+    step = assignment_step(checkpoint_version, counter)
+    generated: list[GeneratedGroup] = []
+    for i, task_id in enumerate(assigned_tasks(descriptor, dataset_ids, worker, step)):
+        task = dataset[task_id]
+        prompt = tampered_prompt(task, dataset) if cheat == TAMPERED_PROMPT and i == 0 else None
+        generated.append(generate_group(engine, task, descriptor, worker, prompt))
+    rewards = [completion_rewards(g.task, [c.tokens for c in g.completions], descriptor) for g in generated]
+    if cheat == FORGED_REWARD:
+        rewards = forge_rewards(rewards)
+    groups = tuple(to_wire_group(g, descriptor, r) for g, r in zip(generated, rewards, strict=True))
+    return RolloutSubmission(descriptor.run, step, checkpoint_version, checkpoint_root, groups)

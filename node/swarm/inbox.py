@@ -1,0 +1,242 @@
+"""The trainer's inbox: accepted submissions pulled from validators, durable before they are acknowledged.
+
+A pulled batch and the validator's new cursor are written in one SQLite transaction (WAL, synchronous
+FULL), so a trainer killed at any point restarts with exactly what it had received and asks each
+validator from where it stopped: nothing accepted is lost and nothing is stored twice (the submission
+digest is unique, so one submission accepted by two validators is kept once).
+
+A row's life: pending (`consumed_step` and `dropped_step` NULL) → used by step n (`consumed_step = n`,
+written before step n's weights are saved) or dropped as stale at step n (`dropped_step = n`). A trainer
+that resumes at step s never saved what steps >= s did, so `release_from(s)` makes their rows pending
+again. Per-step records (`record_step`) live here too, so the status survives a restart.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    validator BLOB NOT NULL,
+    idx INTEGER NOT NULL,
+    digest BLOB NOT NULL UNIQUE,
+    worker BLOB NOT NULL,
+    checkpoint_version INTEGER NOT NULL,
+    groups INTEGER NOT NULL,
+    signal_groups INTEGER NOT NULL,
+    submission BLOB NOT NULL,
+    verdict BLOB NOT NULL,
+    received_ms INTEGER NOT NULL,
+    consumed_step INTEGER,
+    dropped_step INTEGER
+);
+CREATE INDEX IF NOT EXISTS rollouts_pending ON rollouts (consumed_step, dropped_step, id);
+CREATE TABLE IF NOT EXISTS cursors (
+    validator BLOB PRIMARY KEY,
+    after INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS steps (
+    step INTEGER PRIMARY KEY,
+    submissions INTEGER NOT NULL,
+    groups INTEGER NOT NULL,
+    signal_groups INTEGER NOT NULL,
+    mean_reward REAL NOT NULL,
+    wait_s REAL NOT NULL,
+    train_s REAL NOT NULL,
+    step_s REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class InboxEntry:
+    """A verified accepted submission, ready to store."""
+
+    index: int  # the validator's index of this acceptance
+    digest: bytes  # sha256 of the submission envelope
+    worker: bytes
+    checkpoint_version: int
+    groups: int
+    signal_groups: int  # groups with a nonzero advantage (online filtering keeps only these)
+    submission: bytes  # the worker-signed envelope
+    verdict: bytes  # the validator-signed accepting Verdict envelope
+    received_ms: int
+
+
+@dataclass(frozen=True)
+class InboxRow:
+    """A pending submission as the batch planner sees it (no blobs)."""
+
+    id: int  # arrival order
+    digest: bytes
+    worker: bytes
+    checkpoint_version: int
+    groups: int
+    signal_groups: int
+
+
+@dataclass(frozen=True)
+class Stored:
+    inserted: int
+    duplicates: int  # digests already in the inbox (accepted by another validator too)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int  # the policy version trained on (the step produces version step + 1)
+    submissions: int
+    groups: int
+    signal_groups: int
+    mean_reward: float
+    wait_s: float
+    train_s: float
+    step_s: float
+
+
+class RolloutInbox:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # --- pulling -----------------------------------------------------------------------------------
+
+    def cursor(self, validator: bytes) -> int:
+        """The last index received from `validator` (0: nothing yet)."""
+        row = self._db.execute("SELECT after FROM cursors WHERE validator = ?", (validator,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def store(self, validator: bytes, entries: Sequence[InboxEntry], cursor: int) -> Stored:
+        """Insert `entries` and set the validator's cursor to `cursor`, in one transaction."""
+        inserted = 0
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for e in entries:
+                changed = self._db.execute(
+                    "INSERT INTO rollouts (validator, idx, digest, worker, checkpoint_version,"
+                    " groups, signal_groups, submission, verdict, received_ms)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+                    (
+                        validator,
+                        e.index,
+                        e.digest,
+                        e.worker,
+                        e.checkpoint_version,
+                        e.groups,
+                        e.signal_groups,
+                        e.submission,
+                        e.verdict,
+                        e.received_ms,
+                    ),
+                ).rowcount
+                inserted += changed
+            self._db.execute(
+                "INSERT INTO cursors (validator, after) VALUES (?, ?)"
+                " ON CONFLICT (validator) DO UPDATE SET after = excluded.after",
+                (validator, cursor),
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return Stored(inserted, len(entries) - inserted)
+
+    # --- the step loop -----------------------------------------------------------------------------
+
+    def pending(self) -> list[InboxRow]:
+        """Submissions neither used nor dropped, in arrival order."""
+        rows = self._db.execute(
+            "SELECT id, digest, worker, checkpoint_version, groups, signal_groups FROM rollouts"
+            " WHERE consumed_step IS NULL AND dropped_step IS NULL ORDER BY id"
+        ).fetchall()
+        return [InboxRow(*row) for row in rows]
+
+    def submissions(self, ids: Sequence[int]) -> list[bytes]:
+        """The signed submission envelopes of rows `ids`, in that order."""
+        out = []
+        for row_id in ids:
+            row = self._db.execute("SELECT submission FROM rollouts WHERE id = ?", (row_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no inbox row {row_id}")
+            out.append(bytes(row[0]))
+        return out
+
+    def consume(self, ids: Iterable[int], step: int) -> None:
+        self._mark("consumed_step", ids, step)
+
+    def drop(self, ids: Iterable[int], step: int) -> None:
+        self._mark("dropped_step", ids, step)
+
+    def _mark(self, column: str, ids: Iterable[int], step: int) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.executemany(
+                f"UPDATE rollouts SET {column} = ? WHERE id = ?", [(step, row_id) for row_id in ids]
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    def release_from(self, step: int) -> int:
+        """Make rows used or dropped by steps >= `step` pending again (those steps were never saved)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            released = self._db.execute(
+                "UPDATE rollouts SET consumed_step = NULL WHERE consumed_step >= ?", (step,)
+            ).rowcount
+            released += self._db.execute(
+                "UPDATE rollouts SET dropped_step = NULL WHERE dropped_step >= ?", (step,)
+            ).rowcount
+            self._db.execute("DELETE FROM steps WHERE step >= ?", (step,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return released
+
+    def record_step(self, record: StepRecord) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.step,
+                record.submissions,
+                record.groups,
+                record.signal_groups,
+                record.mean_reward,
+                record.wait_s,
+                record.train_s,
+                record.step_s,
+            ),
+        )
+
+    # --- statistics --------------------------------------------------------------------------------
+
+    def steps(self) -> list[StepRecord]:
+        rows = self._db.execute("SELECT * FROM steps ORDER BY step").fetchall()
+        return [StepRecord(*row) for row in rows]
+
+    def counts(self) -> dict[str, int]:
+        received, used, dropped = self._db.execute(
+            "SELECT COUNT(*), COUNT(consumed_step), COUNT(dropped_step) FROM rollouts"
+        ).fetchone()
+        return {"received": received, "used": used, "dropped": dropped, "pending": received - used - dropped}
+
+    def used_per_worker(self) -> dict[bytes, int]:
+        rows = self._db.execute(
+            "SELECT worker, COUNT(*) FROM rollouts WHERE consumed_step IS NOT NULL GROUP BY worker"
+        ).fetchall()
+        return {bytes(worker): count for worker, count in rows}
+
+    def cursors(self) -> dict[bytes, int]:
+        return {bytes(v): after for v, after in self._db.execute("SELECT validator, after FROM cursors")}

@@ -1,0 +1,735 @@
+"""The trainer's work: GRPO steps on accepted rollouts pulled from validators, checkpoints out via the origin.
+
+The distributed twin of `node.rl.sync.run_sync` (DESIGN.md, Run lifecycle, steps 1 and 6):
+
+- The policy being trained is version `step` (version 0 is the base checkpoint). It is published through
+  an `OriginNode` (signed manifest, shards over HTTP), gossiped on `checkpoints` and re-gossiped every
+  `REPUBLISH_S` seconds, since gossip may drop and followers also long-poll HTTP.
+- One long-poll loop per validator pulls its accepted submissions after a cursor (`ACCEPTED`). Every item
+  is verified before it is stored: the verdict is the validator's own signed acceptance of exactly this
+  submission, and the submission is signed by the worker the verdict names. Good items and the new cursor
+  go into the inbox in one SQLite transaction (`node.swarm.inbox`); bad ones are counted and reported.
+- A step takes pending submissions of versions in `[step - async_level, step]` in arrival order (older
+  ones are dropped as stale) until it holds at least `min_batch_groups` (default: the run's
+  `prompts_per_step`) groups with signal, whole submissions at a time. Zero-advantage groups are filtered
+  by `GrpoTrainer.step` itself (online filtering). The rows are marked used by the step *before* the
+  weights are saved, and a trainer that resumes at step s releases what steps >= s used, so a kill at any
+  point neither loses an accepted rollout nor trains on one twice.
+- After `work.steps` steps the trainer stops training and keeps serving (`done` in the status).
+
+Pure parts (`verify_accepted`, `check_trainable`, `ingest_batch`, `plan_batch`, `restore_published`) take
+everything as arguments, so they are tested without a network.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+from libp2p.peer.id import ID
+
+from crypto.identity import NodeIdentity
+from node.config import NodeConfig
+from node.dataplane.catalog import Catalog
+from node.dataplane.http_server import ServerConfig
+from node.dataplane.roles import OriginNode
+from node.dataplane.store import ShardStore
+from node.p2p.clock import wall_ms
+from node.p2p.gossip import Delivery
+from node.p2p.peers import PeerRecord
+from node.p2p.reqresp import RequestFailed
+from node.rl.engine import TransformersEngine
+from node.rl.model import ModelConfig, load_checkpoint, model_config_hash, state_dict_of
+from node.rl.rollouts import unpack_logprobs
+from node.rl.run import BASE_CHECKPOINT, devnet_optimizer, devnet_run
+from node.rl.trainer import GrpoTrainer, OptimizerParams, signal_groups
+from node.roles.base import RoleNet
+from node.swarm.common import ACCEPTED, RunMismatch, load_run_setup, set_threads
+from node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
+from protocol.codec import decode, encode
+from protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
+from protocol.errors import ProtocolError, Reason, Reject
+from protocol.messages import (
+    LATEST_VERSION,
+    AcceptedBatch,
+    AcceptedRequest,
+    AcceptedRollout,
+    GrpoParams,
+    ManifestRequest,
+    ManifestResponse,
+    RolloutGroup,
+    RolloutSubmission,
+    RunDescriptor,
+    Verdict,
+)
+from protocol.shards import is_retained, verify_manifest
+from protocol.types import MIB
+
+log = logging.getLogger(__name__)
+
+MANIFEST_OK = 100  # status of a ManifestResponse that carries a manifest (spec/errors.md: 100 = ok)
+PULL_LIMIT = 16  # accepted submissions per ACCEPTED request
+PULL_WAIT_MS = 20_000  # long poll: the validator answers at once when something new is accepted
+PULL_EMPTY_PAUSE_S = 0.5  # after an empty answer, so a validator that does not hold the poll is not spun on
+PULL_BACKOFF_S = (1.0, 30.0)  # first and longest pause after a failed request
+PEER_SCAN_S = 2.0  # how often newly found validators get a pull loop
+REPUBLISH_S = 10.0  # re-gossip of the newest manifest
+KEEP_SAVES = 2  # trainer states kept on disk (the newest and one before it)
+
+DESCRIPTOR_FILE = "run_descriptor.bin"
+INBOX_FILE = "inbox.sqlite"
+CHECKPOINTS_DIR = "checkpoints"
+TRAINER_DIR = "trainer"
+
+
+# --- verification of pulled items -------------------------------------------------------------------
+
+
+def open_stored(data: bytes, cls: type, run: str) -> Opened:
+    """Every check of `open_envelope` but the clock and the replay window: the envelope was signed earlier."""
+    signed_at = decode(Envelope, data).ts
+    return open_envelope(data, run=run, now_ms=signed_at, replay=None, expect=cls)
+
+
+def check_trainable(sub: RolloutSubmission, grpo: GrpoParams, cfg: ModelConfig) -> None:
+    """Refuse a submission the GRPO step could not take (a buggy validator must not crash the trainer)."""
+
+    def refuse(detail: str) -> Reject:
+        return Reject(Reason.RULE_VIOLATION, detail)
+
+    if not sub.groups:
+        raise refuse("submission has no groups")
+    for g, group in enumerate(sub.groups):
+        if len(group.completions) != grpo.group_size:
+            raise refuse(
+                f"group {g} has {len(group.completions)} completions, the run's size is {grpo.group_size}"
+            )
+        if not group.prompt_ids or any(not 0 <= t < cfg.vocab_size for t in group.prompt_ids):
+            raise refuse(f"group {g} has an empty prompt or a token outside the vocabulary")
+        for c in group.completions:
+            n = len(c.token_ids)
+            if not 1 <= n <= grpo.max_new_tokens or len(group.prompt_ids) + n > cfg.max_positions:
+                raise refuse(f"group {g} has a completion of {n} tokens")
+            if any(not 0 <= t < cfg.vocab_size for t in c.token_ids):
+                raise refuse(f"group {g} has a completion token outside the vocabulary")
+            if len(c.logprobs) != 4 * n or not unpack_logprobs(c.logprobs).isfinite().all():
+                raise refuse(f"group {g} has logprobs that are not {n} finite float32 values")
+            if not (math.isfinite(c.reward) and math.isfinite(c.advantage)):
+                raise refuse(f"group {g} has a reward or advantage that is not finite")
+
+
+def verify_accepted(
+    item: AcceptedRollout,
+    *,
+    run: str,
+    validator: bytes,
+    grpo: GrpoParams,
+    cfg: ModelConfig,
+    received_ms: int,
+) -> InboxEntry:
+    """An accepted item as an inbox entry, or Reject/Ignore with the reason the validator is charged for.
+
+    The verdict must be `validator`'s own signed acceptance of exactly this submission envelope, and the
+    submission must be signed by the worker the verdict names, for this run.
+    """
+    opened_verdict = open_stored(item.verdict, Verdict, run)
+    if opened_verdict.sender != validator:
+        raise Reject(
+            Reason.WRONG_SENDER, f"verdict signed by {opened_verdict.sender.hex()}, not the validator"
+        )
+    verdict: Verdict = opened_verdict.message
+    if verdict.run != run:
+        raise Reject(Reason.RULE_VIOLATION, f"verdict names run {verdict.run!r}")
+    if not verdict.accepted:
+        raise Reject(Reason.RULE_VIOLATION, "the verdict rejects the submission")
+    digest = envelope_digest(item.submission)
+    if verdict.submission_digest != digest:
+        raise Reject(Reason.BAD_HASH, "the verdict names another submission")
+    opened_sub = open_stored(item.submission, RolloutSubmission, run)
+    if opened_sub.sender != verdict.worker:
+        raise Reject(Reason.WRONG_SENDER, "the submission is not signed by the worker the verdict names")
+    sub: RolloutSubmission = opened_sub.message
+    if sub.run != run:
+        raise Reject(Reason.RULE_VIOLATION, f"submission names run {sub.run!r}")
+    if (sub.step, sub.checkpoint_version) != (verdict.step, verdict.checkpoint_version):
+        raise Reject(
+            Reason.RULE_VIOLATION, "the verdict names another step or checkpoint than the submission"
+        )
+    check_trainable(sub, grpo, cfg)
+    return InboxEntry(
+        index=item.index,
+        digest=digest,
+        worker=verdict.worker,
+        checkpoint_version=sub.checkpoint_version,
+        groups=len(sub.groups),
+        signal_groups=len(signal_groups(sub.groups)),
+        submission=item.submission,
+        verdict=item.verdict,
+        received_ms=received_ms,
+    )
+
+
+@dataclass(frozen=True)
+class Checked:
+    entries: tuple[InboxEntry, ...]
+    cursor: int  # the validator's cursor once this batch is stored
+    refused: tuple[tuple[int, Reason, str], ...]  # (index, reason, detail) of each item refused
+
+
+def check_batch(
+    batch: AcceptedBatch,
+    cursor: int,
+    *,
+    run: str,
+    validator: bytes,
+    grpo: GrpoParams,
+    cfg: ModelConfig,
+    now_ms: int,
+) -> Checked:
+    """Verify a pulled batch against our cursor (CPU only: callers may run it in a thread).
+
+    Indices must rise above the cursor; refused items are skipped for good (the cursor passes them). A
+    validator whose newest index fell below our cursor lost its log: the cursor starts over at 0 (what
+    comes again is dropped by digest).
+    """
+    if not batch.items and batch.newest < cursor:
+        return Checked((), 0, ())
+    entries: list[InboxEntry] = []
+    refused: list[tuple[int, Reason, str]] = []
+    last = cursor
+    for item in batch.items:
+        if item.index <= last:
+            refused.append((item.index, Reason.RULE_VIOLATION, f"index {item.index} is not above {last}"))
+            continue
+        last = item.index
+        try:
+            entries.append(
+                verify_accepted(item, run=run, validator=validator, grpo=grpo, cfg=cfg, received_ms=now_ms)
+            )
+        except ProtocolError as exc:
+            refused.append((item.index, exc.reason, exc.detail))
+    return Checked(tuple(entries), last, tuple(refused))
+
+
+@dataclass(frozen=True)
+class Ingested:
+    stored: Stored
+    cursor: int
+    refused: tuple[tuple[int, Reason, str], ...]
+
+
+def ingest_batch(
+    inbox: RolloutInbox,
+    validator: bytes,
+    batch: AcceptedBatch,
+    *,
+    run: str,
+    grpo: GrpoParams,
+    cfg: ModelConfig,
+    now_ms: int,
+) -> Ingested:
+    """Verify a pulled batch and store its good items with the advanced cursor, in one transaction."""
+    checked = check_batch(
+        batch, inbox.cursor(validator), run=run, validator=validator, grpo=grpo, cfg=cfg, now_ms=now_ms
+    )
+    return Ingested(inbox.store(validator, checked.entries, checked.cursor), checked.cursor, checked.refused)
+
+
+# --- the batch of one step ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    take: tuple[InboxRow, ...]  # whole submissions in arrival order
+    stale: tuple[InboxRow, ...]  # too old for this step: dropped
+    signal_groups: int  # groups with signal in `take`
+    ready: bool  # `take` reaches the number of signal groups a step needs
+
+
+def plan_batch(pending: Sequence[InboxRow], step: int, async_level: int, need: int) -> BatchPlan:
+    """Pick step `step`'s submissions: versions in [step - async_level, step], oldest arrivals first.
+
+    Versions newer than `step` (only after a trainer lost its state) wait; older ones are stale.
+    """
+    stale = tuple(r for r in pending if r.checkpoint_version < step - async_level)
+    take: list[InboxRow] = []
+    signal = 0
+    for row in pending:
+        if signal >= need:
+            break
+        if step - async_level <= row.checkpoint_version <= step:
+            take.append(row)
+            signal += row.signal_groups
+    ready = signal >= need
+    return BatchPlan(tuple(take) if ready else (), stale, signal, ready)
+
+
+def submission_of(envelope: bytes) -> RolloutSubmission:
+    """The body of a stored (already verified) submission envelope."""
+    return decode(RolloutSubmission, decode(Envelope, envelope).body)
+
+
+def groups_of(envelopes: Sequence[bytes]) -> list[RolloutGroup]:
+    return [group for envelope in envelopes for group in submission_of(envelope).groups]
+
+
+# --- state on disk ------------------------------------------------------------------------------------
+
+
+def load_or_create_descriptor(path: Path, run: str, trainer: bytes, base_checkpoint: Path) -> RunDescriptor:
+    """The run's descriptor as first published from this data dir, or a new devnet one (then stored)."""
+    if path.exists():
+        descriptor = decode(RunDescriptor, path.read_bytes())
+        if descriptor.run != run or descriptor.trainer != trainer:
+            raise RunMismatch(
+                f"{path} describes run {descriptor.run!r} of trainer 0x{descriptor.trainer.hex()}, "
+                f"not run {run!r} of 0x{trainer.hex()}"
+            )
+        return descriptor
+    cfg, _ = load_checkpoint(base_checkpoint)
+    descriptor = replace(devnet_run(trainer, cfg, base_checkpoint, wall_ms()).descriptor, run=run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(encode(descriptor))
+    os.replace(tmp, path)
+    return descriptor
+
+
+def restore_published(
+    store: ShardStore, catalog: Catalog, *, run: str, trainer: bytes, step: int, async_level: int
+) -> list[int]:
+    """List the versions a previous life published that are still retained at `step`; remove the rest.
+
+    Only complete versions whose manifest we signed and whose every shard is present come back; versions
+    newer than `step` (a trainer state that was lost) and unfinished publications are removed.
+    """
+    kept: list[int] = []
+    remove: list[int] = []
+    for version, complete in sorted(store.versions_on_disk().items()):
+        envelope = store.load_manifest(version)
+        if not complete or envelope is None or version > step or not is_retained(version, step, async_level):
+            remove.append(version)
+            continue
+        try:
+            manifest = verify_manifest(envelope, run=run, trainer=trainer, now_ms=wall_ms())
+        except ProtocolError:
+            remove.append(version)
+            continue
+        held = store.verified_shards(manifest)
+        if manifest.version != version or len(held) != len(manifest.shards):
+            remove.append(version)
+            continue
+        catalog.add(manifest, envelope, held)
+        kept.append(version)
+    store.remove(remove)
+    return kept
+
+
+def prune_saves(directory: Path, keep_from: int) -> None:
+    """Delete trainer states of steps below `keep_from` (the record first, so none names a missing file)."""
+    for record in directory.glob("step-*.json"):
+        step = int(record.stem.removeprefix("step-"))
+        if step < keep_from:
+            record.unlink(missing_ok=True)
+            (directory / f"step-{step:06d}.safetensors").unlink(missing_ok=True)
+            (directory / f"step-{step:06d}.optim.safetensors").unlink(missing_ok=True)
+
+
+# --- the work -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class ValidatorPull:
+    """One validator's pull loop as the status shows it."""
+
+    record: PeerRecord
+    pulls: int = 0
+    failures: int = 0
+    stored: int = 0
+    refused: int = 0
+
+
+@dataclass
+class Tallies:
+    duplicates: int = 0
+    refused: Counter[str] = field(default_factory=Counter)  # reason name → items
+    cursor_resets: int = 0
+    verdicts: dict[str, Counter[str]] = field(default_factory=dict)  # worker → accepted / rejected
+    gossip: Counter[str] = field(default_factory=Counter)  # kind/type of other gossip seen
+
+
+class SwarmTrainerWork:
+    """The trainer role's work (`node.roles.trainer.TrainerWork`)."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        identity: NodeIdentity,
+        *,
+        base_checkpoint: Path = BASE_CHECKPOINT,
+        optim: OptimizerParams | None = None,
+    ) -> None:
+        self.config = config
+        self.identity = identity
+        self.base_checkpoint = base_checkpoint
+        self.optim = optim or devnet_optimizer()
+        data = config.data_dir
+        self.descriptor_path = data / DESCRIPTOR_FILE
+        self.inbox_path = data / INBOX_FILE
+        self.trainer_dir = data / TRAINER_DIR
+        self.checkpoints_dir = data / CHECKPOINTS_DIR
+        self.descriptor: RunDescriptor | None = None
+        self.model_config: ModelConfig | None = None
+        self.inbox: RolloutInbox | None = None
+        self.trainer: GrpoTrainer | None = None
+        self.origin: OriginNode | None = None
+        self.endpoint = ""
+        self.done = False
+        self.tallies = Tallies()
+        self.validators: dict[bytes, ValidatorPull] = {}
+        self._net: RoleNet | None = None
+        self._background: trio.Nursery | None = None
+        self._provided: set[int] = set()
+        self._arrived = trio.Event()
+
+    # --- TrainerWork ---------------------------------------------------------------------------------
+
+    def run_descriptor(self, run: str, trainer: bytes) -> RunDescriptor:
+        """The devnet descriptor, stored on first start so that a restarted trainer publishes the same."""
+        if self.descriptor is None:
+            self.descriptor = load_or_create_descriptor(
+                self.descriptor_path, run, trainer, self.base_checkpoint
+            )
+        return self.descriptor
+
+    async def manifest(self, peer: ID, request: ManifestRequest) -> ManifestResponse:
+        if request.run != self.config.run:
+            return ManifestResponse(status=int(Reason.WRONG_RUN), manifest=b"")
+        catalog = self.origin.catalog if self.origin is not None else None
+        entry = None
+        if catalog is not None:
+            entry = catalog.latest if request.version == LATEST_VERSION else catalog.get(request.version)
+        if entry is None:
+            return ManifestResponse(status=int(Reason.UNKNOWN_CHECKPOINT), manifest=b"")
+        return ManifestResponse(status=MANIFEST_OK, manifest=entry.envelope)
+
+    async def run(
+        self, net: RoleNet, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        if net.identity.address != self.identity.address:
+            raise ValueError("the trainer work must sign with the node's own identity")
+        self._net = net
+        async with trio.open_nursery() as nursery:
+            self._background = nursery
+            await nursery.start(self.serve)  # publishes (and so announces) the current version
+            nursery.start_soon(self._republish_forever)
+            nursery.start_soon(self._pull_validators, net)
+            nursery.start_soon(self.train)
+            task_status.started()
+
+    async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
+        message = delivery.opened.message
+        if delivery.kind == "verdicts" and isinstance(message, Verdict):
+            counts = self.tallies.verdicts.setdefault("0x" + message.worker.hex(), Counter())
+            counts["accepted" if message.accepted else "rejected"] += 1
+        else:
+            self.tallies.gossip[f"{delivery.kind}/{delivery.opened.envelope.type}"] += 1
+
+    # --- serving and training (no network needed) ----------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load the trainer and the inbox, start the origin, publish the current policy; serve forever."""
+        cfg = self.config
+        set_threads(cfg.work.threads)
+        descriptor = self.run_descriptor(cfg.run, self.identity.address)
+        await trio.to_thread.run_sync(load_run_setup, descriptor, self.base_checkpoint)
+        trainer = await trio.to_thread.run_sync(self._load_trainer, descriptor)
+        self.trainer = trainer
+        self.model_config = trainer.engine.config
+        self.inbox = inbox = RolloutInbox(self.inbox_path)
+        released = inbox.release_from(trainer.step_count)
+        if released:
+            log.info(
+                "released rollouts of unsaved steps", extra={"step": trainer.step_count, "rows": released}
+            )
+        self.done = self._finished()
+        self.origin = origin = OriginNode(
+            self.checkpoints_dir,
+            self.identity,
+            cfg.run,
+            server=ServerConfig(host=cfg.http_host, port=cfg.http_port),
+            shard_size=max(1, int(cfg.work.shard_mb * MIB)),
+            async_level=descriptor.async_level,
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                self.endpoint = await nursery.start(origin.run)
+                restored = restore_published(
+                    origin.store,
+                    origin.catalog,
+                    run=cfg.run,
+                    trainer=self.identity.address,
+                    step=trainer.step_count,
+                    async_level=descriptor.async_level,
+                )
+                if trainer.step_count not in restored:
+                    await self._publish(trainer.step_count)
+                task_status.started(self.endpoint)
+        finally:
+            inbox.close()
+
+    def _load_trainer(self, descriptor: RunDescriptor) -> GrpoTrainer:
+        trainer = GrpoTrainer.resume(self.trainer_dir, descriptor.grpo)
+        if trainer is None:
+            engine = TransformersEngine.from_checkpoint(self.base_checkpoint)
+            trainer = GrpoTrainer(engine, descriptor.grpo, optim=self.optim)
+        if model_config_hash(trainer.engine.config) != descriptor.model_config_hash:
+            raise RunMismatch(f"the trainer state in {self.trainer_dir} is for another model than the run's")
+        return trainer
+
+    def _finished(self) -> bool:
+        steps = self.config.work.steps
+        return self.trainer is not None and steps > 0 and self.trainer.step_count >= steps
+
+    async def train(self) -> None:
+        """GRPO steps until `work.steps` (forever when 0); each publishes the next version."""
+        trainer, inbox, descriptor = self._parts()
+        need = self.config.work.min_batch_groups or descriptor.grpo.prompts_per_step
+        while not self._finished():
+            step = trainer.step_count
+            started = time.perf_counter()
+            plan = await self._wait_for_batch(step, need)
+            waited = time.perf_counter() - started
+            ids = [row.id for row in plan.take]
+            envelopes = inbox.submissions(ids)
+            groups = await trio.to_thread.run_sync(groups_of, envelopes)
+            inbox.consume(ids, step)
+            began = time.perf_counter()
+            stats = await trio.to_thread.run_sync(trainer.step, groups)
+            record = StepRecord(
+                step=step,
+                submissions=len(ids),
+                groups=len(groups),
+                signal_groups=stats.groups_used,
+                mean_reward=stats.mean_reward,
+                wait_s=waited,
+                train_s=time.perf_counter() - began,
+                step_s=time.perf_counter() - started,
+            )
+            inbox.record_step(record)  # before the save: a resume that drops this step drops its record
+            await trio.to_thread.run_sync(self._save, trainer)
+            trained = time.perf_counter() - began
+            await self._publish(trainer.step_count)
+            inbox.record_step(replace(record, train_s=trained, step_s=time.perf_counter() - started))
+            log.info(
+                "trained step",
+                extra={
+                    "step": step,
+                    "submissions": len(ids),
+                    "groups": len(groups),
+                    "signal_groups": stats.groups_used,
+                    "mean_reward": round(stats.mean_reward, 4),
+                    "loss": round(stats.loss, 5),
+                    "wait_s": round(waited, 2),
+                    "train_s": round(trained, 2),
+                },
+            )
+        self.done = True
+        log.info("training done; still serving", extra={"step": trainer.step_count})
+
+    def _save(self, trainer: GrpoTrainer) -> None:
+        trainer.save(self.trainer_dir)
+        prune_saves(self.trainer_dir, trainer.step_count - KEEP_SAVES + 1)
+
+    async def _wait_for_batch(self, step: int, need: int) -> BatchPlan:
+        _, inbox, descriptor = self._parts()
+        while True:
+            arrived = self._arrived
+            plan = plan_batch(inbox.pending(), step, descriptor.async_level, need)
+            if plan.stale:
+                inbox.drop([row.id for row in plan.stale], step)
+            if plan.ready:
+                return plan
+            await arrived.wait()
+
+    def _parts(self) -> tuple[GrpoTrainer, RolloutInbox, RunDescriptor]:
+        if self.trainer is None or self.inbox is None or self.descriptor is None:
+            raise RuntimeError("the trainer work is not serving yet (start `serve` first)")
+        return self.trainer, self.inbox, self.descriptor
+
+    async def _publish(self, version: int) -> None:
+        """Publish the current weights as `version` through the origin, then announce it."""
+        trainer, _, descriptor = self._parts()
+        assert self.origin is not None
+        state = await trio.to_thread.run_sync(state_dict_of, trainer.engine.model)
+        await self.origin.origin.publish(
+            state,
+            version=version,
+            parent_version=max(version - 1, 0),
+            model_config_hash=descriptor.model_config_hash,
+        )
+        self._announce_newest()
+
+    # --- receiving rollouts --------------------------------------------------------------------------
+
+    async def ingest(self, validator: bytes, batch: AcceptedBatch) -> Ingested:
+        """Verify (in a thread) and store one pulled batch; wakes the step loop when something arrived.
+
+        One caller per validator at a time (its pull loop), so the cursor cannot move in between.
+        """
+        _, inbox, descriptor = self._parts()
+        assert self.model_config is not None
+        before = inbox.cursor(validator)
+        checked = await trio.to_thread.run_sync(
+            partial(
+                check_batch,
+                batch,
+                before,
+                run=descriptor.run,
+                validator=validator,
+                grpo=descriptor.grpo,
+                cfg=self.model_config,
+                now_ms=wall_ms(),
+            )
+        )
+        result = Ingested(
+            inbox.store(validator, checked.entries, checked.cursor), checked.cursor, checked.refused
+        )
+        if result.cursor < before:
+            self.tallies.cursor_resets += 1
+            log.warning(
+                "validator's index fell below our cursor; pulling from the start",
+                extra={"validator": "0x" + validator.hex(), "cursor": before, "newest": batch.newest},
+            )
+        self.tallies.duplicates += result.stored.duplicates
+        for _, reason, _ in result.refused:
+            self.tallies.refused[reason.name] += 1
+        if result.stored.inserted:
+            self._arrived.set()
+            self._arrived = trio.Event()
+        return result
+
+    async def _pull_validators(self, net: RoleNet) -> None:
+        """Start one pull loop per validator found; keep each loop's peer record current."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                for record in net.peers("validator"):
+                    known = self.validators.get(record.address)
+                    if known is None:
+                        self.validators[record.address] = ValidatorPull(record)
+                        nursery.start_soon(self._pull, net, record.address)
+                    else:
+                        known.record = record
+                await trio.sleep(PEER_SCAN_S)
+
+    async def _pull(self, net: RoleNet, validator: bytes) -> None:
+        _, inbox, _ = self._parts()
+        state = self.validators[validator]
+        pause = PULL_BACKOFF_S[0]
+        while True:
+            peer = ID.from_base58(state.record.peer_id)
+            request = AcceptedRequest(net.run, inbox.cursor(validator), PULL_LIMIT, PULL_WAIT_MS)
+            state.pulls += 1
+            try:
+                opened = await net.request(peer, ACCEPTED, request)
+            except RequestFailed as exc:
+                state.failures += 1
+                log.debug("pull failed", extra={"validator": "0x" + validator.hex(), "error": str(exc)})
+                await trio.sleep(pause)
+                pause = min(pause * 2, PULL_BACKOFF_S[1])
+                continue
+            pause = PULL_BACKOFF_S[0]
+            batch: AcceptedBatch = opened.message
+            result = await self.ingest(validator, batch)
+            state.stored += result.stored.inserted
+            state.refused += len(result.refused)
+            for index, reason, detail in result.refused:
+                net.report(peer, reason, f"accepted item {index}: {detail}")
+            if not batch.items:
+                await trio.sleep(PULL_EMPTY_PAUSE_S)
+
+    # --- announcing checkpoints ----------------------------------------------------------------------
+
+    def _announce_newest(self) -> None:
+        """Gossip the newest manifest and provide the retained versions in the DHT (in the background)."""
+        if self._background is None or self.origin is None:
+            return
+        self._background.start_soon(self._gossip_newest)
+        net = self._net
+        assert net is not None
+        held = set(self.origin.catalog.versions())
+        for version in sorted(held - self._provided):
+            self._background.start_soon(net.provide_checkpoint, version)
+        for version in self._provided - held:
+            net.stop_providing_checkpoint(version)
+        self._provided = held
+
+    async def _gossip_newest(self) -> None:
+        entry = self.origin.catalog.latest if self.origin is not None else None
+        if entry is not None and self._net is not None:
+            await self._net.publish("checkpoints", entry.manifest)
+
+    async def _republish_forever(self) -> None:
+        while True:
+            await trio.sleep(REPUBLISH_S)
+            await self._gossip_newest()
+
+    # --- status --------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready snapshot for the node's status file and the devnet display.
+
+        Counts of submissions come from the inbox and the per-step lists from its step records, so they
+        survive a restart; `refused`, `duplicates`, `verdicts` and `validators` count since this start.
+        `rewards` is each step's mean reward over all the groups it took (filtered ones included, as in
+        `node.rl.sync`); `groups_used` counts the groups with signal that the steps trained on.
+        """
+        trainer, inbox, origin = self.trainer, self.inbox, self.origin
+        records = inbox.steps() if inbox is not None else []
+        counts = (
+            inbox.counts() if inbox is not None else {"received": 0, "used": 0, "dropped": 0, "pending": 0}
+        )
+        per_worker = inbox.used_per_worker() if inbox is not None else {}
+        cursors = inbox.cursors() if inbox is not None else {}
+        return {
+            "step": trainer.step_count if trainer is not None else 0,
+            "version": origin.catalog.latest_version if origin is not None else None,
+            "submissions_received": counts["received"],
+            "submissions_used": counts["used"],
+            "submissions_pending": counts["pending"],
+            "stale_dropped": counts["dropped"],
+            "duplicates": self.tallies.duplicates,
+            "refused": dict(self.tallies.refused),
+            "groups_used": sum(r.signal_groups for r in records),
+            "groups_filtered": sum(r.groups - r.signal_groups for r in records),
+            "rewards": [round(r.mean_reward, 4) for r in records],
+            "wait_s": round(sum(r.wait_s for r in records), 2),
+            "train_s": round(sum(r.train_s for r in records), 2),
+            "step_s": [round(r.step_s, 2) for r in records],
+            "done": self.done,
+            "endpoint": self.endpoint,
+            "per_worker": {"0x" + w.hex(): n for w, n in sorted(per_worker.items())},
+            "verdicts": {w: dict(c) for w, c in sorted(self.tallies.verdicts.items())},
+            "validators": {
+                "0x" + address.hex(): {
+                    "peer": pull.record.peer_id,
+                    "cursor": cursors.get(address, 0),
+                    "pulls": pull.pulls,
+                    "failures": pull.failures,
+                    "stored": pull.stored,
+                    "refused": pull.refused,
+                }
+                for address, pull in sorted(self.validators.items())
+            },
+            "cursor_resets": self.tallies.cursor_resets,
+            "gossip": dict(self.tallies.gossip),
+        }

@@ -1,0 +1,697 @@
+"""Validator work: queue signed submissions, judge them on the claimed checkpoint, gossip signed verdicts,
+serve the accepted ones to the trainer, and credit or slash in the ledger.
+
+The life of a submission (spec/validation.md):
+1. SUBMIT (`submit`): only cheap checks (a RolloutSubmission of this run, not a duplicate, not stale, room
+   in the queue); then it is written to the durable pending queue (`AcceptedStore`) and acknowledged 100.
+2. The judge (`judge_forever`) takes queued submissions oldest first, skipping over those whose checkpoint
+   it does not hold yet: they wait up to `WAIT_FOR_CHECKPOINT_S` for the follower to bring it, then are
+   ignored (203/607). `node.rl.validation.validate_submission` runs in a thread on the engine of the
+   claimed version; on a run with `sample_fraction < 1`, only the submissions an HMAC of their digest under a
+   validator-local secret draws get the prefill checks (workers cannot tell which), the others the cheap ones.
+3. The outcome becomes a `Verdict`, sealed once with the node key: those bytes are what the accepted log
+   stores and the ledger cites; the verdict is also gossiped on `verdicts` (ignores are not: nobody is at
+   fault and nothing is recorded).
+4. Accepted: a contribution (tokens, flops = 2 · parameters · tokens) citing the sealed verdict, and an
+   entry in the accepted log that the trainer pulls with ACCEPTED (long poll, cursor). Rejected for a
+   slashable reason (`ledger.evidence.SLASHABLE_REASONS`): a slash of the run's `slash_gwei` (capped by
+   the ledger's own maximum) whose evidence is the worker's signed submission and, for a bad proof, the
+   failing chunks. Other rejections only get the verdict.
+
+Decisions:
+- One engine per retained checkpoint version (`CheckpointEngines`, the newest `async_level + 1`), each a
+  TransformersEngine of the base checkpoint's architecture with the version's weights; a pruned version's
+  engine is reused for the next one. All torch work (loading weights, judging) runs in threads under one
+  lock: the engines are not thread-safe, and on a CPU parallel judging would only share the same cores.
+- Ledger calls block (an fsynced SQLite commit, or a chain transaction): they run in threads, one at a time.
+  A refused or failed ledger call is logged and counted (`ledger_errors`); it never stops the judging.
+  The ledger is written before the judgement leaves the queue, so a crash in between repeats the write
+  after the restart and the ledger refuses the duplicate.
+- The gossip of verdicts runs in its own task behind a bounded channel, so a slow mesh never holds up the
+  judge (a full channel drops the gossip copy and counts it; the ledger and the accepted log keep it).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import torch
+import trio
+from libp2p.peer.id import ID
+
+from crypto.identity import NodeIdentity
+from ledger import Ledger, LedgerError
+from ledger.evidence import SLASHABLE_REASONS
+from ledger.signedlog import SignedLog
+from node.config import NodeConfig
+from node.dataplane.checkpoint import load_checkpoint
+from node.dataplane.follower import VerifiedCheckpoint
+from node.p2p.gossip import Delivery
+from node.rl.engine import TransformersEngine
+from node.rl.run import BASE_CHECKPOINT, RunSetup
+from node.rl.tasks import Task
+from node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, validate_submission
+from node.roles.base import RoleNet
+from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
+from node.swarm.accepted import AcceptedStore, PendingItem
+from node.swarm.common import ACCEPTED, load_run_setup, set_threads
+from node.swarm.follow import SwarmFollower
+from protocol.codec import decode, encode
+from protocol.envelope import Envelope, Opened
+from protocol.errors import Ignore, ProtocolError, Reason, Reject
+from protocol.ledger_messages import MAX_FAILING_CHUNKS, RecordContribution, Slash
+from protocol.messages import AcceptedBatch, AcceptedRequest, RolloutSubmission, SubmitAck, Verdict
+from protocol.types import MIB
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+QUEUED = 100  # SubmitAck status: durably queued for judgement
+WAIT_FOR_CHECKPOINT_S = 60.0  # how long a submission waits for a checkpoint version not held yet
+MAX_PENDING = 256  # submissions queued at once
+MAX_PENDING_BYTES = 1024 * MIB
+MAX_BATCH_BYTES = 8 * MIB  # an AcceptedBatch carries at least one item, more only up to this size
+VERDICT_BACKLOG = 256  # verdicts waiting for gossip before new ones are dropped from it
+MAX_DETAIL_BYTES = 512
+MAX_VERDICT_CHUNKS = 4096
+UNSAMPLED = "cheap checks only: not drawn for the prefill checks"
+LEDGER_FAILURES = (LedgerError, OSError, sqlite3.Error)  # refused, unreachable, or the log's file failing
+STORE_FILE = "validator.db"
+
+
+class VerdictOut(Protocol):
+    """Where verdicts go: sealed with the node key, gossiped on a topic (`RoleNet` is one)."""
+
+    def seal(self, message: Any) -> bytes: ...
+
+    async def publish(self, kind: str, message: Any) -> bytes: ...
+
+
+# --- engines ---------------------------------------------------------------------------------------
+
+
+class CheckpointEngines:
+    """The engines of the newest `keep` checkpoint versions, with the trainer's Merkle root of each.
+
+    Blocking (it loads weights): call `load` from a thread. Not thread-safe: one caller at a time.
+    """
+
+    def __init__(self, base_checkpoint: Path, keep: int) -> None:
+        if keep < 1:
+            raise ValueError("keep at least one version")
+        self.keep = keep
+        self._base = base_checkpoint
+        self._spare: TransformersEngine | None = TransformersEngine.from_checkpoint(base_checkpoint)
+        self.parameters = sum(p.numel() for p in self._spare.model.parameters())
+        self._engines: dict[int, TransformersEngine] = {}
+        self._roots: dict[int, bytes] = {}
+
+    @property
+    def newest(self) -> int | None:
+        return max(self._engines) if self._engines else None
+
+    def versions(self) -> list[int]:
+        return sorted(self._engines)
+
+    def roots(self) -> dict[int, bytes]:
+        return dict(self._roots)
+
+    def holds(self, version: int) -> bool:
+        return version in self._engines
+
+    def engine(self, version: int) -> TransformersEngine:
+        return self._engines[version]
+
+    def load(self, version: int, merkle_root: bytes, state: Mapping[str, torch.Tensor]) -> bool:
+        """Hold `version`; False when it is held already or older than every version kept."""
+        if version in self._engines:
+            return False
+        if len(self._engines) >= self.keep and version < min(self._engines):
+            return False
+        if len(self._engines) >= self.keep:
+            oldest = min(self._engines)
+            engine = self._engines.pop(oldest)
+            del self._roots[oldest]
+        elif self._spare is not None:
+            engine, self._spare = self._spare, None
+        else:
+            engine = TransformersEngine.from_checkpoint(self._base)
+        engine.load_weights(state)
+        self._engines[version] = engine
+        self._roots[version] = merkle_root
+        return True
+
+
+# --- judging ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Judgement:
+    outcome: Accepted | ProtocolError
+    cpu_s: float  # this thread's CPU time spent judging
+    full: bool  # the prefill checks ran
+
+
+def judge_submission(
+    sub: RolloutSubmission, worker: bytes, ctx: ValidationContext, engines: CheckpointEngines, full: bool
+) -> Judgement:
+    """`validate_submission` with its CPU time (blocking: run in a thread)."""
+    start = time.thread_time()
+    outcome: Accepted | ProtocolError
+    try:
+        outcome = validate_submission(sub, worker, ctx, engines.engine, prefill=full)
+    except ProtocolError as exc:
+        outcome = exc
+    return Judgement(outcome, time.thread_time() - start, full)
+
+
+def drawn_for_full_check(secret: bytes, digest: bytes, fraction: float) -> bool:
+    """Whether a submission gets the prefill checks: HMAC-SHA256(secret, digest) < fraction · 2^256.
+
+    The secret never leaves the validator, so a worker cannot grind its envelope into the unchecked part.
+    """
+    if fraction >= 1.0:
+        return True
+    if not fraction > 0.0:
+        return False
+    draw = int.from_bytes(hmac.digest(secret, digest, "sha256"), "big")
+    return draw < int(fraction * 2**256)
+
+
+def clip_detail(text: str) -> str:
+    return text.encode()[:MAX_DETAIL_BYTES].decode(errors="ignore")
+
+
+def make_verdict(
+    sub: RolloutSubmission, digest: bytes, worker: bytes, outcome: Accepted | ProtocolError, full: bool = True
+) -> Verdict:
+    """The signed judgement's body: acceptance statistics, or the reason code and failing chunks."""
+    if isinstance(outcome, Accepted):
+        return Verdict(
+            run=sub.run,
+            submission_digest=digest,
+            worker=worker,
+            step=sub.step,
+            checkpoint_version=sub.checkpoint_version,
+            accepted=True,
+            reason_code=0,
+            detail="" if full else UNSAMPLED,
+            failing_chunks=(),
+            tokens=outcome.tokens,
+            mean_exp_mismatches=outcome.mean_exp_mismatches,
+            mean_mant_err=outcome.mean_mant_err,
+        )
+    failure = outcome.failure if isinstance(outcome, BadProof) else ProofFailure((), 0.0, 0.0)
+    return Verdict(
+        run=sub.run,
+        submission_digest=digest,
+        worker=worker,
+        step=sub.step,
+        checkpoint_version=sub.checkpoint_version,
+        accepted=False,
+        reason_code=int(outcome.reason),
+        detail=clip_detail(outcome.detail),
+        failing_chunks=failure.failing_chunks[:MAX_VERDICT_CHUNKS],
+        tokens=0,
+        mean_exp_mismatches=failure.mean_exp_mismatches,
+        mean_mant_err=failure.mean_mant_err,
+    )
+
+
+def slash_for(verdict: Verdict, evidence: bytes, amount_gwei: int) -> Slash | None:
+    """The slash a rejection warrants, or None: not slashable, no amount, or a bad proof without a chunk."""
+    if verdict.accepted or verdict.reason_code not in SLASHABLE_REASONS or amount_gwei < 1:
+        return None
+    chunks = verdict.failing_chunks[:MAX_FAILING_CHUNKS] if verdict.reason_code == Reason.BAD_PROOF else ()
+    if verdict.reason_code == Reason.BAD_PROOF and not chunks:
+        return None
+    return Slash(
+        run=verdict.run,
+        worker=verdict.worker,
+        amount_gwei=amount_gwei,
+        submission_digest=verdict.submission_digest,
+        failing_chunks=chunks,
+        reason_code=verdict.reason_code,
+        evidence=evidence,
+    )
+
+
+def contribution_for(verdict: Verdict, sealed: bytes, parameters: int) -> RecordContribution:
+    """The credit an acceptance earns: its tokens, about 2 · parameters FLOPs per token, and the verdict."""
+    return RecordContribution(
+        run=verdict.run,
+        step=verdict.step,
+        worker=verdict.worker,
+        tokens=verdict.tokens,
+        flops=2 * parameters * verdict.tokens,
+        rollout_digest=verdict.submission_digest,
+        verdict=sealed,
+    )
+
+
+# --- the ledger, from trio ----------------------------------------------------------------------------
+
+
+class LedgerAccess:
+    """Blocking ledger calls in a thread, one at a time; failures are counted and return None."""
+
+    def __init__(self, ledger: Ledger | None) -> None:
+        self.ledger = ledger
+        self.errors = 0
+        self.last_error = ""
+        self._lock: trio.Lock | None = None
+
+    async def call(self, what: str, fn: Callable[[], T]) -> T | None:
+        if self._lock is None:
+            self._lock = trio.Lock()
+        async with self._lock:
+            try:
+                return await trio.to_thread.run_sync(fn)
+            except LEDGER_FAILURES as exc:
+                self.errors += 1
+                self.last_error = f"{what}: {exc}"
+                log.warning("ledger call failed", extra={"call": what, "error": str(exc)})
+                return None
+
+    def eligible(self, address: bytes) -> bool:
+        """Blocking: the worker's stake now (a signed log first reads what other writers appended)."""
+        assert self.ledger is not None
+        if isinstance(self.ledger, SignedLog):
+            self.ledger.refresh()
+        return self.ledger.is_eligible(address)
+
+    def slash_cap(self, amount_gwei: int) -> int:
+        """Blocking: the run's slash amount, capped by the ledger's maximum."""
+        assert self.ledger is not None
+        return min(amount_gwei, self.ledger.params.slash_gwei)
+
+
+# --- the work ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerTally:
+    accepted: int = 0
+    rejected: int = 0
+    slashed: int = 0
+
+
+class SwarmValidatorWork:
+    """The validator role's work (`node.roles.validator.ValidatorWork`)."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        identity: NodeIdentity,
+        ledger: Ledger | None,
+        *,
+        base_checkpoint: Path = BASE_CHECKPOINT,
+        wait_for_checkpoint_s: float = WAIT_FOR_CHECKPOINT_S,
+    ) -> None:
+        self.config = config
+        self.wait_for_checkpoint_s = wait_for_checkpoint_s
+        self.identity = identity
+        self.run_id = config.run
+        self.base_checkpoint = base_checkpoint
+        self.ledger = LedgerAccess(ledger)
+        self.store = AcceptedStore(config.data_dir / "validator" / STORE_FILE)
+        self._secret = self.store.secret()
+        self._queue: list[PendingItem] = self.store.pending()
+        self._deadlines: dict[int, float] = {}
+        self._changed = trio.Event()  # a submission queued or a checkpoint held: the scheduler looks again
+        self._progress = trio.Event()  # a submission judged
+        self._torch: trio.Lock | None = None
+        self.setup: RunSetup | None = None
+        self._dataset: dict[bytes, Task] = {}
+        self._dataset_ids: list[bytes] = []
+        self.engines: CheckpointEngines | None = None
+        self.follower: SwarmFollower | None = None
+        self._init_counts()
+
+    def _init_counts(self) -> None:
+        """Outcome counts survive a restart (read back from the store); the rest count from this start."""
+        counts = self.store.judged_counts()
+        self.by_reason: dict[str, int] = {}
+        self.accepted = self.rejected = self.ignored = 0
+        for status, n in counts.by_status.items():
+            if status == ACCEPTED_STATUS:
+                self.accepted += n
+                continue
+            self.by_reason[reason_name(status)] = self.by_reason.get(reason_name(status), 0) + n
+            if 200 <= status < 300:
+                self.ignored += n
+            else:
+                self.rejected += n
+        self.per_worker: dict[bytes, WorkerTally] = {}
+        for worker, statuses in counts.per_worker.items():
+            tally = self.per_worker.setdefault(worker, WorkerTally())
+            for status, n in statuses.items():
+                if status == ACCEPTED_STATUS:
+                    tally.accepted += n
+                elif not 200 <= status < 300:
+                    tally.rejected += n
+        self.tokens = counts.tokens
+        self.refused = 0  # submissions answered at SUBMIT without being queued
+        self.full_checks = self.cheap_checks = 0
+        self.slashes = self.contributions = 0
+        self.cpu_s = self.cpu_full_s = 0.0
+        self.verdicts_gossiped = self.verdicts_dropped = 0
+
+    # --- status --------------------------------------------------------------------------------------
+
+    @property
+    def judged(self) -> int:
+        return self.accepted + self.rejected + self.ignored
+
+    def status(self) -> dict[str, object]:
+        return {
+            "queued": len(self._queue),
+            "judged": self.judged,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "ignored": self.ignored,
+            "refused": self.refused,
+            "by_reason": dict(sorted(self.by_reason.items())),
+            "slashes": self.slashes,
+            "contributions": self.contributions,
+            "ledger_errors": self.ledger.errors,
+            "ledger_last_error": self.ledger.last_error,
+            "cpu_s": round(self.cpu_s, 3),
+            "cpu_s_per_full_check": round(self.cpu_full_s / self.full_checks, 4) if self.full_checks else 0.0,
+            "full_checks": self.full_checks,
+            "cheap_checks": self.cheap_checks,
+            "tokens": self.tokens,
+            "per_worker": {
+                "0x" + worker.hex(): {"accepted": t.accepted, "rejected": t.rejected, "slashed": t.slashed}
+                for worker, t in sorted(self.per_worker.items())
+            },
+            "versions_held": self.engines.versions() if self.engines is not None else [],
+            "accepted_newest": self.store.newest,
+            "verdicts_gossiped": self.verdicts_gossiped,
+            "verdicts_dropped": self.verdicts_dropped,
+            "data_plane": self.follower.statistics() if self.follower is not None else {},
+        }
+
+    # --- SUBMIT --------------------------------------------------------------------------------------
+
+    async def submit(self, peer: ID, opened: Opened, digest: bytes) -> SubmitAck:
+        """Cheap checks, then the durable queue; status 100 once it is on disk."""
+        sub = opened.message
+        try:
+            if not isinstance(sub, RolloutSubmission):
+                raise Reject(
+                    Reason.TYPE_MISMATCH, f"expected a rollout submission, got {opened.envelope.type}"
+                )
+            if sub.run != self.run_id or opened.envelope.run != self.run_id:
+                raise Ignore(Reason.WRONG_RUN, f"submission for run {sub.run!r}, not {self.run_id!r}")
+            self._check_fresh(sub)
+            item = await trio.to_thread.run_sync(
+                lambda: self.store.enqueue(
+                    digest=digest,
+                    worker=opened.sender,
+                    step=sub.step,
+                    checkpoint_version=sub.checkpoint_version,
+                    received_ms=int(time.time() * 1000),
+                    envelope=encode(opened.envelope),
+                    max_items=MAX_PENDING,
+                    max_bytes=MAX_PENDING_BYTES,
+                )
+            )
+        except ProtocolError as exc:
+            self.refused += 1
+            return SubmitAck(submission_digest=digest, status=int(exc.reason), detail=clip_detail(exc.detail))
+        self._queue.append(item)
+        self._wake()
+        return SubmitAck(submission_digest=digest, status=QUEUED, detail=f"queued at {len(self._queue)}")
+
+    def _check_fresh(self, sub: RolloutSubmission) -> None:
+        if self.engines is None or self.setup is None:
+            return
+        newest = self.engines.newest
+        if newest is not None and newest - sub.checkpoint_version > self.setup.descriptor.async_level:
+            raise Ignore(Reason.STALE, f"checkpoint v{sub.checkpoint_version} is too old (newest v{newest})")
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # --- checkpoints ---------------------------------------------------------------------------------
+
+    async def prepare(self, setup: RunSetup) -> None:
+        """Know the run and build the engines (loads the base architecture in a thread)."""
+        self.setup = setup
+        self._dataset = setup.dataset
+        self._dataset_ids = setup.dataset_ids
+        keep = setup.descriptor.async_level + 1
+        self.engines = await trio.to_thread.run_sync(CheckpointEngines, self.base_checkpoint, keep)
+
+    def _torch_lock(self) -> trio.Lock:
+        if self._torch is None:
+            self._torch = trio.Lock()
+        return self._torch
+
+    async def hold(self, version: int, merkle_root: bytes, state: Mapping[str, torch.Tensor]) -> bool:
+        """Load a checkpoint version's weights into an engine; wakes submissions waiting for it."""
+        engines = self.engines
+        assert engines is not None, "prepare() first"
+        async with self._torch_lock():
+            loaded = await trio.to_thread.run_sync(engines.load, version, merkle_root, state)
+        if loaded:
+            log.info("holding checkpoint", extra={"version": version, "held": engines.versions()})
+            self._wake()
+        return loaded
+
+    async def hold_verified(self, checkpoint: VerifiedCheckpoint) -> bool:
+        """`hold` a checkpoint the follower verified on disk (its manifest must name the run's model)."""
+        assert self.setup is not None
+        manifest = checkpoint.manifest
+        if manifest.model_config_hash != self.setup.descriptor.model_config_hash:
+            log.warning("checkpoint names another model config", extra={"version": manifest.version})
+            return False
+        state = await trio.to_thread.run_sync(load_checkpoint, checkpoint.directory, manifest)
+        return await self.hold(manifest.version, manifest.merkle_root, state)
+
+    async def _hold_all(self, receive: trio.MemoryReceiveChannel[VerifiedCheckpoint]) -> None:
+        async for checkpoint in receive:
+            await self.hold_verified(checkpoint)
+
+    # --- the judge -----------------------------------------------------------------------------------
+
+    async def judge_forever(
+        self, out: VerdictOut, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Judge queued submissions as their checkpoints become available; gossip verdicts through `out`."""
+        assert self.setup is not None and self.engines is not None, "prepare() first"
+        send, receive = trio.open_memory_channel[Verdict](VERDICT_BACKLOG)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._gossip_verdicts, out, receive)
+            task_status.started()
+            while True:
+                item = await self._next_ready()
+                await self._judge(item, out, send)
+
+    async def wait_judged(self, count: int) -> None:
+        """Wait until `count` submissions have been judged (since the store was created)."""
+        while self.judged < count:
+            await self._progress.wait()
+
+    def _ready(self, item: PendingItem) -> bool:
+        """Judge now: the version is held, or it is so old that no wait can make it fresh."""
+        assert self.engines is not None and self.setup is not None
+        if self.engines.holds(item.checkpoint_version):
+            return True
+        newest = self.engines.newest
+        return newest is not None and newest - item.checkpoint_version > self.setup.descriptor.async_level
+
+    async def _next_ready(self) -> PendingItem:
+        """The oldest queued submission that can be judged now, or whose wait for its checkpoint ran out."""
+        while True:
+            now = trio.current_time()
+            soonest = float("inf")
+            for item in self._queue:
+                deadline = self._deadlines.setdefault(item.id, now + self.wait_for_checkpoint_s)
+                if deadline <= now or self._ready(item):
+                    return item
+                soonest = min(soonest, deadline)
+            changed = self._changed
+            with trio.move_on_at(soonest):
+                await changed.wait()
+
+    async def _judge(
+        self, item: PendingItem, out: VerdictOut, gossip: trio.MemorySendChannel[Verdict]
+    ) -> None:
+        assert self.setup is not None and self.engines is not None
+        descriptor = self.setup.descriptor
+        evidence = await trio.to_thread.run_sync(self.store.pending_envelope, item.id)
+        sub = decode(RolloutSubmission, decode(Envelope, evidence).body)
+        eligible = await self._eligible(item.worker)
+        full = drawn_for_full_check(self._secret, item.digest, descriptor.policy.sample_fraction)
+        async with self._torch_lock():  # the versions held cannot change until the judgement is done
+            ctx = ValidationContext(
+                descriptor=descriptor,
+                dataset=self._dataset,
+                dataset_ids=self._dataset_ids,
+                newest_version=self.engines.newest if self.engines.newest is not None else -1,
+                checkpoint_roots=self.engines.roots(),
+                is_eligible=lambda _: eligible,
+            )
+            judgement = await trio.to_thread.run_sync(
+                judge_submission, sub, item.worker, ctx, self.engines, full
+            )
+        outcome = judgement.outcome
+        verdict = make_verdict(sub, item.digest, item.worker, outcome, judgement.full)
+        sealed = b""
+        if not isinstance(outcome, Ignore):
+            sealed = out.seal(verdict)
+            try:
+                gossip.send_nowait(verdict)
+            except trio.WouldBlock:
+                self.verdicts_dropped += 1
+        slashed = False
+        if isinstance(outcome, Accepted):
+            await self._credit(verdict, sealed)
+        elif isinstance(outcome, Reject):
+            slashed = await self._slash(verdict, evidence, descriptor.policy.slash_gwei)
+        status = ACCEPTED_STATUS if isinstance(outcome, Accepted) else int(outcome.reason)
+        await self.store.finish_async(
+            item,
+            status=status,
+            tokens=verdict.tokens,
+            verdict=sealed,
+            submission=evidence if isinstance(outcome, Accepted) else None,
+            judged_ms=int(time.time() * 1000),
+        )
+        self._queue.remove(item)
+        self._deadlines.pop(item.id, None)
+        self._count(item.worker, outcome, judgement, slashed)
+        self._progress.set()
+        self._progress = trio.Event()
+        log.info(
+            "judged submission",
+            extra={
+                "digest": item.digest.hex()[:16],
+                "worker": "0x" + item.worker.hex(),
+                "version": item.checkpoint_version,
+                "verdict": "accept" if isinstance(outcome, Accepted) else str(outcome),
+                "full": judgement.full,
+                "cpu_s": round(judgement.cpu_s, 4),
+            },
+        )
+
+    def _count(
+        self, worker: bytes, outcome: Accepted | ProtocolError, judgement: Judgement, slashed: bool
+    ) -> None:
+        tally = self.per_worker.setdefault(worker, WorkerTally())
+        self.cpu_s += judgement.cpu_s
+        if judgement.full:
+            self.full_checks += 1
+            self.cpu_full_s += judgement.cpu_s
+        else:
+            self.cheap_checks += 1
+        if isinstance(outcome, Accepted):
+            self.accepted += 1
+            self.tokens += outcome.tokens
+            tally.accepted += 1
+            return
+        name = outcome.reason.name
+        self.by_reason[name] = self.by_reason.get(name, 0) + 1
+        if isinstance(outcome, Ignore):
+            self.ignored += 1
+            return
+        self.rejected += 1
+        tally.rejected += 1
+        if slashed:
+            self.slashes += 1
+            tally.slashed += 1
+
+    async def _eligible(self, worker: bytes) -> bool:
+        """The worker's stake; without a ledger (or when it cannot answer) the ledger's own checks decide."""
+        if self.ledger.ledger is None:
+            return True
+        eligible = await self.ledger.call("is_eligible", lambda: self.ledger.eligible(worker))
+        return True if eligible is None else eligible
+
+    async def _credit(self, verdict: Verdict, sealed: bytes) -> None:
+        ledger = self.ledger.ledger
+        if ledger is None:
+            return
+        assert self.engines is not None
+        op = contribution_for(verdict, sealed, self.engines.parameters)
+        receipt = await self.ledger.call(
+            "record_contribution", lambda: ledger.record_contribution(self.identity, op)
+        )
+        if receipt is not None:
+            self.contributions += 1
+
+    async def _slash(self, verdict: Verdict, evidence: bytes, amount_gwei: int) -> bool:
+        ledger = self.ledger.ledger
+        if ledger is None or verdict.reason_code not in SLASHABLE_REASONS or amount_gwei < 1:
+            return False
+        capped = await self.ledger.call("params", lambda: self.ledger.slash_cap(amount_gwei))
+        op = slash_for(verdict, evidence, capped or 0)
+        if op is None:
+            return False
+        receipt = await self.ledger.call("slash", lambda: ledger.slash(self.identity, op))
+        if receipt is None:
+            return False
+        log.info(
+            "slashed worker",
+            extra={"worker": "0x" + verdict.worker.hex(), "reason": reason_name(verdict.reason_code)},
+        )
+        return True
+
+    async def _gossip_verdicts(self, out: VerdictOut, receive: trio.MemoryReceiveChannel[Verdict]) -> None:
+        async for verdict in receive:
+            await out.publish("verdicts", verdict)
+            self.verdicts_gossiped += 1
+
+    # --- ACCEPTED ------------------------------------------------------------------------------------
+
+    async def serve_accepted(self, peer: ID, opened: Opened) -> AcceptedBatch:
+        """Accepted submissions after the puller's cursor; waits up to `wait_ms` for the first new one."""
+        request = opened.message
+        if not isinstance(request, AcceptedRequest) or request.run != self.run_id:
+            raise Ignore(Reason.WRONG_RUN, "accepted submissions of another run")
+        if self.store.newest <= request.after and request.wait_ms:
+            await self.store.wait_after(request.after, request.wait_ms / 1000)
+        items, newest = await trio.to_thread.run_sync(
+            self.store.after, request.after, request.limit, MAX_BATCH_BYTES
+        )
+        return AcceptedBatch(items=tuple(items), newest=newest)
+
+    # --- RoleWork ------------------------------------------------------------------------------------
+
+    async def run(
+        self, net: RoleNet, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        set_threads(self.config.work.threads)
+        net.serve(ACCEPTED, self.serve_accepted)
+        task_status.started()
+        record = await net.wait_run_record()
+        setup = await trio.to_thread.run_sync(load_run_setup, record.descriptor, self.base_checkpoint)
+        await self.prepare(setup)
+        self.follower = SwarmFollower(net, self.config, newest_only=False, serve=True)
+        send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.follower.run, send)
+            nursery.start_soon(self._hold_all, receive)
+            await self.judge_forever(net)
+
+    async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
+        if self.follower is not None and delivery.kind in ("checkpoints", "shards"):
+            await self.follower.on_gossip(delivery)
+
+
+def reason_name(code: int) -> str:
+    try:
+        return Reason(code).name
+    except ValueError:
+        return str(code)

@@ -1,0 +1,624 @@
+"""The worker's work: follow the newest checkpoint, generate the assigned groups with proofs, submit them.
+
+One loop, in the order of the run lifecycle (DESIGN.md, steps 3-4):
+1. wait for the run descriptor and check it names the dataset, model and base this node holds;
+2. follow checkpoints (`SwarmFollower`, newest only, not serving); load each verified one in a thread;
+3. between submissions only, hot-swap the newest loaded weights into the one engine;
+4. for the loaded version v, counters 0 .. submissions_per_version - 1: build the submission in a thread
+   (`build_submission`, or a devnet cheat from `node.swarm.cheats`), send it to a validator found through
+   the DHT, and count the ack;
+5. then wait for a newer checkpoint. A version more than `async_level` behind the newest known one is
+   never generated on: a validator would drop it as stale.
+
+Decisions:
+- The next counter of each version is persisted in `data_dir/worker_state.json` (atomic replace) *before*
+  the submission is built: a crash then skips an assignment rather than redoing it, and a redone
+  assignment is exactly what validators treat as a duplicate.
+- Validators are tried round-robin, starting one further each submission, so load spreads; a validator
+  that cannot take the submission now (unreachable, busy or not validating, checkpoint not held yet,
+  authentication trouble) passes it to the next. A rejection is final: the checks are deterministic, and
+  another validator would reach the same verdict.
+- The submit and planning logic are plain functions over a `SubmitTransport`, so they run without a network.
+- Verdicts naming this worker are counted once per submission digest, whoever gossips them: they only feed
+  this node's status display, never a decision.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import trio
+from libp2p.peer.id import ID
+
+from crypto.identity import NodeIdentity, format_address
+from ledger import Ledger
+from ledger.evidence import SLASHABLE_REASONS
+from node.config import NodeConfig
+from node.dataplane.checkpoint import load_checkpoint
+from node.dataplane.follower import VerifiedCheckpoint
+from node.p2p.gossip import Delivery
+from node.p2p.peers import PeerRecord
+from node.p2p.reqresp import RequestFailed
+from node.rl.engine import InferenceEngine, TransformersEngine
+from node.rl.rollouts import build_submission
+from node.rl.run import BASE_CHECKPOINT, RunSetup
+from node.rl.tasks import Task
+from node.roles.base import RoleNet
+from node.roles.validator import SUBMIT
+from node.swarm.cheats import FORGED_REWARD, TAMPERED_PROMPT, build_dishonest_submission, tamper_weights
+from node.swarm.common import load_run_setup, set_threads
+from node.swarm.follow import SwarmFollower
+from protocol.errors import Reason
+from protocol.messages import CheckpointManifest, RolloutSubmission, RunDescriptor, SubmitAck, Verdict
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "worker_state.json"
+QUEUED = 100
+SUBMIT_ROUNDS = 6  # passes over every known validator before a submission is given up
+FIRST_RETRY_DELAY = 1.0
+MAX_RETRY_DELAY = 8.0
+WORKER_MEMORY_GB = 1  # what the refusal message suggests registering: the devnet model needs far less
+
+
+# --- eligibility -----------------------------------------------------------------------------------
+
+
+class NotEligible(RuntimeError):
+    """The ledger does not let this worker work: not registered as a worker, under-staked, or ejected."""
+
+
+def ledger_cli_args(ledger_url: str) -> str:
+    """The `--ledger ... [--contract ...]` options of `swarmnode stake/register` for a `[node] ledger_url`."""
+    if ledger_url.startswith("evm:") and "#" in ledger_url:
+        url, contract = ledger_url.split("#", 1)
+        return f"--ledger {url} --contract {contract}"
+    return f"--ledger {ledger_url}"
+
+
+def refusal_message(ledger: Ledger, address: bytes, ledger_url: str, key: Path) -> str:
+    """Why `address` may not work, and the exact commands that fix it (when anything can)."""
+    who = format_address(address)
+    options = f"{ledger_cli_args(ledger_url)} --key {key}"
+    node = ledger.node(address)
+    minimum = ledger.params.min_stake_per_unit_gwei
+    if node is None:
+        return (
+            f"worker {who} is not registered in the ledger {ledger_url}; "
+            "register it and bond stake, then restart:\n"
+            "  swarmnode register --role worker --accelerator cpu --count 1 "
+            f"--memory-gb {WORKER_MEMORY_GB} {options}\n"
+            f"  swarmnode stake deposit {minimum}gwei {options}\n"
+            f"(a stake of {minimum} gwei per compute unit declared with --count)"
+        )
+    if node.ejected:
+        return (
+            f"worker {who} was ejected from the ledger {ledger_url} after {node.slash_count} slashes; "
+            "an ejected node cannot stake again: run the worker with a new key"
+        )
+    if node.role != "worker":
+        return (
+            f"{who} is registered as a {node.role} in the ledger {ledger_url}, not as a worker; "
+            "a node has one role: run the worker with a key registered by `swarmnode register --role worker`"
+        )
+    stake = ledger.stake(address)
+    bonded, required = (stake.bonded_gwei, stake.required_gwei) if stake is not None else (0, minimum)
+    shortfall = max(required - bonded, 1)
+    return (
+        f"worker {who} has {bonded} gwei bonded in the ledger {ledger_url}, {required} gwei required; "
+        f"bond the rest, then restart:\n"
+        f"  swarmnode stake deposit {shortfall}gwei {options}"
+    )
+
+
+def require_eligible(ledger: Ledger, address: bytes, config: NodeConfig) -> None:
+    """Raise `NotEligible` (saying how to fix it) unless the ledger lets `address` work."""
+    if not ledger.is_eligible(address):
+        raise NotEligible(refusal_message(ledger, address, config.ledger_url, config.identity))
+
+
+# --- the per-version counters ----------------------------------------------------------------------
+
+
+class WorkerStateError(RuntimeError):
+    """The worker's state file cannot be read; the message names it."""
+
+
+@dataclass
+class Counters:
+    """The next submission counter of each checkpoint version, persisted so a restart never redoes one."""
+
+    path: Path
+    run: str
+    worker: bytes
+    next_counter: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path, run: str, worker: bytes) -> Counters:
+        """The counters in `path` for this run and worker; empty when the file is absent or someone else's."""
+        try:
+            document = json.loads(path.read_text())
+        except FileNotFoundError:
+            return cls(path, run, worker)
+        except (OSError, ValueError) as exc:
+            raise WorkerStateError(
+                f"cannot read worker state {path}: {exc}; remove it to start over"
+            ) from None
+        if not isinstance(document, dict):
+            raise WorkerStateError(f"worker state {path} is not a JSON object; remove it to start over")
+        if document.get("run") != run or document.get("worker") != "0x" + worker.hex():
+            return cls(path, run, worker)
+        try:
+            counters = {int(v): int(n) for v, n in document["next_counter"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise WorkerStateError(f"worker state {path} has no valid next_counter table") from None
+        return cls(path, run, worker, counters)
+
+    def used(self, version: int) -> int:
+        return self.next_counter.get(version, 0)
+
+    def reserve(self, version: int) -> int:
+        """Take the next counter of `version` and persist the one after it before anything is generated."""
+        counter = self.used(version)
+        self.next_counter[version] = counter + 1
+        self.save()
+        return counter
+
+    def forget_below(self, version: int) -> None:
+        """Drop versions older than `version`: nobody generates on them again."""
+        self.next_counter = {v: n for v, n in self.next_counter.items() if v >= version}
+
+    def save(self) -> None:
+        document = {
+            "run": self.run,
+            "worker": "0x" + self.worker.hex(),
+            "next_counter": {str(v): n for v, n in sorted(self.next_counter.items())},
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(document))
+        os.replace(tmp, self.path)
+
+
+# --- what to generate next -------------------------------------------------------------------------
+
+
+def within_async_level(version: int, newest: int, async_level: int) -> bool:
+    """Whether a submission on `version` is still fresh when the newest known checkpoint is `newest`."""
+    return newest - version <= async_level
+
+
+def plan_counter(
+    loaded: int | None, newest: int | None, async_level: int, used: int, budget: int
+) -> int | None:
+    """The counter to generate next on the loaded version, or None: nothing loaded, stale, or budget spent."""
+    if loaded is None:
+        return None
+    if newest is not None and not within_async_level(loaded, newest, async_level):
+        return None
+    return used if used < budget else None
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    version: int
+    root: bytes
+
+
+@dataclass(frozen=True)
+class LoadedWeights:
+    """A verified checkpoint read into memory (with the cheat's change, if any), waiting to be swapped in."""
+
+    ref: CheckpointRef
+    state: Mapping[str, torch.Tensor]
+
+
+def prepare_weights(checkpoint: VerifiedCheckpoint, cheat: str) -> LoadedWeights:
+    """Read a verified checkpoint's state dict (blocking: run in a thread)."""
+    manifest = checkpoint.manifest
+    state = load_checkpoint(checkpoint.directory, manifest)
+    ref = CheckpointRef(manifest.version, manifest.merkle_root)
+    return LoadedWeights(ref, tamper_weights(cheat, state, manifest.version))
+
+
+def make_submission(
+    engine: InferenceEngine,
+    descriptor: RunDescriptor,
+    dataset: Mapping[bytes, Task],
+    dataset_ids: Sequence[bytes],
+    worker: bytes,
+    ref: CheckpointRef,
+    counter: int,
+    cheat: str,
+) -> RolloutSubmission:
+    """The `counter`-th submission on checkpoint `ref`, honest or as the configured cheat (blocking)."""
+    if cheat in (TAMPERED_PROMPT, FORGED_REWARD):
+        return build_dishonest_submission(
+            cheat, engine, descriptor, dataset, dataset_ids, worker, ref.version, ref.root, counter
+        )
+    return build_submission(engine, descriptor, dataset, dataset_ids, worker, ref.version, ref.root, counter)
+
+
+@dataclass(frozen=True)
+class Built:
+    submission: RolloutSubmission
+    wall_s: float
+    cpu_s: float
+    tokens: int
+
+
+def timed_build(make: Callable[[], RolloutSubmission]) -> Built:
+    """Run `make` in this thread, measuring wall time and this thread's CPU time."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    submission = make()
+    tokens = sum(len(c.token_ids) for g in submission.groups for c in g.completions)
+    return Built(submission, time.perf_counter() - wall, time.thread_time() - cpu, tokens)
+
+
+# --- statistics ------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerStats:
+    submitted: int = 0  # built and handed to delivery
+    delivered: int = 0  # queued by a validator (ack 100)
+    undelivered: int = 0  # no validator took it before it went stale or the rounds ran out
+    acks: Counter[int] = field(default_factory=Counter)
+    submit_failures: int = 0  # requests that got no valid answer
+    accepted: int = 0
+    rejected: int = 0
+    slashable: int = 0
+    by_reason: Counter[str] = field(default_factory=Counter)
+    generate_s: float = 0.0
+    cpu_s: float = 0.0
+    tokens: int = 0
+    _judged: set[bytes] = field(default_factory=set, repr=False)
+
+    def record_build(self, built: Built) -> None:
+        self.submitted += 1
+        self.generate_s += built.wall_s
+        self.cpu_s += built.cpu_s
+        self.tokens += built.tokens
+
+    def observe_verdict(self, verdict: Verdict, worker: bytes, run: str) -> bool:
+        """Count a verdict on one of this worker's submissions, once per submission; False if not ours."""
+        if verdict.worker != worker or verdict.run != run or verdict.submission_digest in self._judged:
+            return False
+        self._judged.add(verdict.submission_digest)
+        if verdict.accepted:
+            self.accepted += 1
+            return True
+        self.rejected += 1
+        try:
+            reason = Reason(verdict.reason_code)
+        except ValueError:
+            self.by_reason[str(verdict.reason_code)] += 1
+            return True
+        self.by_reason[reason.name] += 1
+        self.slashable += reason in SLASHABLE_REASONS
+        return True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "submitted": self.submitted,
+            "delivered": self.delivered,
+            "undelivered": self.undelivered,
+            "acks": {str(status): n for status, n in sorted(self.acks.items())},
+            "submit_failures": self.submit_failures,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+            "slashable": self.slashable,
+            "by_reason": dict(sorted(self.by_reason.items())),
+            "generate_s": round(self.generate_s, 3),
+            "cpu_s": round(self.cpu_s, 3),
+            "tokens": self.tokens,
+        }
+
+
+# --- submitting ------------------------------------------------------------------------------------
+
+# Answers that say "not here, not now", not "no": another validator (or this one later) may take it.
+TRY_ANOTHER = frozenset(
+    {Reason.NOT_FOR_US, Reason.CLOCK_SKEW, Reason.REPLAYED_SEQ, Reason.UNKNOWN_CHECKPOINT}
+)
+
+
+def try_another(status: int) -> bool:
+    """Whether an ack of `status` passes the submission on to the next validator."""
+    return status // 100 == 5 or status in TRY_ANOTHER
+
+
+class SubmitTransport(Protocol):
+    """How a submission reaches validators: `NetTransport` over the swarm, anything else in tests."""
+
+    def validators(self) -> list[PeerRecord]: ...
+
+    async def wait_for_validators(self) -> list[PeerRecord]: ...
+
+    async def send(self, peer_id: str, submission: RolloutSubmission) -> SubmitAck:
+        """One SUBMIT exchange; raises `RequestFailed` when no valid ack comes back."""
+        ...
+
+
+@dataclass
+class NetTransport:
+    net: RoleNet
+
+    def validators(self) -> list[PeerRecord]:
+        return self.net.peers("validator")
+
+    async def wait_for_validators(self) -> list[PeerRecord]:
+        return await self.net.wait_for_role("validator")
+
+    async def send(self, peer_id: str, submission: RolloutSubmission) -> SubmitAck:
+        opened = await self.net.request(ID.from_base58(peer_id), SUBMIT, submission)
+        ack: SubmitAck = opened.message
+        return ack
+
+
+@dataclass
+class Rotation:
+    """Round-robin over the validators known at each submission, one further each time."""
+
+    turn: int = 0
+
+    def order(self, peers: Sequence[PeerRecord]) -> list[PeerRecord]:
+        if not peers:
+            return []
+        start = self.turn % len(peers)
+        self.turn += 1
+        return list(peers[start:]) + list(peers[:start])
+
+
+async def deliver(
+    transport: SubmitTransport,
+    rotation: Rotation,
+    submission: RolloutSubmission,
+    stats: WorkerStats,
+    *,
+    fresh: Callable[[], bool] = lambda: True,
+    rounds: int = SUBMIT_ROUNDS,
+    first_delay: float = FIRST_RETRY_DELAY,
+    max_delay: float = MAX_RETRY_DELAY,
+) -> SubmitAck | None:
+    """Hand `submission` to the first validator that gives a final answer; None if none did in time.
+
+    Each round tries every known validator once (starting at the rotation's turn); between rounds it
+    backs off, and it stops early once the submission is no longer `fresh` (it would only be dropped).
+    """
+    delay = first_delay
+    for _ in range(rounds):
+        if not fresh():
+            break
+        peers = transport.validators()
+        if not peers:
+            with trio.move_on_after(delay):
+                peers = await transport.wait_for_validators()
+        for peer in rotation.order(peers):
+            try:
+                ack = await transport.send(peer.peer_id, submission)
+            except RequestFailed as exc:
+                stats.submit_failures += 1
+                log.info("submission not delivered", extra={"peer": peer.peer_id, "error": str(exc)})
+                continue
+            stats.acks[ack.status] += 1
+            if try_another(ack.status):
+                continue
+            if ack.status == QUEUED:
+                stats.delivered += 1
+            return ack
+        await trio.sleep(delay)
+        delay = min(delay * 2, max_delay)
+    stats.undelivered += 1
+    return None
+
+
+# --- the work --------------------------------------------------------------------------------------
+
+
+class SwarmWorkerWork:
+    """The worker role's `RoleWork`: generation and submission on the newest checkpoint it holds."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        identity: NodeIdentity,
+        ledger: Ledger | None,
+        *,
+        base_checkpoint: Path = BASE_CHECKPOINT,
+    ) -> None:
+        self.config = config
+        self.identity = identity
+        self.address = identity.address
+        self.ledger = ledger
+        self.base_checkpoint = base_checkpoint
+        self.cheat = config.work.cheat
+        self.stats = WorkerStats()
+        self.rotation = Rotation()
+        self.follower: SwarmFollower | None = None
+        self.setup: RunSetup | None = None
+        self.engine: InferenceEngine | None = None
+        self.counters: Counters | None = None
+        self.loaded: CheckpointRef | None = None
+        self._pending: LoadedWeights | None = None
+        self._newest: int | None = None
+        self._changed = trio.Event()
+
+    # -- state the loop decides on
+
+    def newest_known(self) -> int | None:
+        """The newest checkpoint version signed by the trainer that this node has heard of."""
+        versions = [v for v in (self._newest, self.loaded.version if self.loaded else None) if v is not None]
+        node = self.follower.node if self.follower is not None else None
+        if node is not None and node.catalog.latest_version is not None:
+            versions.append(node.catalog.latest_version)
+        return max(versions) if versions else None
+
+    def _note_version(self, version: int) -> None:
+        if self._newest is None or version > self._newest:
+            self._newest = version
+            self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _async_level(self) -> int:
+        assert self.setup is not None
+        return self.setup.descriptor.async_level
+
+    def next_counter(self) -> int | None:
+        """Reserve (and persist) the next counter on the loaded version; None when there is nothing to do."""
+        assert self.counters is not None
+        loaded = self.loaded.version if self.loaded is not None else None
+        used = self.counters.used(loaded) if loaded is not None else 0
+        budget = self.config.work.submissions_per_version
+        if plan_counter(loaded, self.newest_known(), self._async_level(), used, budget) is None:
+            return None
+        assert loaded is not None
+        return self.counters.reserve(loaded)
+
+    # -- RoleWork
+
+    async def run(
+        self, net: RoleNet, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        if self.ledger is not None:
+            require_eligible(self.ledger, self.address, self.config)  # sqlite handles stay on this thread
+        set_threads(self.config.work.threads)
+        self.follower = follower = SwarmFollower(net, self.config, newest_only=True, serve=False)
+        completed_send, completed_receive = trio.open_memory_channel[VerifiedCheckpoint](8)
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follower.run, completed_send)
+            nursery.start_soon(self._load_checkpoints, completed_receive)
+            record = await net.wait_run_record()
+            self.setup = setup = await trio.to_thread.run_sync(
+                load_run_setup, record.descriptor, self.base_checkpoint
+            )
+            self.counters = Counters.load(self.config.data_dir / STATE_FILE, net.run, self.address)
+            self.engine = await trio.to_thread.run_sync(
+                TransformersEngine.from_checkpoint, self.base_checkpoint
+            )
+            log.info(
+                "worker ready",
+                extra={"run": net.run, "cheat": self.cheat, "async_level": setup.descriptor.async_level},
+            )
+            nursery.start_soon(self._work, NetTransport(net))
+
+    async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
+        message = delivery.opened.message
+        if isinstance(message, Verdict):
+            self.stats.observe_verdict(message, self.address, self.config.run)
+            return
+        if (
+            isinstance(message, CheckpointManifest)
+            and self.setup is not None
+            and delivery.opened.sender == self.setup.descriptor.trainer
+            and message.run == self.config.run
+        ):
+            self._note_version(message.version)
+        if self.follower is not None:
+            await self.follower.on_gossip(delivery)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "version": self.loaded.version if self.loaded is not None else None,
+            "newest_known": self.newest_known(),
+            "cheat": self.cheat,
+            **self.stats.as_dict(),
+            "follower": self.follower.statistics() if self.follower is not None else {},
+        }
+
+    # -- the loops
+
+    async def _load_checkpoints(self, completed: trio.MemoryReceiveChannel[VerifiedCheckpoint]) -> None:
+        """Read each verified checkpoint (the newest of what is waiting) into memory for the next swap."""
+        async for checkpoint in completed:
+            while True:
+                try:
+                    later = completed.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                if later.manifest.version > checkpoint.manifest.version:
+                    checkpoint = later
+            version = checkpoint.manifest.version
+            self._note_version(version)
+            if not self._is_news(version):
+                continue
+            weights = await trio.to_thread.run_sync(prepare_weights, checkpoint, self.cheat)
+            if self._is_news(version):
+                self._pending = weights
+                log.info("checkpoint loaded", extra={"version": version, "cheat": self.cheat})
+                self._wake()
+
+    def _is_news(self, version: int) -> bool:
+        held = [
+            w.version for w in (self.loaded, self._pending.ref if self._pending else None) if w is not None
+        ]
+        return not held or version > max(held)
+
+    async def _swap_in(self) -> None:
+        """Put the pending weights into the engine (only ever called between submissions)."""
+        pending, self._pending = self._pending, None
+        if pending is None or (self.loaded is not None and pending.ref.version <= self.loaded.version):
+            return
+        assert self.engine is not None and self.counters is not None
+        await trio.to_thread.run_sync(self.engine.load_weights, pending.state)
+        self.loaded = pending.ref
+        self.counters.forget_below(pending.ref.version - self._async_level())
+        log.info("checkpoint swapped in", extra={"version": pending.ref.version})
+
+    async def _work(self, transport: SubmitTransport) -> None:
+        assert self.setup is not None and self.engine is not None
+        setup, engine = self.setup, self.engine
+        dataset, dataset_ids = setup.dataset, setup.dataset_ids
+        async_level = setup.descriptor.async_level
+        while True:
+            changed = self._changed
+            await self._swap_in()
+            counter = self.next_counter()
+            if counter is None:
+                await changed.wait()
+                continue
+            assert self.loaded is not None
+            ref = self.loaded
+            make = partial(
+                make_submission,
+                engine,
+                setup.descriptor,
+                dataset,
+                dataset_ids,
+                self.address,
+                ref,
+                counter,
+                self.cheat,
+            )
+            built = await trio.to_thread.run_sync(timed_build, make)
+            self.stats.record_build(built)
+
+            def fresh(version: int = ref.version) -> bool:
+                newest = self.newest_known()
+                return newest is None or within_async_level(version, newest, async_level)
+
+            ack = await deliver(transport, self.rotation, built.submission, self.stats, fresh=fresh)
+            log.info(
+                "submission sent",
+                extra={
+                    "version": ref.version,
+                    "counter": counter,
+                    "status": ack.status if ack is not None else None,
+                    "generate_s": round(built.wall_s, 3),
+                    "tokens": built.tokens,
+                },
+            )

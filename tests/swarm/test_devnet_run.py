@@ -1,0 +1,130 @@
+"""The main job end to end, as separate processes: `swarmnode devnet --steps N --cheaters 3`, and a run whose
+nodes are killed and restarted one role at a time.
+
+Slow (multi-process, about a minute each on 2 cores); `-m slow` runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from node.devnet import Devnet, DevnetPlan
+from node.swarm.trainer import INBOX_FILE
+from node.swarm.validator import STORE_FILE
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _devnet_cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli_run", "devnet", "--no-live", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_short_devnet_trains_credits_the_honest_and_slashes_every_cheater(tmp_path: Path) -> None:
+    summary_path = tmp_path / "summary.json"
+    folder = tmp_path / "run"
+    result = _devnet_cli(
+        "--steps", "3", "--workers", "1", "--relays", "1", "--cheaters", "3",
+        "--out", str(folder), "--summary", str(summary_path),
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["steps"] == 3 and len(summary["rewards_per_step"]) == 3
+    assert summary["base_reward"] > 0 and summary["final_reward"] > 0
+    assert summary["ledger"]["verified"] is True
+    assert summary["every_cheater_slashed"] is True and summary["honest_slashed"] == []
+    nodes = summary["nodes"]
+    cheats = {node["cheat"] for node in nodes.values() if not node["honest"]}
+    assert cheats == {"perturbed-model", "tampered-prompt", "forged-reward"}
+    for name, node in nodes.items():
+        if node["role"] != "worker":
+            continue
+        if node["honest"]:
+            assert node["rollouts_accepted"] > 0 and node["rollouts_rejected"] == 0, name
+            assert node["contributions"] > 0 and node["stake_after_gwei"] == node["stake_before_gwei"], name
+        else:
+            assert node["rollouts_accepted"] == 0 and node["rollouts_rejected"] > 0, name
+            assert node["slashes"] > 0 and node["stake_after_gwei"] < node["stake_before_gwei"], name
+    assert (folder / "devnet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    verify = subprocess.run(
+        [sys.executable, "-m", "node.cli", "ledger", "verify", "--ledger", f"signed:{folder / 'ledger.db'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def _work(devnet: Devnet, name: str) -> dict:
+    status = devnet.nodes[name].status() or {}
+    return status.get("work") or {}
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str, devnet: Devnet) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        crashed = {n: node.exit_code for n, node in devnet.nodes.items() if node.exit_code not in (None, 0)}
+        if crashed:
+            raise AssertionError(f"{crashed} exited while waiting for {what}; logs in {devnet.folder}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout} s; logs in {devnet.folder}")
+        time.sleep(0.5)
+
+
+def _digests(path: Path, table: str) -> set[bytes]:
+    with sqlite3.connect(path) as db:
+        return {row[0] for row in db.execute(f"SELECT digest FROM {table}")}  # noqa: S608 - our own table name
+
+
+def test_killing_and_restarting_each_role_loses_no_accepted_rollout(tmp_path: Path) -> None:
+    plan = DevnetPlan(trainers=1, relays=2, workers=2, validators=1, steps=6, ledger="signed")
+    devnet = Devnet(plan, tmp_path / "run")
+    devnet.prepare()
+    try:
+        devnet.start("bootstrap")
+        devnet.wait_ready(["bootstrap"], timeout=60)
+        devnet.start_others()
+
+        def step() -> int:
+            return int(_work(devnet, "trainer-1").get("step", 0))
+
+        for victim, after_step in (("relay-1", 1), ("worker-1", 2), ("validator-1", 3), ("trainer-1", 4)):
+            _wait(lambda s=after_step: step() >= s, 240, f"trainer step {after_step}", devnet)
+            devnet.kill(victim)
+            time.sleep(1.0)
+            devnet.start(victim)
+            devnet.wait_ready([victim], timeout=90)
+        _wait(lambda: bool(_work(devnet, "trainer-1").get("done")), 300, "the end of training", devnet)
+
+        trainer_db = devnet.nodes["trainer-1"].data_dir / INBOX_FILE
+        validator_db = devnet.nodes["validator-1"].data_dir / "validator" / STORE_FILE
+        _wait(
+            lambda: _digests(validator_db, "accepted") <= _digests(trainer_db, "rollouts"),
+            60,
+            "the trainer holding every accepted submission",
+            devnet,
+        )
+        trainer = _work(devnet, "trainer-1")
+        assert trainer["step"] == 6 and len(trainer["rewards"]) == 6
+        assert all(devnet.nodes[n].exit_code is None for n in ("relay-1", "worker-1", "validator-1"))
+    finally:
+        codes = devnet.stop_all()
+    assert all(code in (0, None) for code in codes.values()), codes

@@ -1,0 +1,524 @@
+"""The validator's work on real parts: the durable store, and the judge with real submissions, a real
+checkpoint published by an origin, real signatures and a real signed-log ledger."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+
+from crypto.hashing import sha256
+from ledger import testing as T
+from ledger.signedlog import SignedLog, verify_log
+from ledger.types import Params
+from node.config import NodeConfig
+from node.dataplane.follower import VerifiedCheckpoint
+from node.dataplane.origin import Sealer
+from node.dataplane.roles import OriginNode
+from node.rl.engine import TransformersEngine
+from node.rl.model import model_config_hash, state_dict_of
+from node.rl.rollouts import build_submission
+from node.rl.run import BASE_CHECKPOINT, RunSetup, devnet_grpo, devnet_run
+from node.swarm import cheats
+from node.swarm.accepted import AcceptedStore, PendingItem
+from node.swarm.validator import SwarmValidatorWork, drawn_for_full_check
+from protocol.codec import decode
+from protocol.envelope import Envelope, envelope_digest, open_envelope, seal
+from protocol.errors import Ignore, Reason
+from protocol.messages import AcceptedRequest, RolloutSubmission, Verdict
+
+RUN = "devnet"
+VERSION = 3
+TRAINER, VALIDATOR = T.identity("trainer"), T.identity("validator")
+HONEST, PERTURBED, TAMPERED, FORGED = (T.identity(n) for n in ("honest", "perturbed", "tampered", "forged"))
+WORKERS = (HONEST, PERTURBED, TAMPERED, FORGED)
+STAKE = 2 * 10**9
+PARAMS = Params(
+    min_stake_per_unit_gwei=10**9,
+    unbonding_delay_epochs=24,
+    slash_gwei=5 * 10**8,
+    ejection_threshold=3,
+    epoch_seconds=3600,
+)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# --- fixtures: a run, its checkpoint v3, submissions --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base():
+    return TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
+def setup(base) -> RunSetup:
+    grpo = dataclasses.replace(devnet_grpo(base.config), prompts_per_step=2, group_size=4)
+    return devnet_run(TRAINER.address, base.config, BASE_CHECKPOINT, created_ms=0, grpo=grpo)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, base) -> VerifiedCheckpoint:
+    """Version 3 of the run, published by a real origin: the base weights as safetensors shards."""
+    origin = OriginNode(tmp_path_factory.mktemp("origin"), TRAINER, RUN, shard_size=64 * 1024)
+
+    async def publish():
+        return await origin.origin.publish(
+            state_dict_of(base.model),
+            version=VERSION,
+            parent_version=VERSION - 1,
+            model_config_hash=model_config_hash(base.config),
+        )
+
+    manifest, envelope = trio.run(publish)
+    return VerifiedCheckpoint(manifest, envelope, origin.store.complete_dir(VERSION))
+
+
+def honest_submission(base, setup, worker, counter=0, version=VERSION, root=None, checkpoint=None):
+    root = root if root is not None else checkpoint.manifest.merkle_root
+    return build_submission(
+        base, setup.descriptor, setup.dataset, setup.dataset_ids, worker.address, version, root, counter
+    )
+
+
+@pytest.fixture(scope="module")
+def submissions(base, setup, checkpoint) -> dict[str, tuple[object, RolloutSubmission]]:
+    """One submission per worker: honest, and the devnet's three cheats."""
+    root = checkpoint.manifest.merkle_root
+    d = setup.descriptor
+    cheat_engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    cheat_engine.load_weights(
+        cheats.tamper_weights(cheats.PERTURBED_MODEL, state_dict_of(base.model), VERSION)
+    )
+    return {
+        "honest": (HONEST, honest_submission(base, setup, HONEST, root=root)),
+        "perturbed": (PERTURBED, honest_submission(cheat_engine, setup, PERTURBED, root=root)),
+        "tampered": (
+            TAMPERED,
+            cheats.build_dishonest_submission(
+                cheats.TAMPERED_PROMPT,
+                base,
+                d,
+                setup.dataset,
+                setup.dataset_ids,
+                TAMPERED.address,
+                VERSION,
+                root,
+                0,
+            ),
+        ),
+        "forged": (
+            FORGED,
+            cheats.build_dishonest_submission(
+                cheats.FORGED_REWARD,
+                base,
+                d,
+                setup.dataset,
+                setup.dataset_ids,
+                FORGED.address,
+                VERSION,
+                root,
+                0,
+            ),
+        ),
+    }
+
+
+def signed(worker, sub: RolloutSubmission, seq: int = 1):
+    """What the SUBMIT handler hands the work: the opened envelope and its digest."""
+    data = seal(worker, sub, run=RUN, seq=seq, ts=now_ms())
+    return open_envelope(data, run=RUN, now_ms=now_ms(), replay=None), envelope_digest(data), data
+
+
+def make_ledger(path: Path) -> SignedLog:
+    ledger = SignedLog.create(path, PARAMS, ledger_id="devnet")
+    ledger.register(VALIDATOR, "validator", T.compute())
+    ledger.deposit(VALIDATOR, STAKE)
+    for worker in WORKERS:
+        ledger.register(worker, "worker", T.compute())
+        ledger.deposit(worker, STAKE)
+    return ledger
+
+
+def make_work(tmp_path: Path, ledger, **kwargs) -> SwarmValidatorWork:
+    config = NodeConfig(
+        identity=tmp_path / "key.json", run=RUN, role="validator", data_dir=tmp_path / "validator"
+    )
+    return SwarmValidatorWork(config, VALIDATOR, ledger, **kwargs)
+
+
+class GossipLog:
+    """The verdict side of a RoleNet: real seals with the validator's key; gossip kept in a list."""
+
+    def __init__(self) -> None:
+        self.sealer = Sealer(VALIDATOR, RUN)
+        self.published: list[Verdict] = []
+
+    def seal(self, message) -> bytes:
+        return self.sealer(message)
+
+    async def publish(self, kind: str, message) -> bytes:
+        assert kind == "verdicts"
+        self.published.append(message)
+        return self.sealer(message)
+
+
+async def wait_judged(work: SwarmValidatorWork, count: int) -> None:
+    with trio.fail_after(20):
+        await work.wait_judged(count)
+
+
+# --- the store -------------------------------------------------------------------------------------
+
+
+def _pending(store: AcceptedStore, n: int, *, worker=b"\x01" * 20, step=None, size=100) -> PendingItem:
+    return store.enqueue(
+        digest=sha256(b"sub%d" % n),
+        worker=worker,
+        step=n if step is None else step,
+        checkpoint_version=1,
+        received_ms=n,
+        envelope=bytes([n % 256]) * size,
+        max_items=100,
+        max_bytes=10**6,
+    )
+
+
+def _accept(store: AcceptedStore, item: PendingItem, size: int = 1000) -> int | None:
+    return store.finish(
+        item, status=0, tokens=5, verdict=b"v" * 10, submission=b"s" * size, judged_ms=item.received_ms
+    )
+
+
+def test_accepted_log_cursor_limits_and_restart(tmp_path):
+    path = tmp_path / "v.db"
+    store = AcceptedStore(path)
+    assert store.after(0, 10, 10**6) == ([], 0)
+    indices = [_accept(store, _pending(store, n), size=1000 * n) for n in range(1, 6)]
+    assert indices == [1, 2, 3, 4, 5] and store.newest == 5
+    items, newest = store.after(0, 3, 10**6)
+    assert [i.index for i in items] == [1, 2, 3] and newest == 5
+    assert items[1].submission == b"s" * 2000 and items[1].verdict == b"v" * 10
+    items, _ = store.after(2, 10, 3000 + 4000 + 20)  # the byte cap stops before item 5
+    assert [i.index for i in items] == [3, 4]
+    items, _ = store.after(3, 10, 1)  # over the cap, but one item always comes
+    assert [i.index for i in items] == [4]
+    assert store.after(5, 10, 10**6) == ([], 5)
+    secret = store.secret()
+    store.close()
+    again = AcceptedStore(path)
+    assert again.newest == 5 and again.secret() == secret
+    assert [i.index for i in again.after(0, 10, 10**6)[0]] == [1, 2, 3, 4, 5]
+    assert _accept(again, _pending(again, 6)) == 6
+
+
+def test_pending_queue_survives_restart_and_refuses_duplicates(tmp_path):
+    path = tmp_path / "v.db"
+    store = AcceptedStore(path)
+    first, second = _pending(store, 1), _pending(store, 2)
+    with pytest.raises(Ignore) as err:  # the same submission again
+        _pending(store, 1)
+    assert err.value.reason == Reason.DUPLICATE
+    with pytest.raises(Ignore) as err:  # another submission for a queued assignment step
+        _pending(store, 3, step=2)
+    assert err.value.reason == Reason.DUPLICATE
+    store.close()
+
+    store = AcceptedStore(path)  # "killed" before judging: both are still queued, in order
+    assert store.pending() == [first, second]
+    assert store.pending_envelope(second.id) == bytes([2]) * 100
+    store.finish(first, status=int(Reason.BAD_REWARD), tokens=0, verdict=b"v", submission=None, judged_ms=9)
+    store.finish(second, status=int(Reason.STALE), tokens=0, verdict=b"", submission=None, judged_ms=9)
+    assert store.pending() == [] and store.newest == 0
+    with pytest.raises(Ignore):  # judged (rejected): the step stays taken
+        _pending(store, 4, step=1)
+    retry = _pending(store, 5, step=2)  # ignored (stale): nobody's fault, the step may be retried
+    counts = store.judged_counts()
+    assert counts.by_status == {int(Reason.BAD_REWARD): 1, int(Reason.STALE): 1}
+    with pytest.raises(Ignore) as err:
+        store.enqueue(
+            digest=sha256(b"big"),
+            worker=b"\x02" * 20,
+            step=1,
+            checkpoint_version=1,
+            received_ms=0,
+            envelope=b"x" * 1000,
+            max_items=100,
+            max_bytes=1000,
+        )
+    assert err.value.reason == Reason.NOT_FOR_US  # queue full (by bytes)
+    store.close()
+    assert AcceptedStore(path).pending() == [retry]
+
+
+def test_long_poll_wakes_on_acceptance(tmp_path):
+    store = AcceptedStore(tmp_path / "v.db")
+    item = _pending(store, 1)
+
+    async def main():
+        start = trio.current_time()
+        assert await store.wait_after(0, 0.05) == 0  # nothing: returns at the timeout
+        assert trio.current_time() - start >= 0.05
+        async with trio.open_nursery() as nursery:
+
+            async def accept_soon():
+                await trio.sleep(0.05)
+                await store.finish_async(item, status=0, tokens=1, verdict=b"v", submission=b"s", judged_ms=0)
+
+            nursery.start_soon(accept_soon)
+            with trio.fail_after(5):
+                assert await store.wait_after(0, 30.0) == 1
+
+    trio.run(main)
+
+
+def test_the_full_check_draw_is_a_secret_fraction():
+    digests = [sha256(b"%d" % i) for i in range(4000)]
+    a, b = b"a" * 32, b"b" * 32
+    drawn = [drawn_for_full_check(a, d, 0.25) for d in digests]
+    assert 0.22 < sum(drawn) / len(drawn) < 0.28
+    assert drawn != [drawn_for_full_check(b, d, 0.25) for d in digests]  # another secret, another draw
+    assert all(drawn_for_full_check(a, d, 1.0) for d in digests[:50])
+    assert not any(drawn_for_full_check(a, d, 0.0) for d in digests[:50])
+
+
+# --- the judge ---------------------------------------------------------------------------------------
+
+
+def test_honest_work_is_credited_and_every_cheat_is_slashed(tmp_path, setup, checkpoint, submissions):
+    ledger = make_ledger(tmp_path / "ledger.db")
+    work = make_work(tmp_path, ledger)
+    out = GossipLog()
+    acks = {}
+
+    async def main():
+        await work.prepare(setup)
+        assert await work.hold_verified(checkpoint)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.judge_forever, out)
+            for name, (worker, sub) in submissions.items():
+                opened, digest, _ = signed(worker, sub)
+                acks[name] = await work.submit(None, opened, digest)
+            await wait_judged(work, len(submissions))
+            duplicate = await work.submit(None, *signed(HONEST, submissions["honest"][1], seq=1)[:2])
+            assert duplicate.status == Reason.DUPLICATE
+            request = open_envelope(
+                seal(TRAINER, AcceptedRequest(RUN, 0, 16, 0), run=RUN, seq=1, ts=now_ms()),
+                run=RUN,
+                now_ms=now_ms(),
+                replay=None,
+            )
+            batch = await work.serve_accepted(None, request)
+            nursery.cancel_scope.cancel()
+        return batch
+
+    batch = trio.run(main)
+    assert {name: ack.status for name, ack in acks.items()} == dict.fromkeys(submissions, 100)
+
+    verdicts = {v.worker: v for v in out.published}
+    assert verdicts[HONEST.address].accepted
+    assert verdicts[PERTURBED.address].reason_code == Reason.BAD_PROOF
+    assert verdicts[PERTURBED.address].failing_chunks
+    assert verdicts[TAMPERED.address].reason_code == Reason.BAD_ASSIGNMENT
+    assert verdicts[FORGED.address].reason_code == Reason.BAD_REWARD
+
+    # the trainer's pull: the honest submission, with the validator's sealed accepting verdict
+    assert batch.newest == 1 and [i.index for i in batch.items] == [1]
+    item = batch.items[0]
+    verdict_envelope = decode(Envelope, item.verdict)
+    assert verdict_envelope.sender == VALIDATOR.address
+    assert decode(Verdict, verdict_envelope.body) == verdicts[HONEST.address]
+    assert decode(RolloutSubmission, decode(Envelope, item.submission).body) == submissions["honest"][1]
+
+    # the ledger accepted every write, so its own evidence checks passed; the log audits clean
+    ledger.refresh()
+    [credit] = ledger.contributions()
+    assert credit.worker == HONEST.address and credit.tokens == verdicts[HONEST.address].tokens > 0
+    assert credit.verdict_digest == sha256(item.verdict)
+    assert credit.flops == 2 * work.engines.parameters * credit.tokens
+    slashed = {s.worker: s for s in ledger.slashes()}
+    assert set(slashed) == {PERTURBED.address, TAMPERED.address, FORGED.address}
+    assert slashed[PERTURBED.address].failing_chunks == verdicts[PERTURBED.address].failing_chunks
+    assert all(s.taken_gwei == PARAMS.slash_gwei for s in slashed.values())
+    assert not ledger.slashes(HONEST.address)
+    assert ledger.stake(HONEST.address).bonded_gwei == STAKE
+    assert verify_log(tmp_path / "ledger.db").ok
+
+    status = work.status()
+    assert (status["judged"], status["accepted"], status["rejected"], status["ignored"]) == (4, 1, 3, 0)
+    assert status["by_reason"] == {"BAD_ASSIGNMENT": 1, "BAD_PROOF": 1, "BAD_REWARD": 1}
+    assert (status["slashes"], status["contributions"], status["ledger_errors"]) == (3, 1, 0)
+    assert status["per_worker"]["0x" + HONEST.address.hex()] == {"accepted": 1, "rejected": 0, "slashed": 0}
+    assert status["per_worker"]["0x" + PERTURBED.address.hex()]["slashed"] == 1
+    assert status["versions_held"] == [VERSION] and status["queued"] == 0 and status["cpu_s"] > 0
+    assert json.loads(json.dumps(status)) == status  # what the status file holds
+    ledger.close()
+
+
+def test_queued_submissions_are_judged_after_a_restart(tmp_path, setup, checkpoint, submissions):
+    ledger = make_ledger(tmp_path / "ledger.db")
+    opened, digest, _ = signed(HONEST, submissions["honest"][1])
+
+    async def queue_only():  # a validator that acknowledges and is killed before judging
+        work = make_work(tmp_path, ledger)
+        ack = await work.submit(None, opened, digest)
+        assert ack.status == 100 and work.status()["queued"] == 1
+        work.store.close()
+
+    trio.run(queue_only)
+    work = make_work(tmp_path, ledger)
+    assert work.status()["queued"] == 1
+
+    async def restart():
+        await work.prepare(setup)
+        await work.hold_verified(checkpoint)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.judge_forever, GossipLog())
+            await wait_judged(work, 1)
+            nursery.cancel_scope.cancel()
+
+    trio.run(restart)
+    assert work.status()["accepted"] == 1 and work.store.newest == 1
+    assert [c.rollout_digest for c in ledger.contributions()] == [digest]
+    ledger.close()
+    assert make_work(tmp_path, None).status()["accepted"] == 1  # outcome counts are read back too
+
+
+def test_a_submission_waits_for_its_checkpoint(tmp_path, base, setup, checkpoint):
+    """v4 is not held when its submission arrives: it waits (no verdict) and is judged once v4 loads."""
+    state = state_dict_of(base.model)
+    root4 = sha256(b"v4 root")
+    sub = honest_submission(base, setup, HONEST, version=4, root=root4)
+    work = make_work(tmp_path, None)
+
+    async def main():
+        await work.prepare(setup)
+        await work.hold_verified(checkpoint)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.judge_forever, GossipLog())
+            assert (await work.submit(None, *signed(HONEST, sub)[:2])).status == 100
+            await trio.sleep(0.3)
+            assert work.judged == 0 and work.status()["queued"] == 1
+            await work.hold(4, root4, state)
+            await wait_judged(work, 1)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert work.status()["accepted"] == 1 and work.status()["versions_held"] == [3, 4]
+
+
+def test_a_checkpoint_that_never_comes_is_ignored_after_the_wait(tmp_path, base, setup, checkpoint):
+    sub = honest_submission(base, setup, HONEST, version=5, root=sha256(b"v5"))
+    work = make_work(tmp_path, None, wait_for_checkpoint_s=0.2)
+    out = GossipLog()
+
+    async def main():
+        await work.prepare(setup)
+        await work.hold_verified(checkpoint)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.judge_forever, out)
+            await work.submit(None, *signed(HONEST, sub)[:2])
+            await wait_judged(work, 1)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert work.status()["ignored"] == 1 and work.status()["by_reason"] == {"UNKNOWN_CHECKPOINT": 1}
+    assert out.published == []  # an ignore is nobody's fault: no verdict is gossiped
+
+
+def test_unsampled_submissions_get_only_the_cheap_checks(tmp_path, setup, checkpoint, submissions):
+    """sample_fraction 0: a perturbed model goes unseen, a forged reward is still caught (and slashed)."""
+    policy = dataclasses.replace(setup.descriptor.policy, sample_fraction=0.0)
+    unsampled = RunSetup(dataclasses.replace(setup.descriptor, policy=policy), setup.tasks)
+    ledger = make_ledger(tmp_path / "ledger.db")
+    work = make_work(tmp_path, ledger)
+
+    async def main():
+        await work.prepare(unsampled)
+        await work.hold_verified(checkpoint)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.judge_forever, GossipLog())
+            for name in ("perturbed", "forged"):
+                worker, sub = submissions[name]
+                await work.submit(None, *signed(worker, sub)[:2])
+            await wait_judged(work, 2)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    status = work.status()
+    assert (status["full_checks"], status["cheap_checks"]) == (0, 2)
+    assert (status["accepted"], status["rejected"], status["slashes"]) == (1, 1, 1)
+    assert [s.worker for s in ledger.slashes()] == [FORGED.address]
+    ledger.close()
+
+
+def test_checkpoint_engines_keep_the_newest_versions(tmp_path, base, setup):
+    work = make_work(tmp_path, None)
+    state = state_dict_of(base.model)
+    shifted = {k: v + 0.01 if v.is_floating_point() else v for k, v in state.items()}
+
+    async def main():
+        await work.prepare(setup)  # async_level 2: three versions
+        for version in (1, 2, 3, 4):
+            assert await work.hold(version, sha256(b"%d" % version), shifted if version == 4 else state)
+        assert not await work.hold(1, sha256(b"1"), state)  # older than everything kept
+        assert not await work.hold(4, sha256(b"4"), state)  # held already
+
+    trio.run(main)
+    engines = work.engines
+    assert engines.versions() == [2, 3, 4] and engines.roots()[4] == sha256(b"4")
+    weight = next(iter(state))
+    assert torch.equal(engines.engine(4).model.state_dict()[weight], shifted[weight])
+    assert torch.equal(engines.engine(3).model.state_dict()[weight], state[weight])
+
+
+# --- over the network ----------------------------------------------------------------------------------
+
+
+def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base, setup, checkpoint):
+    """The work inside a real validator node: SUBMIT from a worker node, the verdict on gossip, ACCEPTED."""
+    from libp2p.peer.id import ID
+
+    from node.devnet import free_port
+    from node.p2p.records import RunRecord
+    from node.roles.validator import SUBMIT, Validator
+    from node.swarm.common import ACCEPTED
+    from tests.p2p.helpers import RUN as P2P_RUN
+    from tests.p2p.helpers import node_config, swarm, wait_until
+
+    descriptor = dataclasses.replace(setup.descriptor, run=P2P_RUN)
+    p2p_setup = RunSetup(descriptor, setup.tasks)
+    work = SwarmValidatorWork(node_config(tmp_path, "work", "validator", port=free_port()), VALIDATOR, None)
+
+    async def main():
+        async with swarm(
+            tmp_path, ["bootstrap", "validator", "worker"], services={1: Validator(work)}
+        ) as nodes:
+            validator, worker = nodes[1].net, nodes[2].net
+            await wait_until(lambda: worker.finder.found("validator"), timeout=20)
+            validator.set_run_record(RunRecord(TRAINER.address, 1, descriptor))
+            await wait_until(lambda: work.engines is not None, timeout=20)
+            assert await work.hold_verified(checkpoint)
+            await wait_until(lambda: validator.gossip.topic_peers("verdicts") >= 1, timeout=20)
+            peer = ID.from_base58(validator.identity.peer_id)
+            sub = honest_submission(base, p2p_setup, worker.identity, checkpoint=checkpoint)
+            ack = (await worker.request(peer, SUBMIT, sub)).message
+            assert ack.status == 100
+            await wait_until(lambda: nodes[2].role.work.received.get("verdicts/verdict") == 1, timeout=20)
+            batch = (await worker.request(peer, ACCEPTED, AcceptedRequest(P2P_RUN, 0, 16, 5000))).message
+            assert [i.index for i in batch.items] == [1] and batch.newest == 1
+            assert decode(RolloutSubmission, decode(Envelope, batch.items[0].submission).body) == sub
+            start = trio.current_time()
+            empty = (await worker.request(peer, ACCEPTED, AcceptedRequest(P2P_RUN, 1, 16, 300))).message
+            assert empty.items == () and empty.newest == 1 and trio.current_time() - start >= 0.3
+            assert work.status()["verdicts_gossiped"] == 1
+
+    trio.run(main)

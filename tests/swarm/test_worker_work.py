@@ -1,0 +1,600 @@
+"""The worker's work without a network: every cheat is caught by the check meant for it, honest work passes,
+the refusal names the fix, counters survive a restart, stale versions are never generated on, and
+submissions move on to the next validator when one cannot take them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+import trio.lowlevel
+import trio.testing
+from libp2p.peer.id import ID
+
+from crypto.hashing import sha256
+from crypto.identity import NodeIdentity
+from crypto.toploc import CalibratedPolicy, aggregate, judge, verify_proofs
+from ledger import testing as T
+from ledger.signedlog import SignedLog
+from ledger.types import Params
+from node.config import NodeConfig, WorkSettings
+from node.dataplane.checkpoint import build_manifest, plan_shards, shard_info
+from node.dataplane.follower import VerifiedCheckpoint
+from node.p2p.gossip import Delivery
+from node.p2p.peers import PeerRecord
+from node.p2p.reqresp import PeerUnreachable
+from node.rl.engine import TransformersEngine
+from node.rl.grpo import group_advantages
+from node.rl.model import load_model, model_config_hash
+from node.rl.rollouts import assigned_tasks, assignment_step, completion_rewards
+from node.rl.run import BASE_CHECKPOINT, RunSetup, dataset_hash, devnet_dataset, devnet_grpo, devnet_policy
+from node.rl.tokenizer import completion_text, encode_prompt
+from node.rl.validation import BadProof, ValidationContext, validate_submission
+from node.roles.validator import IdleValidatorWork, Validator
+from node.roles.worker import Worker
+from node.swarm.cheats import (
+    FORGED_REWARD,
+    PERTURBED_MODEL,
+    TAMPERED_PROMPT,
+    easier_task,
+    forge_rewards,
+    perturb_weights,
+    tamper_weights,
+)
+from node.swarm.worker import (
+    STATE_FILE,
+    CheckpointRef,
+    Counters,
+    NetTransport,
+    NotEligible,
+    Rotation,
+    SwarmWorkerWork,
+    WorkerStateError,
+    WorkerStats,
+    deliver,
+    ledger_cli_args,
+    make_submission,
+    plan_counter,
+    prepare_weights,
+    require_eligible,
+    try_another,
+)
+from protocol.envelope import Opened, open_envelope, seal
+from protocol.errors import Reason, Reject
+from protocol.messages import RolloutSubmission, RunDescriptor, SubmitAck, Verdict
+from tests.p2p.helpers import swarm, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+RUN = "testrun"
+WORKER = NodeIdentity(sha256(b"worker-work-test"))
+ROOT = sha256(b"checkpoint-3")
+REF = CheckpointRef(3, ROOT)
+
+
+@pytest.fixture(scope="module")
+def base_engine() -> TransformersEngine:
+    return TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
+def setup() -> RunSetup:
+    cfg, _ = load_model(BASE_CHECKPOINT)
+    tasks = devnet_dataset()
+    grpo = dataclasses.replace(devnet_grpo(cfg), prompts_per_step=2, group_size=4)
+    descriptor = RunDescriptor(
+        RUN, b"\x01" * 20, model_config_hash(cfg), b"\x03" * 32, dataset_hash(tasks), "arithmetic", grpo, 2,
+        devnet_policy(), 0,
+    )  # fmt: skip
+    return RunSetup(descriptor, tasks)
+
+
+def submission(
+    engine: TransformersEngine, setup: RunSetup, cheat: str, counter: int = 0
+) -> RolloutSubmission:
+    return make_submission(
+        engine, setup.descriptor, setup.dataset, setup.dataset_ids, WORKER.address, REF, counter, cheat
+    )
+
+
+def judge_submission(sub: RolloutSubmission, setup: RunSetup, engine: TransformersEngine) -> None:
+    ctx = ValidationContext(setup.descriptor, setup.dataset, setup.dataset_ids, 3, {3: ROOT}, lambda _: True)
+    validate_submission(sub, WORKER.address, ctx, lambda version: engine)
+
+
+def reject_reason(sub: RolloutSubmission, setup: RunSetup, engine: TransformersEngine) -> Reject:
+    with pytest.raises(Reject) as err:
+        judge_submission(sub, setup, engine)
+    return err.value
+
+
+# --- each cheat trips its check; honest work passes ----------------------------------------------------
+
+
+def test_honest_submission_is_accepted(base_engine, setup):
+    """The run's honest bounds (devnet_policy) let an honest worker through."""
+    judge_submission(submission(base_engine, setup, ""), setup, base_engine)
+
+
+def test_tampered_prompt_is_a_bad_assignment(base_engine, setup):
+    honest = submission(base_engine, setup, "")
+    sub = submission(base_engine, setup, TAMPERED_PROMPT)
+    first = sub.groups[0]
+    assigned = setup.dataset[first.task_id]
+    assert [g.task_id for g in sub.groups] == [
+        g.task_id for g in honest.groups
+    ]  # still claims the assignment
+    assert list(first.prompt_ids) == encode_prompt(easier_task(assigned, setup.dataset).prompt)
+    assert list(first.prompt_ids) != encode_prompt(assigned.prompt)
+    assert sub.groups[1:] == honest.groups[1:]
+    err = reject_reason(sub, setup, base_engine)
+    assert err.reason == Reason.BAD_ASSIGNMENT and "prompt" in err.detail
+
+
+def test_forged_reward_is_a_bad_reward(base_engine, setup):
+    sub = submission(base_engine, setup, FORGED_REWARD)
+    for group in sub.groups:  # internally consistent: only the reward recomputation can object
+        claimed = torch.tensor([c.reward for c in group.completions])
+        assert torch.allclose(
+            torch.tensor([c.advantage for c in group.completions]), group_advantages(claimed)
+        )
+    earned = [
+        completion_rewards(setup.dataset[g.task_id], [c.token_ids for c in g.completions], setup.descriptor)
+        for g in sub.groups
+    ]
+    claimed = [[c.reward for c in g.completions] for g in sub.groups]
+    assert claimed != earned and all(sum(c) >= sum(e) for c, e in zip(claimed, earned, strict=True))
+    err = reject_reason(sub, setup, base_engine)
+    assert err.reason == Reason.BAD_REWARD and "claimed rewards" in err.detail
+
+
+def test_perturbed_model_trips_toploc(base_engine, setup):
+    """5% noise still answers in digits, but its hidden rows fall far outside the run's TOPLOC bounds.
+
+    `validate_submission` must name BAD_PROOF: TOPLOC runs before the logprobs comparison (which would only
+    say RULE_VIOLATION, not slashable), so the cheat is slashed with the failing chunks as evidence.
+    """
+    state = dict(base_engine.model.state_dict())
+    cheat = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    cheat.load_weights(tamper_weights(PERTURBED_MODEL, state, REF.version))
+    sub = submission(cheat, setup, "")
+    texts = [completion_text(c.token_ids).strip() for g in sub.groups for c in g.completions]
+    assert sum(t.isdigit() for t in texts) >= len(texts) // 2, texts  # plausible output, not noise
+
+    policy = setup.descriptor.policy
+    flat = [(g.prompt_ids, c) for g in sub.groups for c in g.completions]
+    prefills = base_engine.prefill_batch([(list(p), list(c.token_ids)) for p, c in flat])
+    checks = [
+        check
+        for (_, c), pre in zip(flat, prefills, strict=True)
+        for check in verify_proofs(
+            pre.hidden_rows, list(c.proofs), k=policy.toploc_k, chunk=policy.toploc_chunk
+        )
+    ]
+    summary = aggregate(checks)
+    bounds = CalibratedPolicy(policy.max_mean_exp_mismatches, policy.max_mean_mant_err)
+    assert not judge(summary, bounds).passed
+    assert summary.mean_mant_err > 2 * policy.max_mean_mant_err  # far outside, not at the edge
+
+    err = reject_reason(sub, setup, base_engine)
+    assert err.reason == Reason.BAD_PROOF, err
+    assert isinstance(err, BadProof) and err.failure.failing_chunks
+
+
+def test_perturbation_is_seeded_and_scaled():
+    gen = torch.Generator().manual_seed(0)
+    state = {"w": torch.randn(256, 256, generator=gen) * 3.0, "steps": torch.tensor([7])}
+    first, again = perturb_weights(state, seed=5), perturb_weights(state, seed=5)
+    assert torch.equal(first["w"], again["w"]) and not torch.equal(
+        first["w"], perturb_weights(state, seed=6)["w"]
+    )
+    noise_std = float((first["w"] - state["w"]).std())
+    assert 0.04 * 3.0 < noise_std < 0.06 * 3.0
+    assert torch.equal(first["steps"], state["steps"])  # integer tensors untouched
+    assert tamper_weights(FORGED_REWARD, state, 5) is state and tamper_weights("", state, 5) is state
+
+
+@pytest.mark.parametrize(
+    ("rewards", "forged"),
+    [
+        ([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]),
+        ([[0.0, 0.0]], [[1.0, 1.0]]),
+        ([[1.0, 1.0], [1.0, 1.0]], [[2.0, 1.0], [1.0, 1.0]]),  # nothing wrong: it still over-claims
+    ],
+)
+def test_forge_rewards_claims_more_than_earned(rewards, forged):
+    assert forge_rewards(rewards) == forged
+
+
+# --- eligibility ------------------------------------------------------------------------------------
+
+
+def node_config(tmp_path: Path, **work: object) -> NodeConfig:
+    ledger_url = f"signed:{tmp_path / 'ledger.db'}"
+    return NodeConfig(
+        identity=tmp_path / "worker.key",
+        run=RUN,
+        role="worker",
+        data_dir=tmp_path / "worker",
+        ledger_url=ledger_url,
+        work=WorkSettings(**work),  # type: ignore[arg-type]
+    )
+
+
+def test_an_ineligible_worker_refuses_to_start_and_says_how_to_fix_it(tmp_path):
+    config = node_config(tmp_path)
+    ledger = SignedLog.create(tmp_path / "ledger.db", Params(min_stake_per_unit_gwei=1000))
+    options = f"--ledger {config.ledger_url} --key {config.identity}"
+    work = SwarmWorkerWork(config, WORKER, ledger)
+    with pytest.raises(NotEligible) as err:
+        trio.run(work.run, None)  # refused before it touches the network
+    message = str(err.value)
+    assert "not registered" in message and WORKER.checksum_address in message
+    assert f"swarmnode register --role worker --accelerator cpu --count 1 --memory-gb 1 {options}" in message
+    assert f"swarmnode stake deposit 1000gwei {options}" in message
+
+    ledger.register(WORKER, "worker", T.compute(count=2))
+    ledger.deposit(WORKER, 500)
+    with pytest.raises(NotEligible) as err:
+        require_eligible(ledger, WORKER.address, config)
+    message = str(err.value)
+    assert "500 gwei bonded" in message and "2000 gwei required" in message
+    assert f"swarmnode stake deposit 1500gwei {options}" in message and "register" not in message
+
+    ledger.deposit(WORKER, 1500)
+    require_eligible(ledger, WORKER.address, config)
+
+    validator = T.identity("worker-test-validator")
+    ledger.register(validator, "validator", T.compute())
+    with pytest.raises(NotEligible, match="registered as a validator"):
+        require_eligible(ledger, validator.address, config)
+    ledger.close()
+
+
+def test_ledger_options_for_the_cli():
+    assert ledger_cli_args("signed:/data/ledger.db") == "--ledger signed:/data/ledger.db"
+    assert (
+        ledger_cli_args("evm:http://127.0.0.1:8545#0xabc")
+        == "--ledger evm:http://127.0.0.1:8545 --contract 0xabc"
+    )
+    assert ledger_cli_args("evm:http://127.0.0.1:8545") == "--ledger evm:http://127.0.0.1:8545"
+
+
+# --- counters and version gating -------------------------------------------------------------------
+
+
+def test_counters_survive_a_restart(tmp_path):
+    path = tmp_path / STATE_FILE
+    counters = Counters.load(path, RUN, WORKER.address)
+    assert [counters.reserve(3), counters.reserve(3), counters.reserve(4)] == [0, 1, 0]
+    restarted = Counters.load(path, RUN, WORKER.address)
+    assert restarted.used(3) == 2 and restarted.reserve(3) == 2 and restarted.used(4) == 1
+    restarted.forget_below(4)
+    restarted.save()
+    assert Counters.load(path, RUN, WORKER.address).next_counter == {4: 1}
+    assert Counters.load(path, "other-run", WORKER.address).next_counter == {}
+    assert Counters.load(path, RUN, b"\x05" * 20).next_counter == {}
+    path.write_text("{not json")
+    with pytest.raises(WorkerStateError, match=str(path)):
+        Counters.load(path, RUN, WORKER.address)
+
+
+@pytest.mark.parametrize(
+    ("loaded", "newest", "used", "expected"),
+    [
+        (None, None, 0, None),  # nothing loaded yet
+        (None, 5, 0, None),
+        (5, 5, 0, 0),
+        (5, 5, 3, 3),
+        (5, 5, 4, None),  # budget of 4 spent: wait for a newer checkpoint
+        (5, 7, 1, 1),  # two behind: still within async_level 2
+        (5, 8, 1, None),  # three behind: a validator would drop it as stale
+    ],
+)
+def test_plan_counter(loaded, newest, used, expected):
+    assert plan_counter(loaded, newest, 2, used, budget=4) == expected
+
+
+# --- the loop, end to end without a network -----------------------------------------------------------
+
+
+def write_checkpoint(
+    root: Path, version: int, state: dict[str, torch.Tensor], cfg_hash: bytes
+) -> VerifiedCheckpoint:
+    directory = root / f"v{version}"
+    directory.mkdir(parents=True)
+    infos = []
+    for plan in plan_shards(state, shard_size=256 * 1024):
+        data = plan.serialize()
+        (directory / plan.name).write_bytes(data)
+        infos.append(shard_info(plan.name, data))
+    parent = max(version - 1, 0)
+    manifest = build_manifest(
+        run=RUN,
+        version=version,
+        parent_version=parent,
+        model_config_hash=cfg_hash,
+        shards=infos,
+        created_ms=version,
+    )
+    return VerifiedCheckpoint(manifest, b"", directory)
+
+
+def peer(n: int) -> PeerRecord:
+    identity = NodeIdentity(sha256(b"validator-%d" % n))
+    return PeerRecord(identity.peer_id, identity.address, "validator", "", "test", 0.0)
+
+
+class Validators:
+    """Validators as the worker sees them: a list of peers and one scripted answer each (an ack status, or
+    None for a peer that cannot be reached); what each one was sent is kept."""
+
+    def __init__(self, answers: list[int | None]) -> None:
+        self.peers = [peer(i) for i in range(len(answers))]
+        self.answers = {p.peer_id: a for p, a in zip(self.peers, answers, strict=True)}
+        self.sent: list[tuple[str, RolloutSubmission]] = []
+
+    def validators(self) -> list[PeerRecord]:
+        return list(self.peers)
+
+    async def wait_for_validators(self) -> list[PeerRecord]:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(self, peer_id: str, submission: RolloutSubmission) -> SubmitAck:
+        await trio.lowlevel.checkpoint()
+        self.sent.append((peer_id, submission))
+        status = self.answers[peer_id]
+        if status is None:
+            raise PeerUnreachable(ID.from_base58(peer_id), "/swarmnode/submit/1.0.0", "down")
+        return SubmitAck(sha256(repr((peer_id, len(self.sent))).encode()), status, "")
+
+
+def test_worker_loop_spends_its_budget_per_version_and_skips_stale_ones(tmp_path, base_engine, setup):
+    """Checkpoints arrive, are swapped in between submissions, each gets `submissions_per_version`
+    assignments; a restart resumes the counters; a version too far behind the newest is left alone."""
+    state = {k: v.clone() for k, v in base_engine.model.state_dict().items()}
+    cfg_hash = setup.descriptor.model_config_hash
+    v1, v2 = (write_checkpoint(tmp_path / "ckpt", v, state, cfg_hash) for v in (1, 2))
+    config = node_config(tmp_path, submissions_per_version=2)
+    validators = Validators([100])
+
+    def start(work: SwarmWorkerWork) -> None:
+        work.setup = setup
+        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+        work.engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+
+    async def wait_sent(n: int) -> None:
+        with trio.fail_after(20):
+            while len(validators.sent) < n:  # noqa: ASYNC110  # the loop under test offers no event
+                await trio.sleep(0.01)
+
+    def sent_steps() -> list[tuple[int, int]]:
+        return [(s.checkpoint_version, s.step & 0xFFFFFFFF) for _, s in validators.sent]
+
+    async def main() -> None:
+        work = SwarmWorkerWork(config, WORKER, None)
+        start(work)
+        send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work._load_checkpoints, receive)
+            nursery.start_soon(work._work, validators)
+            await send.send(v1)
+            await wait_sent(2)
+            await trio.sleep(0.2)
+            assert sent_steps() == [(1, 0), (1, 1)] and work.status()["version"] == 1
+            await send.send(v2)
+            await wait_sent(4)
+            await trio.sleep(0.2)
+            assert sent_steps()[2:] == [(2, 0), (2, 1)]
+            nursery.cancel_scope.cancel()
+        status = work.status()
+        assert status["submitted"] == 4 and status["acks"] == {"100": 4} and status["version"] == 2
+        assert status["tokens"] == sum(
+            len(c.token_ids) for _, s in validators.sent for g in s.groups for c in g.completions
+        )
+        assert status["generate_s"] > 0 and status["cpu_s"] > 0
+        json.dumps(status)
+        # each submission is the assignment its (version, counter) names
+        for _, sub in validators.sent:
+            expected = assigned_tasks(setup.descriptor, setup.dataset_ids, WORKER.address, sub.step)
+            assert [g.task_id for g in sub.groups] == expected
+            assert sub.checkpoint_root == (v1 if sub.checkpoint_version == 1 else v2).manifest.merkle_root
+
+        # restarted: v2's budget is already spent, and v1 is never generated on again
+        again = SwarmWorkerWork(config, WORKER, None)
+        start(again)
+        send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(again._load_checkpoints, receive)
+            nursery.start_soon(again._work, validators)
+            await send.send(v2)
+            await trio.sleep(0.5)
+            assert again.loaded == CheckpointRef(2, v2.manifest.merkle_root) and len(validators.sent) == 4
+            nursery.cancel_scope.cancel()
+
+        # restarted with a larger budget while the trainer is already three versions ahead: v2 is stale
+        bigger = SwarmWorkerWork(
+            dataclasses.replace(config, work=WorkSettings(submissions_per_version=3)), WORKER, None
+        )
+        start(bigger)
+        bigger._note_version(5)
+        send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(bigger._load_checkpoints, receive)
+            nursery.start_soon(bigger._work, validators)
+            await send.send(v2)
+            await trio.sleep(0.5)
+            assert bigger.loaded is not None and bigger.newest_known() == 5 and len(validators.sent) == 4
+            bigger._newest = 4  # (as if the trainer had only reached v4: two behind is fresh again)
+            bigger._wake()
+            await wait_sent(5)
+            assert sent_steps()[4] == (2, 2)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_prepare_weights_reads_the_verified_checkpoint_and_applies_the_cheat(tmp_path, base_engine, setup):
+    state = {k: v.clone() for k, v in base_engine.model.state_dict().items()}
+    checkpoint = write_checkpoint(tmp_path, 4, state, setup.descriptor.model_config_hash)
+    honest = prepare_weights(checkpoint, "")
+    assert honest.ref == CheckpointRef(4, checkpoint.manifest.merkle_root)
+    assert all(torch.equal(honest.state[k], state[k]) for k in state)
+    cheat = prepare_weights(checkpoint, PERTURBED_MODEL)
+    assert any(not torch.equal(cheat.state[k], state[k]) for k in state)
+
+
+# --- submitting ----------------------------------------------------------------------------------------
+
+
+def small_submission() -> RolloutSubmission:
+    return RolloutSubmission(RUN, assignment_step(3, 0), 3, ROOT, ())
+
+
+def test_ack_classes():
+    assert not try_another(100)
+    assert not try_another(int(Reason.BAD_PROOF)) and not try_another(int(Reason.DUPLICATE))
+    assert not try_another(int(Reason.STALE)) and not try_another(int(Reason.NOT_STAKED))
+    assert try_another(int(Reason.NOT_FOR_US)) and try_another(int(Reason.UNKNOWN_CHECKPOINT))
+    assert try_another(int(Reason.BAD_SIGNATURE)) and try_another(int(Reason.WRONG_SENDER))
+
+
+def test_submission_moves_on_past_unreachable_and_busy_validators():
+    validators = Validators([None, int(Reason.NOT_FOR_US), 100, 100])
+    stats, rotation = WorkerStats(), Rotation()
+
+    async def main() -> None:
+        ack = await deliver(validators, rotation, small_submission(), stats)
+        assert ack is not None and ack.status == 100
+        assert [p for p, _ in validators.sent] == [p.peer_id for p in validators.peers[:3]]
+        # the next submission starts one validator further on
+        await deliver(validators, rotation, small_submission(), stats)
+        assert validators.sent[3][0] == validators.peers[1].peer_id
+
+    trio.run(main)
+    assert stats.submit_failures == 1 and stats.delivered == 2
+    assert stats.acks == {int(Reason.NOT_FOR_US): 2, 100: 2}
+
+
+def test_a_rejection_is_final():
+    validators = Validators([int(Reason.BAD_REWARD), 100])
+    stats = WorkerStats()
+    ack = trio.run(deliver, validators, Rotation(), small_submission(), stats)
+    assert ack is not None and ack.status == Reason.BAD_REWARD and len(validators.sent) == 1
+    assert stats.delivered == 0 and stats.undelivered == 0
+
+
+def test_a_submission_nobody_takes_is_given_up_after_backing_off():
+    validators = Validators([None, int(Reason.NOT_FOR_US)])
+    stats = WorkerStats()
+    clock = trio.testing.MockClock(autojump_threshold=0)
+
+    async def main() -> float:
+        start = trio.current_time()
+        assert await deliver(validators, Rotation(), small_submission(), stats, rounds=4) is None
+        return trio.current_time() - start
+
+    waited = trio.run(main, clock=clock)
+    assert waited == 1 + 2 + 4 + 8 and len(validators.sent) == 8 and stats.undelivered == 1
+
+    stale = Validators([None])
+    assert (
+        trio.run(partial(deliver, stale, Rotation(), small_submission(), stats, fresh=lambda: False)) is None
+    )
+    assert stale.sent == []  # a stale submission is not even offered
+
+
+def test_no_validator_known_yet_waits_then_gives_up():
+    validators = Validators([])
+    stats = WorkerStats()
+
+    async def main() -> None:
+        assert await deliver(validators, Rotation(), small_submission(), stats, rounds=2) is None
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert stats.undelivered == 1
+
+
+# --- verdicts ------------------------------------------------------------------------------------------
+
+
+def verdict_delivery(worker: bytes, digest: bytes, accepted: bool, reason: int = 0, seq: int = 1) -> Delivery:
+    validator = T.identity("worker-test-validator")
+    verdict = Verdict(RUN, digest, worker, assignment_step(3, 0), 3, accepted, reason, "", (), 10, 0.0, 0.0)
+    data = seal(validator, verdict, run=RUN, seq=seq, ts=1_000)
+    opened = open_envelope(data, run=RUN, now_ms=1_000, replay=None, expect=Verdict)
+    return Delivery("verdicts", opened, "forwarder", 0.0, 0, len(data))
+
+
+def test_verdicts_naming_this_worker_are_counted_once(tmp_path):
+    work = SwarmWorkerWork(node_config(tmp_path, cheat=FORGED_REWARD), WORKER, None)
+    deliveries = [
+        verdict_delivery(WORKER.address, sha256(b"a"), True),
+        verdict_delivery(WORKER.address, sha256(b"a"), True, seq=2),  # the same submission again
+        verdict_delivery(WORKER.address, sha256(b"b"), False, int(Reason.BAD_REWARD)),
+        verdict_delivery(WORKER.address, sha256(b"c"), False, int(Reason.BAD_PROOF)),
+        verdict_delivery(WORKER.address, sha256(b"d"), False, int(Reason.STALE)),
+        verdict_delivery(b"\x09" * 20, sha256(b"e"), False, int(Reason.BAD_PROOF)),  # someone else's
+    ]
+
+    async def main() -> None:
+        for delivery in deliveries:
+            await work.on_gossip(None, delivery)  # type: ignore[arg-type]  # verdicts need no network
+
+    trio.run(main)
+    status = work.status()
+    assert (status["accepted"], status["rejected"], status["slashable"]) == (1, 3, 2)
+    assert status["by_reason"] == {"BAD_PROOF": 1, "BAD_REWARD": 1, "STALE": 1}
+    assert status["cheat"] == FORGED_REWARD and status["version"] is None
+    json.dumps(status)
+
+
+# --- over a real swarm -----------------------------------------------------------------------------
+
+
+class QueueingValidator(IdleValidatorWork):
+    """A validator that queues whatever it is sent (the judging is tested above)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queued: list[RolloutSubmission] = []
+
+    async def submit(self, peer: ID, submission: Opened, digest: bytes) -> SubmitAck:
+        self.queued.append(submission.message)
+        return SubmitAck(submission_digest=digest, status=100, detail="queued")
+
+
+def test_submissions_reach_a_validator_found_through_the_dht(tmp_path):
+    """Two validators in the DHT, one not validating yet (205): every submission ends up queued. The
+    worker node runs the real work, which waits for a run descriptor (none here) and reports its status."""
+    queueing = QueueingValidator()
+    work = SwarmWorkerWork(node_config(tmp_path / "work"), WORKER, None)
+    services = {1: Worker(work), 2: Validator(), 3: Validator(queueing)}
+
+    async def main() -> None:
+        async with swarm(
+            tmp_path, ["bootstrap", "worker", "validator", "validator"], services=services
+        ) as nodes:
+            net = nodes[1].net
+            assert net is not None
+            await wait_until(lambda: len(net.peers("validator")) == 2, timeout=30)
+            stats, rotation, transport = WorkerStats(), Rotation(), NetTransport(net)
+            for _ in range(2):
+                ack = await deliver(transport, rotation, small_submission(), stats)
+                assert ack is not None and ack.status == 100
+            assert stats.acks == {int(Reason.NOT_FOR_US): 1, 100: 2} and stats.submit_failures == 0
+            assert queueing.queued == [small_submission()] * 2
+            status = json.loads(json.dumps(nodes[1].status()))["work"]
+            assert (
+                status["version"] is None
+                and status["submitted"] == 0
+                and status["follower"]["gossip_manifests"] == 0
+            )
+
+    trio.run(main)
