@@ -296,7 +296,7 @@ def _headline_table(summary: Mapping[str, Any]) -> Table:
     )
     validators = _mapping(summary.get("validators"))
     reasons = ", ".join(f"{r} {n}" for r, n in _mapping(validators.get("by_reason")).items()) or "none"
-    table.add_row("rejections by reason", reasons)
+    table.add_row("verdicts by reason (rejected, ignored)", reasons)
     ledger = _mapping(summary.get("ledger"))
     verified = {True: "[green]verified[/]", False: "[bold red]NOT verified[/]"}.get(
         ledger.get("verified"), "unchecked"

@@ -90,7 +90,7 @@ class DevnetLedger:
 
 @dataclass(frozen=True)
 class LedgerFacts:
-    stakes: dict[str, int]  # lowercase 0x address → bonded gwei
+    stakes: dict[str, int]  # 0x address (lowercase) → gwei held: bonded + unbonding (ejection unbonds)
     slashes: list[dict[str, Any]]
     contributions: dict[str, int]
     verified: bool | None
@@ -102,7 +102,7 @@ def ledger_facts(devnet_ledger: DevnetLedger) -> LedgerFacts:
 
     ledger = devnet_ledger.open()
     try:
-        stakes = {"0x" + s.address.hex(): s.bonded_gwei for s in ledger.stakes()}
+        stakes = {"0x" + s.address.hex(): s.bonded_gwei + s.unbonding_gwei for s in ledger.stakes()}
         slashes = []
         for record in ledger.slashes():
             try:
