@@ -11,7 +11,11 @@ Sections (each a function returning its own keys; `SECTIONS` runs them in order)
   step is split into generation (sampling + rewards + TOPLOC proofs, i.e. a worker's job) and training.
   With several `--worker` names the run is repeated per worker (the task assignment and the sampling
   seeds depend on the worker address) and the keys are means, plus the worst ratio.
-- devnet (later, by the lead): the same number of trainer steps through the distributed devnet.
+- devnet: the same number of trainer steps through the distributed devnet (`swarmnode devnet --steps N
+  --no-live`: bootstrap, trainer, 2 relays, 3 workers, 1 validator as processes sharing the same cores),
+  on the same base, recipe and held-out set. Reported: held-out reward at equal trainer steps, wall time
+  per trainer step, the fraction of it the trainer waited for rollouts, and validator CPU seconds per
+  accepted rollout against worker CPU seconds to generate one (both measured inside the working thread).
 
 Progress goes to stderr; the last line on stdout is one JSON object (snake_case keys, ratios end in
 `_ratio`).
@@ -22,9 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -37,6 +44,7 @@ from node.rl.sync import SyncStep, eval_reward, run_sync
 
 Section = Callable[[argparse.Namespace], dict[str, float | int]]
 TRAINER_KEY = sha256(b"swarmnode-sync-trainer")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _log(text: str) -> None:
@@ -142,8 +150,61 @@ def sync_section(args: argparse.Namespace) -> dict[str, float | int]:
     }
 
 
-# The lead appends the distributed devnet section here (same steps, same eval set).
-SECTIONS: list[Section] = [sync_section]
+def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
+    if args.no_devnet:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="bench-rl-devnet-") as tmp:
+        summary_path = Path(tmp) / "summary.json"
+        command = [
+            sys.executable, "-m", "node.cli_run", "devnet", "--steps", str(args.steps), "--no-live",
+            "--out", str(Path(tmp) / "run"), "--summary", str(summary_path),
+        ]  # fmt: skip
+        _log(f"devnet: {' '.join(command[2:])}")
+        started = time.perf_counter()
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        if result.returncode != 0:
+            raise SystemExit(
+                f"devnet failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+            )
+        summary = json.loads(summary_path.read_text())
+    rewards = summary["rewards_per_step"]
+    k = min(5, len(rewards))
+    step_s = summary["step_s_mean"]
+    _log(
+        f"devnet: held-out reward {summary['base_reward']:.3f} -> {summary['final_reward']:.3f}; "
+        f"{step_s:.2f}s per step, trainer waited {summary['trainer_wait_fraction']:.0%}; validator "
+        f"{summary['validator_cpu_s_per_accepted']:.3f} CPU s per accepted rollout vs worker "
+        f"{summary['worker_cpu_s_per_accepted']:.3f}"
+    )
+    return {
+        "devnet_base_eval_reward": round(summary["base_reward"], 4),
+        "devnet_final_eval_reward": round(summary["final_reward"], 4),
+        "devnet_final_vs_base_reward_ratio": round(summary["final_reward"] / summary["base_reward"], 4),
+        "devnet_step_reward_first5": round(_mean(rewards[:k]), 4),
+        "devnet_step_reward_last5": round(_mean(rewards[-k:]), 4),
+        "devnet_step_s": round(step_s, 4),
+        "devnet_trainer_wait_fraction": round(summary["trainer_wait_fraction"], 4),
+        "devnet_validator_cpu_s_per_accepted": summary["validator_cpu_s_per_accepted"],
+        "devnet_worker_cpu_s_per_accepted": summary["worker_cpu_s_per_accepted"],
+        "devnet_validator_vs_worker_cpu_ratio": round(summary["verification_cost_ratio"], 4),
+        "devnet_wall_s": round(wall, 2),
+    }
+
+
+def comparison_section(args: argparse.Namespace, result: dict[str, float | int]) -> dict[str, float | int]:
+    """Devnet against the synchronous baseline at equal trainer steps (both measured above)."""
+    if "devnet_final_eval_reward" not in result:
+        return {}
+    return {
+        "devnet_vs_sync_final_reward_ratio": round(
+            float(result["devnet_final_eval_reward"]) / float(result["final_eval_reward"]), 4
+        ),
+        "devnet_vs_sync_step_time_ratio": round(float(result["devnet_step_s"]) / float(result["step_s"]), 4),
+    }
+
+
+SECTIONS: list[Section] = [sync_section, devnet_section]
 
 
 def main() -> None:
@@ -160,7 +221,8 @@ def main() -> None:
     parser.add_argument(
         "--eval-every", type=int, default=10, help="held-out reward every N steps (0: end only)"
     )
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (sync section)")
+    parser.add_argument("--no-devnet", action="store_true", help="skip the distributed devnet section")
     args = parser.parse_args()
     args.worker = args.worker or ["swarmnode-sync-worker"]
     torch.set_num_threads(args.threads)
@@ -168,6 +230,7 @@ def main() -> None:
     result: dict[str, float | int] = {"torch_threads": torch.get_num_threads()}
     for section in SECTIONS:
         result.update(section(args))
+    result.update(comparison_section(args, result))
     result["wall_s"] = round(time.perf_counter() - started, 3)
     print(json.dumps(result, sort_keys=False))
 

@@ -140,7 +140,8 @@ def conformance(vectors: Path | None, verbose: bool) -> None:
 
 @main.command()
 @click.option("--sync", "sync_mode", is_flag=True, required=True,
-              help="Single-process baseline: generate and train in one loop, no network (the only mode so far).")
+              help="Single-process baseline: generate and train in one loop, no network "
+                   "(the distributed run is `swarmnode devnet --steps N`).")
 @click.option("--steps", type=click.IntRange(1), default=30, show_default=True, help="GRPO steps to take.")
 @click.option("--base", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Base checkpoint (default: the committed devnet base).")
@@ -153,9 +154,10 @@ def train(sync_mode: bool, steps: int, base: Path | None, out: Path | None, as_j
     from dataclasses import asdict
 
     from crypto.hashing import sha256
+    from node.rl.engine import TransformersEngine
     from node.rl.model import load_checkpoint
-    from node.rl.run import BASE_CHECKPOINT, devnet_run
-    from node.rl.sync import SyncStep, run_sync
+    from node.rl.run import BASE_CHECKPOINT, devnet_eval_tasks, devnet_run
+    from node.rl.sync import SyncStep, eval_reward, run_sync
 
     base = base or BASE_CHECKPOINT
     if not base.exists():
@@ -174,11 +176,22 @@ def train(sync_mode: bool, steps: int, base: Path | None, out: Path | None, as_j
                           f"{s.groups_used + s.groups_dropped}  loss {s.loss:+.4f}  grad {s.grad_norm:6.3f}  "
                           f"gen {record.generate_s:5.2f}s  train {record.train_s:5.2f}s")
 
-    history = run_sync(setup, base, steps, worker.address, out_dir=out, on_step=report)
+    grpo = setup.descriptor.grpo
+    eval_tasks = devnet_eval_tasks()
+    base_reward = eval_reward(TransformersEngine.from_checkpoint(base), eval_tasks, samples=8,
+                              max_new_tokens=grpo.max_new_tokens, temperature=grpo.temperature)
+    if not as_json:
+        console.print(f"held-out reward of the base: {base_reward:.3f} ({len(eval_tasks)} tasks x 8 samples)")
+    history = run_sync(setup, base, steps, worker.address, out_dir=out, on_step=report,
+                       eval_tasks=eval_tasks, eval_samples=8)
     first = sum(h.stats.mean_reward for h in history[:5]) / min(5, len(history))
     last = sum(h.stats.mean_reward for h in history[-5:]) / min(5, len(history))
-    if not as_json:
-        console.print(f"mean reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
+    final = history[-1].eval_reward
+    if as_json:
+        click.echo(json.dumps({"base_eval_reward": base_reward, "final_eval_reward": final}))
+    else:
+        console.print(f"mean reward of the trained groups: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
+        console.print(f"held-out reward: base {base_reward:.3f} -> final {final:.3f}")
 
 
 @main.command()

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from libp2p.crypto.secp256k1 import create_new_key_pair
 from libp2p.peer.id import ID
 
@@ -15,7 +16,7 @@ from crypto.keystore import load_keystore
 
 def swarmnode(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+                          timeout=600)
 
 
 def test_keys_new_then_show_gives_matching_address_and_peer_id(tmp_path):
@@ -57,3 +58,15 @@ def test_conformance_command_passes_and_fails_on_a_corrupted_vector(tmp_path):
 def test_help_teaches():
     out = swarmnode("--help", env=dict(os.environ))
     assert out.returncode == 0 and "keys new" in out.stdout
+
+
+@pytest.mark.slow  # two held-out evaluations (128 tasks x 8 samples) and a 256-completion step
+def test_train_sync_reports_held_out_reward_before_and_after(tmp_path):
+    args = ("train", "--sync", "--steps", "1", "--json", "--out", str(tmp_path / "out"))
+    result = swarmnode(*args, env=dict(os.environ))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines[0]["step"] == 1 and "mean_reward" in lines[0]
+    final = lines[-1]
+    assert 0 < final["base_eval_reward"] < 1 and 0 < final["final_eval_reward"] < 1
+    assert any((tmp_path / "out").iterdir())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ledger.testing import find_anvil
 from node.devnet import Devnet, DevnetPlan
 from node.swarm.trainer import INBOX_FILE
 from node.swarm.validator import STORE_FILE
@@ -71,6 +72,22 @@ def test_a_short_devnet_trains_credits_the_honest_and_slashes_every_cheater(tmp_
         timeout=120,
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+@pytest.mark.skipif(find_anvil() is None, reason="anvil not installed (scripts/install_anvil.sh)")
+def test_the_devnet_on_a_local_chain_slashes_on_chain(tmp_path: Path) -> None:
+    summary_path = tmp_path / "summary.json"
+    result = _devnet_cli(
+        "--steps", "2", "--workers", "1", "--relays", "1", "--cheaters", "1", "--ledger", "evm",
+        "--out", str(tmp_path / "run"), "--summary", str(summary_path),
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["ledger"]["kind"] == "evm" and summary["ledger"]["url"].startswith("evm:http://127.0.0.1:")
+    assert summary["every_cheater_slashed"] is True and summary["honest_slashed"] == []
+    honest = [n for n in summary["nodes"].values() if n["role"] == "worker" and n["honest"]]
+    assert honest and all(n["contributions"] > 0 for n in honest)
 
 
 def _work(devnet: Devnet, name: str) -> dict:
