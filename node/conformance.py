@@ -4,22 +4,35 @@ A vector file holds `{"suite": str, "cases": [ {name, kind, input, expect}, ... 
 one handler that runs the real code path and compares with `expect`; `expect.verdict` is "accept" or
 "reject"/"ignore" with the reason code the implementation must produce. Another implementation can
 run the same files, and `swarmnode conformance --vectors DIR` runs ours against anyone's.
+
+Besides the top-level files, the subdirectories in `SUBDIRECTORIES` are replayed (`rollouts/`: task
+assignment, seeds, sampling, rewards and validation verdicts, spec/rollouts.md and spec/validation.md);
+`shards/` and `p2p/` are replayed by their own tests until their kinds join `HANDLERS`. The rollout
+handlers import torch and the model code lazily, so the wire suites stay quick to load.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crypto.identity import NodeIdentity, base58btc, peer_id_bytes
 from crypto.merkle import inclusion_proof, merkle_root, root_from_inclusion_proof
 from protocol.codec import decode, encode, to_json
 from protocol.envelope import ReplayWindow, open_envelope, signing_digest
-from protocol.errors import ProtocolError
-from protocol.messages import MESSAGE_TYPES
+from protocol.errors import ProtocolError, Reason
+from protocol.messages import MESSAGE_TYPES, RolloutSubmission, RunDescriptor
+
+if TYPE_CHECKING:
+    from node.rl.engine import TransformersEngine
+    from node.rl.tasks import Task
+
+SUBDIRECTORIES = ("rollouts",)
+OUT_OF_RANGE = "out-of-range"  # `expect.error` of an input outside a function's domain: it MUST be refused
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,7 @@ def check_codec(inp: dict[str, Any]) -> dict[str, Any]:
     cls = MESSAGE_TYPES[inp["type"]]
 
     def run() -> dict[str, Any]:
-        message = decode(cls, _hex(inp["bytes"]))
+        message: Any = decode(cls, _hex(inp["bytes"]))
         return {"fields": to_json(message), "reencoded": "0x" + encode(message).hex()}
 
     return _verdict_of(run)
@@ -111,9 +124,186 @@ def check_toploc_verify(inp: dict[str, Any]) -> dict[str, Any]:
         checks = verify_proofs(_rows(inp), [_hex(p) for p in inp["proofs"]], k=inp["k"], chunk=inp["chunk"])
     except ToplocError as exc:
         return {"verdict": "reject", "reason": 605, "error": type(exc).__name__}
-    return {"verdict": "accept", "chunks": [
-        {"exp_mismatches": c.exp_mismatches, "mant_err_mean": c.mant_err_mean,
-         "mant_err_median": c.mant_err_median, "passed": c.passed} for c in checks]}
+    return {
+        "verdict": "accept",
+        "chunks": [
+            {
+                "exp_mismatches": c.exp_mismatches,
+                "mant_err_mean": c.mant_err_mean,
+                "mant_err_median": c.mant_err_median,
+                "passed": c.passed,
+            }
+            for c in checks
+        ],
+    }
+
+
+# ---------------------------------------------------------------------------- rollouts (spec/rollouts.md)
+
+
+def _task(obj: dict[str, Any]) -> Task:
+    from node.rl.tasks import Task
+
+    return Task(obj["kind"], obj["prompt"], obj["target"])
+
+
+def check_task_id(inp: dict[str, Any]) -> dict[str, Any]:
+    from node.rl.tasks import canonical_json, task_id
+
+    task = _task(inp)
+    return {"canonical_json": canonical_json(task), "task_id": "0x" + task_id(task).hex()}
+
+
+def check_dataset_hash(inp: dict[str, Any]) -> dict[str, Any]:
+    from node.rl.run import dataset_hash
+
+    tasks = [_task(t) for t in inp["tasks"]]
+    return {
+        "task_ids": ["0x" + t.task_id.hex() for t in tasks],
+        "dataset_hash": "0x" + dataset_hash(tasks).hex(),
+    }
+
+
+def check_assignment(inp: dict[str, Any]) -> dict[str, Any]:
+    from node.rl.rollouts import assignment_step
+    from node.rl.tasks import assign_tasks
+
+    ids = [_hex(x) for x in inp["dataset_ids"]]
+    try:
+        step = assignment_step(inp["checkpoint_version"], inp["counter"])
+        assigned = assign_tasks(ids, _hex(inp["worker"]), step, inp["prompts_per_step"])
+    except ValueError:
+        return {"error": OUT_OF_RANGE}
+    return {
+        "step": step,
+        "indices": [ids.index(t) for t in assigned],
+        "task_ids": ["0x" + t.hex() for t in assigned],
+    }
+
+
+def check_seed(inp: dict[str, Any]) -> dict[str, Any]:
+    from node.rl.sampling import derive_seed
+
+    try:
+        return {"seed": derive_seed(inp["run"], _hex(inp["worker"]), _hex(inp["task_id"]), inp["index"])}
+    except ValueError:
+        return {"error": OUT_OF_RANGE}
+
+
+def check_sampling(inp: dict[str, Any]) -> dict[str, Any]:
+    """Tokens of the seeded Gumbel-max sampler, row p of `logits` being generated position p; with the
+    position keys and the 32-bit noise hashes (exact integers) when the temperature is positive."""
+    import torch
+
+    from node.rl.sampling import noise_bits, position_key, sample_tokens
+
+    logits = torch.tensor(inp["logits"], dtype=torch.float32)
+    seed, temperature = inp["seed"], inp["temperature"]
+    tokens = [int(sample_tokens(row[None], [seed], p, temperature)[0]) for p, row in enumerate(logits)]
+    if temperature == 0:
+        return {"tokens": tokens}
+    keys = [position_key(seed, p) for p in range(len(logits))]
+    bits = noise_bits(torch.tensor(keys, dtype=torch.int64), logits.shape[1])
+    return {"keys": [list(k) for k in keys], "bits": bits.tolist(), "tokens": tokens}
+
+
+def check_sampling_rule(inp: dict[str, Any]) -> dict[str, Any]:
+    """The validator's sampling check (6d): positions whose claimed token is not within the tolerance."""
+    import torch
+
+    from node.rl.sampling import check_sampling as sampling_check
+
+    logits = torch.tensor(inp["logits"], dtype=torch.float32).reshape(len(inp["tokens"]), -1)
+    result = sampling_check(logits, inp["tokens"], inp["seed"], inp["temperature"], inp["tolerance"])
+    return {"mismatches": list(result.mismatches)}
+
+
+def _rewards_descriptor(task_kind: str, length_target: int, length_penalty: float) -> RunDescriptor:
+    """A descriptor that only fixes what scoring reads (the length-target term); the rest is placeholder."""
+    import dataclasses
+
+    from node.rl.model import ModelConfig
+    from node.rl.run import devnet_grpo, devnet_policy
+
+    grpo = dataclasses.replace(
+        devnet_grpo(ModelConfig()), length_target=length_target, length_penalty=length_penalty
+    )
+    zero = bytes(32)
+    return RunDescriptor("rewards", bytes(20), zero, zero, zero, task_kind, grpo, 0, devnet_policy(), 0)
+
+
+def check_rewards(inp: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from node.rl.grpo import group_advantages
+    from node.rl.rollouts import completion_rewards
+    from node.rl.tokenizer import completion_text
+
+    task = _task(inp["task"])
+    completions = [list(c) for c in inp["completions"]]
+    descriptor = _rewards_descriptor(task.kind, inp["length_target"], inp["length_penalty"])
+    rewards = completion_rewards(task, completions, descriptor)
+    return {
+        "texts": [completion_text(c) for c in completions],
+        "rewards": rewards,
+        "advantages": group_advantages(torch.tensor(rewards)).tolist(),
+    }
+
+
+@functools.lru_cache(maxsize=2)
+def _checkpoint_engine(sha256_hex: str) -> TransformersEngine:
+    """The engine of a checkpoint named by its file hash; vectors may only name the committed base."""
+    from node.rl.engine import TransformersEngine
+    from node.rl.model import file_sha256
+    from node.rl.run import BASE_CHECKPOINT
+
+    if file_sha256(BASE_CHECKPOINT).hex() != sha256_hex:
+        raise ValueError(f"checkpoint {sha256_hex} is not held here (only the committed base is)")
+    return TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+
+
+def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
+    """A validator's verdict on one signed RolloutSubmission, checks 1-6 of spec/validation.md."""
+    from node.rl.engine import InferenceEngine
+    from node.rl.run import dataset_hash
+    from node.rl.validation import BadProof, ValidationContext, validate_submission
+
+    descriptor = decode(RunDescriptor, _hex(inp["descriptor"]))
+    tasks = [_task(t) for t in inp["dataset"]]
+    if dataset_hash(tasks) != descriptor.dataset_hash:
+        raise ValueError("the dataset is not the one the descriptor's dataset_hash names")
+    held = {c["version"]: c for c in inp["checkpoints"]}
+    eligible = {_hex(a) for a in inp["eligible"]}
+    ctx = ValidationContext(
+        descriptor,
+        {t.task_id: t for t in tasks},
+        [t.task_id for t in tasks],
+        inp["newest_version"],
+        {version: _hex(c["root"]) for version, c in held.items()},
+        lambda worker: worker in eligible,
+    )
+
+    def engine_for(version: int) -> InferenceEngine:
+        return _checkpoint_engine(_hex(held[version]["sha256"]).hex())
+
+    try:
+        opened = open_envelope(
+            _hex(inp["envelope"]),
+            run=descriptor.run,
+            now_ms=inp["now_ms"],
+            replay=ReplayWindow(),
+            expect=RolloutSubmission,
+        )
+        accepted = validate_submission(opened.message, opened.sender, ctx, engine_for)
+    except BadProof as exc:
+        return {
+            "verdict": "reject",
+            "reason": int(Reason.BAD_PROOF),
+            "failing_chunks": list(exc.failure.failing_chunks),
+        }
+    except ProtocolError as exc:
+        return {"verdict": exc.verdict, "reason": int(exc.reason)}
+    return {"verdict": "accept", "tokens": accepted.tokens}
 
 
 HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
@@ -123,6 +313,14 @@ HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "envelope": check_envelope,
     "toploc_build": check_toploc_build,
     "toploc_verify": check_toploc_verify,
+    "task_id": check_task_id,
+    "dataset_hash": check_dataset_hash,
+    "assignment": check_assignment,
+    "seed": check_seed,
+    "sampling": check_sampling,
+    "sampling_rule": check_sampling_rule,
+    "rewards": check_rewards,
+    "validation": check_validation,
 }
 
 
@@ -135,15 +333,21 @@ def run_case(suite: str, case: dict[str, Any]) -> CaseResult:
     except (ValueError, KeyError, AssertionError, ProtocolError) as exc:
         return CaseResult(suite, case["name"], False, f"{type(exc).__name__}: {exc}")
     if got != case["expect"]:
-        diff = {k: (case["expect"].get(k), got.get(k)) for k in set(got) | set(case["expect"])
-                if got.get(k) != case["expect"].get(k)}
+        diff = {
+            k: (case["expect"].get(k), got.get(k))
+            for k in set(got) | set(case["expect"])
+            if got.get(k) != case["expect"].get(k)
+        }
         return CaseResult(suite, case["name"], False, f"mismatch (expected, got): {diff}"[:500])
     return CaseResult(suite, case["name"], True, "ok")
 
 
 def load_suites(directory: Path) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The suites of `directory/*.json`, then of `directory/<sub>/*.json` for each of `SUBDIRECTORIES`."""
+    paths = sorted(directory.glob("*.json"))
+    paths += [path for sub in SUBDIRECTORIES for path in sorted((directory / sub).glob("*.json"))]
     suites = []
-    for path in sorted(directory.glob("*.json")):
+    for path in paths:
         document = json.loads(path.read_text())
         suites.append((document["suite"], document["cases"]))
     return suites
