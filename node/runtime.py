@@ -193,7 +193,7 @@ class NodeRuntime:
             "scores": guard.scores.snapshot(trio.current_time()),
             "reqresp": net.reqresp.statistics(),
             "liveness": liveness.statistics(),
-            "work": work.status() if hasattr(work, "status") else dict(getattr(work, "received", {})),
+            "work": _work_status(work),
         }
 
     def _write_status(self, *, final: bool = False) -> None:
@@ -207,6 +207,17 @@ class NodeRuntime:
         while True:
             self._write_status()
             await trio.sleep(STATUS_INTERVAL)
+
+
+def _work_status(work: Any) -> dict[str, Any]:
+    """The work's own status; a failing one is reported, never allowed to stop the status file."""
+    if not hasattr(work, "status"):
+        return dict(getattr(work, "received", {}))
+    try:
+        return dict(work.status())
+    except Exception as exc:  # noqa: BLE001 - the status file must still be written
+        log.warning("work status failed", extra={"error": repr(exc)})
+        return {"status_error": repr(exc)}
 
 
 async def cancel_on_signal(scope: trio.CancelScope) -> None:

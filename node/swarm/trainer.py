@@ -390,6 +390,7 @@ class SwarmTrainerWork:
         self.descriptor: RunDescriptor | None = None
         self.model_config: ModelConfig | None = None
         self.inbox: RolloutInbox | None = None
+        self._last_status: dict[str, Any] | None = None
         self.trainer: GrpoTrainer | None = None
         self.origin: OriginNode | None = None
         self.endpoint = ""
@@ -485,6 +486,8 @@ class SwarmTrainerWork:
                     await self._publish(trainer.step_count)
                 task_status.started(self.endpoint)
         finally:
+            self._last_status = self.status()  # the node writes a final status after the work stops
+            self.inbox = None
             inbox.close()
 
     def _load_trainer(self, descriptor: RunDescriptor) -> GrpoTrainer:
@@ -694,6 +697,8 @@ class SwarmTrainerWork:
         `node.rl.sync`); `groups_used` counts the groups with signal that the steps trained on.
         """
         trainer, inbox, origin = self.trainer, self.inbox, self.origin
+        if inbox is None and self._last_status is not None:
+            return self._last_status
         records = inbox.steps() if inbox is not None else []
         counts = (
             inbox.counts() if inbox is not None else {"received": 0, "used": 0, "dropped": 0, "pending": 0}
