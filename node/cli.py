@@ -194,6 +194,20 @@ def train(sync_mode: bool, steps: int, base: Path | None, out: Path | None, as_j
         console.print(f"held-out reward: base {base_reward:.3f} -> final {final:.3f}")
 
 
+@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def diloco(args: tuple[str, ...]) -> None:
+    """DiLoCo between trainers: `diloco plan ...` signs a run, `diloco trainer ...` runs one trainer.
+
+    Several trainers take H inner AdamW steps alone, then average their fp16 (or int8) pseudo-gradients
+    over the data plane and apply an outer Nesterov step (spec/diloco.md). `swarmnode diloco --help` and
+    `swarmnode diloco trainer --help` list the options.
+    """
+    from node.diloco.__main__ import main as diloco_main
+
+    diloco_main(list(args))
+
+
 @main.command()
 @click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="The run's checkpoint (default: the committed devnet base).")
@@ -239,6 +253,7 @@ def _register_groups() -> None:
 
     cli_ledger.register_commands(main)
     cli_run.register_commands(main)
+    main.add_command(diloco)
 
 
 _register_groups()

@@ -6,8 +6,9 @@ one handler that runs the real code path and compares with `expect`; `expect.ver
 run the same files, and `swarmnode conformance --vectors DIR` runs ours against anyone's.
 
 Besides the top-level files, the subdirectories in `SUBDIRECTORIES` are replayed (`rollouts/`: task
-assignment, seeds, sampling, rewards and validation verdicts, spec/rollouts.md and spec/validation.md);
-`shards/` and `p2p/` are replayed by their own tests until their kinds join `HANDLERS`. The rollout
+assignment, seeds, sampling, rewards and validation verdicts, spec/rollouts.md and spec/validation.md;
+`diloco/`: the DiLoCo round rules, spec/diloco.md). `shards/` and `p2p/` are replayed by their own tests
+until their kinds join `HANDLERS`. The rollout
 handlers import torch and the model code lazily, so the wire suites stay quick to load.
 """
 
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from crypto.identity import NodeIdentity, base58btc, peer_id_bytes
 from crypto.merkle import inclusion_proof, merkle_root, root_from_inclusion_proof
+from node.diloco.conformance import DILOCO_HANDLERS
 from protocol.codec import decode, encode, to_json
 from protocol.envelope import ReplayWindow, open_envelope, signing_digest
 from protocol.errors import ProtocolError, Reason
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from node.rl.engine import TransformersEngine
     from node.rl.tasks import Task
 
-SUBDIRECTORIES = ("rollouts",)
+SUBDIRECTORIES = ("rollouts", "diloco")
 OUT_OF_RANGE = "out-of-range"  # `expect.error` of an input outside a function's domain: it MUST be refused
 
 
@@ -321,6 +323,7 @@ HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "sampling_rule": check_sampling_rule,
     "rewards": check_rewards,
     "validation": check_validation,
+    **DILOCO_HANDLERS,
 }
 
 

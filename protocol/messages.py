@@ -277,6 +277,90 @@ class AcceptedBatch:
     items: Annotated[tuple[AcceptedRollout, ...], MaxLen(256)]
     newest: int  # the validator's newest index, so the puller knows whether to ask again at once
 
+# --- DiLoCo (spec/diloco.md) ---------------------------------------------------------------------
+
+Compression = Annotated[str, Pattern(r"none|fp16|int8")]
+
+
+@dataclass(frozen=True)
+class DilocoRun:
+    """A DiLoCo run, signed by its owner: the trainers (ascending addresses) and the outer loop's settings."""
+
+    TYPE: ClassVar[str] = "diloco_run"
+    MAX_SIZE: ClassVar[int] = 16 * KIB
+
+    run: RunId
+    trainers: Annotated[tuple[Address, ...], MaxLen(256)]
+    model_config_hash: Digest
+    initial_digest: Digest  # content digest of θ_0, the trainable weights every trainer starts from
+    rounds: Annotated[int, Range(1, 1 << 32)]
+    inner_steps: Annotated[int, Range(1, 1 << 20)]
+    inner_lr: float
+    outer_lr: float
+    outer_momentum: float
+    nesterov: bool
+    compression: Compression
+    collect_timeout_ms: Annotated[int, Range(1, 86_400_000)]
+    vote_timeout_ms: Annotated[int, Range(1, 86_400_000)]
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class DilocoEntry:
+    """One contribution named in a vote or an outer state: its author and the sha256 of its envelope."""
+
+    trainer: Address
+    digest: Digest
+
+
+@dataclass(frozen=True)
+class DilocoContribution:
+    """A trainer's compressed pseudo-gradient for one round; the embedded manifest lists its shards."""
+
+    TYPE: ClassVar[str] = "diloco_contribution"
+    MAX_SIZE: ClassVar[int] = 1 * MIB + 4 * KIB
+
+    run: RunId
+    round: int
+    trainer: Address
+    plan: Digest  # sha256 of the canonical DilocoRun body
+    base: Digest  # content digest of θ_round, the outer weights the inner steps started from
+    compression: Compression
+    merkle_root: Digest
+    manifest: Annotated[bytes, MaxLen(1 * MIB)]  # the author's signed CheckpointManifest
+
+
+@dataclass(frozen=True)
+class DilocoVote:
+    """The contributions a trainer holds for a round when its collection ends, ascending by author."""
+
+    TYPE: ClassVar[str] = "diloco_vote"
+    MAX_SIZE: ClassVar[int] = 32 * KIB
+
+    run: RunId
+    round: int
+    plan: Digest
+    base: Digest
+    entries: Annotated[tuple[DilocoEntry, ...], MaxLen(256)]
+
+
+@dataclass(frozen=True)
+class DilocoOuterState:
+    """A trainer's outer state at the start of a round (θ and momentum), for trainers that (re)join."""
+
+    TYPE: ClassVar[str] = "diloco_outer_state"
+    MAX_SIZE: ClassVar[int] = 1 * MIB + 32 * KIB
+
+    run: RunId
+    round: int  # the round that starts from this θ
+    plan: Digest
+    theta: Digest  # content digest of θ_round (the `base` of that round's contributions)
+    parent: Digest  # θ_(round-1)'s digest; 32 zero bytes for round 0
+    contributors: Annotated[tuple[DilocoEntry, ...], MaxLen(256)]  # averaged in round-1; none for round 0
+    merkle_root: Digest
+    manifest: Annotated[bytes, MaxLen(1 * MIB)]  # the author's signed CheckpointManifest
+
+
 LATEST_VERSION = 2**64 - 1
 
 MESSAGE_TYPES = registry(
@@ -302,4 +386,8 @@ MESSAGE_TYPES = registry(
     AcceptedRequest,
     AcceptedRollout,
     AcceptedBatch,
+    DilocoRun,
+    DilocoContribution,
+    DilocoVote,
+    DilocoOuterState,
 )

@@ -88,6 +88,22 @@ def every_message() -> list[Any]:
         m.AcceptedRequest(RUN, 41, 16, 20_000),
         m.AcceptedRollout(42, b"\x05" * 48, b"\x06" * 96),
         m.AcceptedBatch((m.AcceptedRollout(42, b"\x05" * 48, b"\x06" * 96),), 42),
+        *diloco_messages(),
     ]
     assert [type(s).TYPE for s in samples] == list(m.MESSAGE_TYPES), "samples must cover every message type"
     return samples
+
+
+def diloco_messages() -> list[Any]:
+    """DilocoRun, DilocoContribution, DilocoVote, DilocoOuterState (spec/diloco.md), in registry order."""
+    a, b = sorted((vector_identity(1).address, vector_identity(2).address))
+    entries = (m.DilocoEntry(a, _digest("contribution-a-3")), m.DilocoEntry(b, _digest("contribution-b-3")))
+    return [
+        m.DilocoRun(RUN, (a, b), _digest("config"), _digest("theta-0"), 100, 50, 1e-3, 0.7, 0.9, True, "fp16",
+                    30_000, 30_000, NOW_MS - 10_000),
+        m.DilocoContribution(RUN, 3, a, _digest("plan"), _digest("theta-3"), "fp16", _digest("root-a-3"),
+                             b"\x07" * 200),
+        m.DilocoVote(RUN, 3, _digest("plan"), _digest("theta-3"), entries),
+        m.DilocoOuterState(RUN, 4, _digest("plan"), _digest("theta-4"), _digest("theta-3"), entries,
+                           _digest("root-outer-4"), b"\x08" * 200),
+    ]

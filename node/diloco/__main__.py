@@ -1,0 +1,237 @@
+"""DiLoCo trainers as processes: `python -m node.diloco plan|trainer ...`.
+
+`plan` builds and signs the run (the owner's key, the trainers' addresses, H, learning rates, momentum,
+compression, timeouts) into a file. `trainer` runs one trainer: a libp2p node that finds the run's other
+trainers through the DHT, an HTTP data plane serving its contributions and outer states, and the rounds.
+It prints JSON lines on stdout (`listening`, `joined`, `round_start`, `contributed`, `round_done`,
+`resync`, `skipped`, `refused`, `done`, `final`, `stats`) and, once the run's rounds are done, keeps
+serving (late joiners download the final outer state) until SIGTERM or SIGINT, which print `stats`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+import trio
+
+from crypto.identity import NodeIdentity, parse_address
+from node.config import LivenessSettings, NodeConfig
+from node.dataplane.http_server import HttpServer, ServerConfig
+from node.diloco.faults import straggling
+from node.diloco.holdings import Holdings
+from node.diloco.plan import build_plan, read_plan, sign_plan
+from node.diloco.role import DilocoTrainer, DilocoWork
+from node.diloco.service import DilocoService
+from node.diloco.trainer import DilocoTrainerWork, TrainerSettings
+from node.p2p.dht import DiscoverySettings
+from node.rl.diloco import LossFn, content_digest, lm_loss, pretraining_batches
+from node.rl.model import ModelConfig, build_model, model_config_hash
+from node.runtime import NodeRuntime, configure_logging
+from protocol.types import MIB
+
+FINAL_FILE = "final.safetensors"
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, "t": time.time(), **fields}, default=str), flush=True)
+
+
+def _key(text: str) -> NodeIdentity:
+    return NodeIdentity(bytes.fromhex(text.removeprefix("0x")))
+
+
+# --- plan ----------------------------------------------------------------------------------------
+
+
+def run_plan(args: argparse.Namespace) -> None:
+    plan = build_plan(
+        args.run,
+        [parse_address(a) for a in args.trainer],
+        cfg=ModelConfig(),
+        model_seed=args.model_seed,
+        rounds=args.rounds,
+        inner_steps=args.inner_steps,
+        inner_lr=args.inner_lr,
+        outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum,
+        nesterov=not args.no_nesterov,
+        compression=args.compression,
+        collect_timeout_ms=int(args.collect_timeout * 1000),
+        vote_timeout_ms=int(args.vote_timeout * 1000),
+    )
+    owner = _key(args.owner_key)
+    Path(args.out).write_bytes(sign_plan(owner, plan))
+    emit(
+        "plan",
+        run=plan.run,
+        owner=owner.checksum_address,
+        trainers=["0x" + t.hex() for t in plan.trainers],
+        initial_digest=plan.initial_digest.hex(),
+        path=args.out,
+    )
+
+
+# --- trainer -------------------------------------------------------------------------------------
+
+
+async def _until_signalled(
+    nursery: trio.Nursery, final: Any, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for _ in signals:
+            emit("stats", cpu_s=time.process_time(), **final())
+            nursery.cancel_scope.cancel()
+            return
+
+
+@dataclass
+class Prepared:
+    identity: NodeIdentity
+    data_dir: Path
+    holdings: Holdings
+    trainer: DilocoTrainerWork[torch.Tensor]
+
+
+def prepare_trainer(args: argparse.Namespace) -> Prepared:
+    """Everything blocking before the event loop: the verified run, the model, the data, the stores."""
+    torch.set_num_threads(args.threads)
+    identity = _key(args.key)
+    data_dir = Path(args.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    plan, plan_envelope = read_plan(Path(args.plan), parse_address(args.owner))
+    cfg = ModelConfig()
+    if model_config_hash(cfg) != plan.model_config_hash:
+        raise SystemExit("the run names another model config than this trainer builds")
+    model = build_model(cfg, args.model_seed)
+    data = pretraining_batches(args.data_seed, args.batches, args.batch_size)
+    holdings = Holdings(
+        data_dir / "diloco", identity, plan, plan_envelope, shard_size=int(args.shard_mb * MIB)
+    )
+    settings = TrainerSettings(
+        poll_wait_s=args.poll_wait,
+        join_wait_s=args.join_wait,
+        fetch_timeout_s=args.fetch_timeout,
+        resync_timeout_s=args.resync_timeout,
+    )
+    loss_fn: LossFn[torch.Tensor] = lm_loss
+    if args.straggle_seconds > 0:
+        loss_fn = straggling(lm_loss, data, args.straggle_round, plan.inner_steps, args.straggle_seconds)
+    trainer = DilocoTrainerWork(holdings, model, data, loss_fn, settings=settings, emit=emit)
+    return Prepared(identity, data_dir, holdings, trainer)
+
+
+async def run_trainer(args: argparse.Namespace, prepared: Prepared) -> None:
+    identity, data_dir, holdings, trainer = (
+        prepared.identity,
+        prepared.data_dir,
+        prepared.holdings,
+        prepared.trainer,
+    )
+    plan = holdings.plan
+
+    async def finished(theta: dict[str, torch.Tensor]) -> None:
+        path = data_dir / FINAL_FILE
+        await trio.to_thread.run_sync(lambda: safetensors.torch.save_file(theta, str(path)))
+        emit("final", path=str(path), theta=content_digest(theta).hex(), round=trainer.round)
+
+    service = DilocoService(holdings, extra_stats=trainer.status)
+    server = HttpServer(service, ServerConfig(host=args.http_host, port=args.http_port))
+    service.server_stats = server.stats
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(server.serve)
+        endpoint = f"http://{args.http_host}:{port}"
+        holdings.set_endpoint(endpoint)
+        config = NodeConfig(
+            identity=data_dir / "node.key",
+            run=plan.run,
+            role="trainer",
+            data_dir=data_dir / "node",
+            listen=args.listen,
+            bootstrap=tuple(args.bootstrap),
+            http_host=args.http_host,
+            http_port=port,
+            log_level=args.log_level,
+            discovery=DiscoverySettings(
+                early_refresh=(0.5, 1.0, 2.0, 4.0, 8.0), lookup_interval=args.lookup_interval
+            ),
+            liveness=LivenessSettings(interval=2.0, idle_after=4.0, max_strikes=3),
+        )
+        configure_logging(config)
+        logging.getLogger("node.diloco").setLevel(args.log_level)
+        runtime = NodeRuntime(config, identity, DilocoTrainer(DilocoWork(trainer, finished)))
+        await nursery.start(_until_signalled, nursery, service.statistics)
+        await nursery.start(runtime.run)
+        emit(
+            "listening",
+            endpoint=endpoint,
+            address=identity.checksum_address,
+            peer_id=identity.peer_id,
+            addr=f"{args.listen}/p2p/{identity.peer_id}",
+            run=plan.run,
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m node.diloco", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="build and sign a DiLoCo run")
+    p.add_argument("--owner-key", required=True, help="hex private key of the run's owner")
+    p.add_argument("--run", required=True)
+    p.add_argument("--trainer", action="append", required=True, help="a trainer's 0x address (repeat)")
+    p.add_argument("--rounds", type=int, required=True)
+    p.add_argument("--inner-steps", type=int, required=True)
+    p.add_argument("--inner-lr", type=float, default=1e-3)
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--no-nesterov", action="store_true")
+    p.add_argument("--compression", choices=("none", "fp16", "int8"), default="fp16")
+    p.add_argument("--collect-timeout", type=float, default=30.0, help="seconds")
+    p.add_argument("--vote-timeout", type=float, default=30.0, help="seconds")
+    p.add_argument("--model-seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+
+    t = sub.add_parser("trainer", help="run one trainer of a DiLoCo run")
+    t.add_argument("--key", required=True, help="hex private key of this trainer")
+    t.add_argument("--plan", required=True, help="the owner-signed run file")
+    t.add_argument("--owner", required=True, help="0x address of the run's owner (trust anchor)")
+    t.add_argument("--data-dir", required=True)
+    t.add_argument("--listen", required=True, help="libp2p multiaddr, e.g. /ip4/127.0.0.1/tcp/4101")
+    t.add_argument("--bootstrap", action="append", default=[], help="multiaddr with /p2p/<peer id>")
+    t.add_argument("--http-host", default="127.0.0.1")
+    t.add_argument("--http-port", type=int, default=0)
+    t.add_argument("--model-seed", type=int, default=0)
+    t.add_argument("--data-seed", type=int, required=True)
+    t.add_argument("--batches", type=int, default=64)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--shard-mb", type=float, default=8.0)
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--poll-wait", type=int, default=5)
+    t.add_argument("--join-wait", type=float, default=10.0)
+    t.add_argument("--fetch-timeout", type=float, default=30.0)
+    t.add_argument("--resync-timeout", type=float, default=60.0)
+    t.add_argument("--lookup-interval", type=float, default=2.0, help="DHT re-lookup of trainers, seconds")
+    t.add_argument("--log-level", default="WARNING")
+    t.add_argument("--straggle-round", type=int, default=0, help="fault injection: this round is slow")
+    t.add_argument("--straggle-seconds", type=float, default=0.0, help="fault injection: by this much")
+
+    args = parser.parse_args(argv)
+    if args.command == "plan":
+        run_plan(args)
+    else:
+        trio.run(run_trainer, args, prepare_trainer(args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

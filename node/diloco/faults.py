@@ -1,0 +1,29 @@
+"""Fault injection for tests and demos: a trainer that is slow in one round (a straggler)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from node.rl.diloco import LossFn, round_batches
+
+
+def straggling(
+    loss_fn: LossFn[torch.Tensor], data: Sequence[torch.Tensor], round: int, inner_steps: int, seconds: float
+) -> LossFn[torch.Tensor]:
+    """`loss_fn`, except that the first inner step of `round` takes `seconds` longer.
+
+    The batch identifies the round (`round_batches` is a pure function of data, round and H), so nothing
+    else in the trainer has to know. With fewer batches than rounds x H the marker batch recurs; give the
+    trainer at least that many batches.
+    """
+    marker = round_batches(data, round, inner_steps)[0]
+
+    def slow(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        if batch is marker:
+            time.sleep(seconds)  # runs in the trainer's worker thread, as a slow device would
+        return loss_fn(model, batch)
+
+    return slow

@@ -1,0 +1,28 @@
+"""Tensors in and out of contributions: load a verified contribution's payload and decompress it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from node.dataplane.checkpoint import load_checkpoint
+from node.rl.diloco import decompress
+from protocol.diloco import Contribution
+
+
+def load_delta(
+    directory: Path,
+    contribution: Contribution,
+    compression: str,
+    *,
+    like: Mapping[str, torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
+    """The float32 pseudo-gradient of a verified contribution directory (blocking: run in a thread).
+
+    Raises CheckpointInvalid when the files do not match the manifest and ValueError when the payload is
+    not one the run's compression produces for the model `like` (names, shapes, dtypes, finite values).
+    """
+    payload = load_checkpoint(directory, contribution.manifest)
+    return decompress(payload, compression, like=like)

@@ -1,0 +1,102 @@
+"""In-process DiLoCo trainers for the fast tests: real HTTP servers on loopback, fixed peer maps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from crypto.identity import NodeIdentity
+from node.dataplane.http_server import HttpServer, ServerConfig
+from node.diloco.holdings import Holdings
+from node.diloco.plan import build_plan, sign_plan
+from node.diloco.service import DilocoService
+from node.diloco.trainer import DilocoTrainerWork, TrainerSettings
+from node.rl.diloco import lm_loss, pretraining_batches
+from node.rl.model import ModelConfig, build_model
+from protocol.messages import DilocoRun
+
+RUN = "diloco-test"
+MODEL_SEED = 3
+OWNER = NodeIdentity((999).to_bytes(32, "big"))
+FAST = TrainerSettings(
+    poll_wait_s=1, retry_s=0.05, join_wait_s=2.0, fetch_timeout_s=5.0, resync_timeout_s=5.0
+)
+
+
+def identities(n: int) -> list[NodeIdentity]:
+    """n trainer keys, ascending by address (the run's order)."""
+    keys = [NodeIdentity((100 + i).to_bytes(32, "big")) for i in range(n)]
+    return sorted(keys, key=lambda k: k.address)
+
+
+def tiny_plan(trainers: Sequence[NodeIdentity], **changes: Any) -> tuple[DilocoRun, bytes]:
+    fields: dict[str, Any] = dict(
+        cfg=ModelConfig(),
+        model_seed=MODEL_SEED,
+        rounds=2,
+        inner_steps=2,
+        inner_lr=1e-3,
+        compression="fp16",
+        collect_timeout_ms=3000,
+        vote_timeout_ms=3000,
+        created_ms=1_767_225_600_000,
+    )
+    fields.update(changes)
+    plan = build_plan(RUN, [t.address for t in trainers], **fields)
+    return plan, sign_plan(OWNER, plan)
+
+
+def trainer_data(index: int, batches: int = 4, batch_size: int = 4) -> list[torch.Tensor]:
+    return pretraining_batches(1000 + index, batches, batch_size)
+
+
+@dataclass
+class LocalTrainer:
+    identity: NodeIdentity
+    holdings: Holdings
+    work: DilocoTrainerWork[torch.Tensor]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    endpoint: str = ""
+    theta: dict[str, torch.Tensor] | None = None
+
+    def kinds(self) -> list[str]:
+        return [e["event"] for e in self.events]
+
+
+def make_trainer(
+    tmp: Path,
+    identity: NodeIdentity,
+    plan: DilocoRun,
+    envelope: bytes,
+    data: list[torch.Tensor],
+    settings: TrainerSettings = FAST,
+) -> LocalTrainer:
+    events: list[dict[str, Any]] = []
+    holdings = Holdings(tmp / identity.address.hex()[:8], identity, plan, envelope, shard_size=64 * 1024)
+    model = build_model(ModelConfig(), MODEL_SEED)
+    work = DilocoTrainerWork(
+        holdings,
+        model,
+        data,
+        lm_loss,
+        settings=settings,
+        emit=lambda event, **fields: events.append({"event": event, **fields}),
+    )
+    return LocalTrainer(identity, holdings, work, events)
+
+
+async def serve(trainer: LocalTrainer, nursery: trio.Nursery) -> str:
+    server = HttpServer(DilocoService(trainer.holdings), ServerConfig(port=0))
+    port = await nursery.start(server.serve)
+    trainer.endpoint = f"http://127.0.0.1:{port}"
+    trainer.holdings.set_endpoint(trainer.endpoint)
+    return trainer.endpoint
+
+
+async def train(trainer: LocalTrainer, peers: dict[bytes, str]) -> None:
+    trainer.theta = await trainer.work.train(lambda: peers)
