@@ -38,6 +38,21 @@ def peer_id_bytes(public_key: bytes) -> bytes:
     return bytes([0x00, len(protobuf)]) + protobuf
 
 
+def address_of_peer_id(peer_id: bytes) -> bytes | None:
+    """The Ethereum address of the secp256k1 key a raw libp2p peer id embeds; None for any other id.
+
+    A peer proves its address by signing, its peer id by the Noise handshake; checking that both name the
+    same key stops one node from presenting another node's signed messages as its own.
+    """
+    header = bytes([0x00, 37, 0x08, _LIBP2P_KEYTYPE_SECP256K1, 0x12, 33])
+    if len(peer_id) != len(header) + 33 or not peer_id.startswith(header):
+        return None
+    try:
+        return address_of_public_key(peer_id[len(header) :])
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class NodeIdentity:
     """A node's private key and the names derived from it."""

@@ -262,7 +262,7 @@ class AcceptedRollout:
     TYPE: ClassVar[str] = "accepted_rollout"
     MAX_SIZE: ClassVar[int] = 16 * MIB + 128 * KIB
 
-    index: Annotated[int, Range(1, 2**63)]
+    index: Annotated[int, Range(1, 2**63 - 1)]  # an SQLite INTEGER
     verdict: Annotated[bytes, MaxLen(96 * KIB)]
     submission: Annotated[bytes, MaxLen(16 * MIB + 4 * KIB)]
 

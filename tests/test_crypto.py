@@ -98,3 +98,16 @@ def test_merkle_malformed_paths_are_refused():
     assert not is_included(b"a", 0, 3, proof + [root], root)
     assert not is_included(b"a", 0, 3, proof[:-1], root)
     assert not is_included(b"a", 5, 3, proof, root)
+
+
+def test_the_address_a_peer_id_embeds_is_the_keys_address():
+    from libp2p.peer.id import ID
+
+    from crypto.identity import address_of_peer_id
+
+    one, other = NodeIdentity(b"\x01" * 32), NodeIdentity(b"\x02" * 32)
+    raw = ID.from_base58(one.peer_id).to_bytes()
+    assert address_of_peer_id(raw) == one.address != other.address
+    assert address_of_peer_id(raw[:-1]) is None  # truncated
+    assert address_of_peer_id(b"\x12\x20" + bytes(32)) is None  # a hashed (non-secp256k1) peer id
+    assert address_of_peer_id(raw[:6] + b"\x05" + bytes(32)) is None  # not a point on the curve

@@ -21,12 +21,13 @@ from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr  # type: ignore[import-untyped]
 
+from crypto.identity import address_of_peer_id
 from node.p2p.clock import Clock
-from node.p2p.reqresp import ProtocolSpec, RequestFailed, RequestResponse
+from node.p2p.reqresp import BadResponse, ProtocolSpec, RequestFailed, RequestResponse
 from node.p2p.scoring import Fault, PeerGuard
 from protocol import ids
 from protocol.envelope import Opened
-from protocol.errors import Reason, Reject
+from protocol.errors import ProtocolError, Reason, Reject
 from protocol.messages import Hello, Ping, Pong
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ class PeerDirectory:
         message: Hello = opened.message
         if message.run != self.hello.run:
             raise Reject(Reason.WRONG_RUN, f"hello for run {message.run!r}")
+        if address_of_peer_id(peer.to_bytes()) != opened.sender:
+            # a relayed Hello: someone else's signed introduction presented over our own connection
+            raise Reject(Reason.WRONG_SENDER, f"hello signed by {opened.sender.hex()}, not by peer {peer}")
         record = PeerRecord(
             str(peer), opened.sender, message.role, message.http_endpoint, message.agent, self.clock()
         )
@@ -111,7 +115,10 @@ class PeerDirectory:
     async def exchange(self, peer: ID) -> PeerRecord:
         """Hello both ways; raises RequestFailed if the peer does not answer with a valid Hello."""
         opened = await self.reqresp.request(peer, HELLO, self.hello)
-        return self._remember(peer, opened)
+        try:
+            return self._remember(peer, opened)
+        except ProtocolError as exc:
+            raise BadResponse(peer, HELLO.protocol, exc) from None
 
     def with_role(self, role: str) -> list[PeerRecord]:
         return sorted((r for r in self.records.values() if r.role == role), key=lambda r: r.peer_id)

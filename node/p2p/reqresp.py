@@ -233,6 +233,10 @@ class RequestResponse:
         except STREAM_ERRORS:
             self.stats[f"{key}:transport_error"] += 1
             await abort(stream)
+        except Exception:  # a bug in a handler must cost one stream, never the connection or the node
+            self.stats[f"{key}:handler_error"] += 1
+            log.exception("request handler failed", extra={"protocol": spec.protocol, "peer": str(peer)})
+            await abort(stream)
         finally:
             limiter.release()
 
