@@ -1,6 +1,7 @@
 """DiLoCo benchmark: loss at equal compute, bytes per outer step, and (modelled) time spent communicating.
 
-Usage: `python benchmarks/bench_diloco.py [--trainers 4] [--steps 500] [--inner-steps 1 10 50] [--threads 1]`.
+Usage: `python benchmarks/bench_diloco.py [--trainers 4] [--steps 500] [--inner-steps 1 10 50] [--threads 1]
+[--network-trainers 2] [--network-rounds 20] [--network-inner-steps 10 50] [--no-network]`.
 
 Sections (each a function returning its own keys; `SECTIONS` runs them in order):
 - loss: pre-training of the project's tiny model (the base checkpoint's config, fresh weights from a seed)
@@ -29,21 +30,53 @@ Sections (each a function returning its own keys; `SECTIONS` runs them in order)
   exact, order-fixed average needs every contribution). The tiny model moves few bytes per unit of
   compute (about 256 tokens per step per trainer); a larger model on a GPU has a far smaller compute time
   per byte, so its ddp fraction would be higher, not lower.
+- network (measured; `--no-network` skips it): the real implementation, `--network-trainers` trainer
+  processes (`python -m node.diloco trainer`, started by `node.diloco.testing.spawn_trainer`; libp2p
+  discovery through the DHT, HTTP data plane on loopback, fp16 payloads, one torch thread each) run
+  `--network-rounds` rounds for each H in `--network-inner-steps`, one fresh set of processes per H (the
+  signed plan fixes H). The events carry wall-clock stamps (`t`) but no compute timings, so the phases
+  come from the stamps (`round_phases`): compute = `round_start` → `contributed` (the H inner steps plus
+  compressing, signing and writing the payload, all local), exchange = `contributed` → `round_done`
+  (long-polling the others' contributions, fetching them, voting, averaging, the outer step, publishing
+  the outer state: communication and coordination), wall = `round_start` → `round_done` (the gap to the
+  next `round_start` is about a millisecond). `measured_h{H}_comm_fraction` is exchange / wall summed
+  over trainers and rounds 1.. (round 0 holds the start-up skew between trainers); `_wait_s_per_round` is
+  the part of exchange spent before the round's last trainer contributed (waiting for a slower peer).
+  `_compute_vs_inner_steps_ratio` compares the compute phase with H x `compute_s_per_inner_step` timed
+  alone in the loss section. Bytes are the trainers' HTTP servers' `bytes_served` (their `stats` event;
+  on loopback every byte served is received by another trainer), per trainer per round, round 0
+  included, against the comm model's all-gather of fp16 payloads (`_bytes_vs_fp16_allgather_ratio`).
+  Loopback has no bandwidth limit worth the name, so this fraction is the implementation's own overhead
+  (round trips, hashing, signatures, the outer step) on top of which a real link adds the modelled
+  transfer time; on 2 shared cores the two trainers also compete with anything else running.
 
-Measured (defaults: K=4, 500 inner steps per trainer, 16 lines per step, inner AdamW lr 1e-3, 1 thread,
-about 2 minutes on 2 shared cores): held-out loss from 4.56 at init to 1.688 for ddp (64 lines per step)
-and 1.774-1.779 for a lone trainer; DiLoCo fp16 H=1 2.058, H=10 1.765, H=50 1.790, H=50 int8 1.775,
-H=50 with plain averaging (outer lr 1, no momentum) 1.760. So at this scale DiLoCo recovers at most about
-a fifth of what synchronous data parallelism gains over a lone trainer (`*_gain_vs_ddp_gain_ratio`), the
-OpenDiLoCo outer optimizer (lr 0.7, Nesterov 0.9) does no better than plain averaging over so few outer
-steps (10-50), and H=1 with that outer optimizer is far worse than either (it multiplies AdamW's step by
-up to lr/(1-momentum) = 7). A 2000-step run (H=50: 40 outer steps) gave the same picture (ddp 1.605,
-lone 1.659, DiLoCo 1.658); inner lr 3e-3, a warm start from the base checkpoint and outer settings
-(0.7, 0.5) or (1.0, 0.9) did not change it (H=10/H=50 between 1.75 and 1.89), (1.5, 0.9) was far worse
-(2.06/2.70). int8 with error feedback costs nothing
-measurable against fp16. Bytes: one fp16 payload is 0.505 of an fp32 gradient (int8 0.26), so per outer
-step ddp moves 2H (fp16) or about 3.9H (int8) times more payload; with the comm model above, ddp spends
-50% of its time communicating at 1 Gbit/s and 91% at 100 Mbit/s, DiLoCo fp16 at H=50 2% and 17%.
+Measured (defaults: K=4, 500 inner steps per trainer, 16 lines per step, inner AdamW lr 1e-3, 1 thread, about
+2 minutes on 2 shared cores, 3.3 with the network section): held-out loss from 4.56 at init to 1.688 for ddp
+(64 lines per step) and 1.774-1.779 for a lone trainer; DiLoCo fp16 H=1 2.058, H=10 1.765, H=50 1.790, H=50
+int8 1.775, H=50 with plain averaging (outer lr 1, no momentum) 1.760. So at this scale DiLoCo recovers at
+most about a fifth of what synchronous data parallelism gains over a lone trainer
+(`*_gain_vs_ddp_gain_ratio`), the OpenDiLoCo outer optimizer (lr 0.7, Nesterov 0.9) does no better than plain
+averaging over so few outer steps (10-50), and H=1 with that outer optimizer is far worse than either (it
+multiplies AdamW's step by up to lr/(1-momentum) = 7). A 2000-step run (H=50: 40 outer steps) gave the same
+picture (ddp 1.605, lone 1.659, DiLoCo 1.658); inner lr 3e-3, a warm start from the base checkpoint and outer
+settings (0.7, 0.5) or (1.0, 0.9) did not change it (H=10/H=50 between 1.75 and 1.89), (1.5, 0.9) was far
+worse (2.06/2.70). int8 with error feedback costs nothing measurable against fp16. Bytes: one fp16 payload is
+0.505 of an fp32 gradient (int8 0.26), so per outer step ddp moves 2H (fp16) or about 3.9H (int8) times more
+payload; with the comm model above, ddp spends 50% of its time communicating at 1 Gbit/s and 91% at 100
+Mbit/s, DiLoCo fp16 at H=50 2% and 17%.
+
+Network section (2 trainer processes, 20 rounds per H, about 70 s): H=10 a round took 0.410 s, 0.333 s
+computing and 0.077 s exchanging (0.020 s of it waiting for the other trainer), so 19% of wall time
+went to communication and coordination against a modelled 7.5% at 1 Gbit/s; H=50 1.355 s = 1.227 s +
+0.129 s (0.062 s waiting), 9.5% against a modelled 1.6%. Each trainer served 276,327 bytes per round in
+3 requests (a contribution envelope, its payload shard, a vote): 1.005 times the one fp16 payload the
+comm model counts for K=2. The per-round exchange (80-130 ms on loopback, where bytes cost almost
+nothing) is a fixed overhead the model leaves out: it exceeds the modelled transfer time of one payload
+at 1 Gbit/s (2.2 ms) many times over. The compute phase ran 3-4 times slower per inner step than the same
+step timed alone (`_compute_vs_inner_steps_ratio` 4.1 and 3.0): the two trainers shared 2 cores with other
+work, which inflates compute and so lowers the measured fractions. A short run on a quieter machine (3 rounds
+at H=10) gave a compute phase equal to H steps timed alone (ratio 1.0), a 15 ms exchange and a fraction of
+0.16: the measured numbers move with the machine's load, the modelled ones hardly.
 
 Progress goes to stderr; the last line on stdout is one JSON object (snake_case keys, ratios end in
 `_ratio`).
@@ -55,13 +88,20 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save
 
+from crypto.identity import NodeIdentity
+from node.dataplane.testing import RoleProcess, stop_all
+from node.diloco.plan import build_plan, sign_plan
+from node.diloco.testing import TrainerSpec, spawn_trainer, trainer_key
 from node.rl.diloco import (
     Compressor,
     DilocoParams,
@@ -77,7 +117,7 @@ from node.rl.diloco import (
     reference_diloco,
     trainable_state,
 )
-from node.rl.model import build_model, load_checkpoint
+from node.rl.model import ModelConfig, build_model, load_checkpoint
 from node.rl.run import BASE_CHECKPOINT
 
 Section = Callable[[argparse.Namespace, dict[str, float | int]], dict[str, float | int]]
@@ -85,6 +125,9 @@ DATA_SEED = 1000  # trainer k's data seed is DATA_SEED + k
 HELD_OUT_SEED = 99_000
 MODEL_SEED = 0
 LINKS = {"1gbit": 1e9 / 8, "100mbit": 1e8 / 8}  # bytes per second
+NETWORK_OWNER = NodeIdentity(
+    (0xB0_0C0).to_bytes(32, "big")
+)  # signs the benchmark's runs (never for real use)
 
 
 def _log(text: str) -> None:
@@ -263,7 +306,123 @@ def comm_section(args: argparse.Namespace, result: dict[str, float | int]) -> di
     return out
 
 
-SECTIONS: list[Section] = [loss_section, bytes_section, comm_section]
+# --- measured on trainer processes ----------------------------------------------------------------------
+
+
+def round_phases(events: list[list[dict[str, Any]]], skip: int = 1) -> dict[str, list[float]]:
+    """Seconds per phase for every trainer and round from round `skip` on, from the events' `t` stamps.
+
+    compute: `round_start` → `contributed` (inner steps, compress, sign and write the payload);
+    exchange: `contributed` → `round_done` (collect the others' contributions, vote, fetch, average, outer
+    step, publish the outer state); wait: the part of exchange spent before the round's last trainer
+    contributed (waiting for a slower peer, not moving bytes). Round 0 is skipped by default: trainers
+    leave the join at different times, so its wait is start-up skew.
+    """
+    stamps = {
+        kind: [{e["round"]: e["t"] for e in trainer if e["event"] == kind} for trainer in events]
+        for kind in ("round_start", "contributed", "round_done")
+    }
+    rounds = sorted(set.intersection(*(set(done) for done in stamps["round_done"])))
+    phases: dict[str, list[float]] = {"wall": [], "compute": [], "exchange": [], "wait": []}
+    for r in rounds[skip:]:
+        last = max(c[r] for c in stamps["contributed"])
+        for start, contributed, done in zip(*stamps.values(), strict=True):
+            phases["wall"].append(done[r] - start[r])
+            phases["compute"].append(contributed[r] - start[r])
+            phases["exchange"].append(done[r] - contributed[r])
+            phases["wait"].append(max(0.0, last - contributed[r]))
+    return phases
+
+
+def _network_run(
+    args: argparse.Namespace, h: int, tmp: Path
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]], float]:
+    """Run `--network-trainers` trainer processes on loopback for `--network-rounds` rounds at H=h.
+
+    Returns every trainer's events, its final `stats` and the seconds from spawning to the last `final`.
+    """
+    k, rounds = args.network_trainers, args.network_rounds
+    common = (
+        *("--batches", str(rounds * h), "--batch-size", str(args.batch_size)),
+        *("--model-seed", str(MODEL_SEED), "--threads", "1", "--join-wait", "90"),
+    )
+    specs = [
+        TrainerSpec(f"h{h}-trainer-{i}", trainer_key(i), tmp / f"h{h}-{i}", DATA_SEED + i, common)
+        for i in range(k)
+    ]
+    plan = build_plan(
+        f"bench-diloco-h{h}",
+        [s.key.address for s in specs],
+        cfg=ModelConfig(),
+        model_seed=MODEL_SEED,
+        rounds=rounds,
+        inner_steps=h,
+        inner_lr=args.inner_lr,
+        compression="fp16",
+    )
+    path = tmp / f"h{h}-run.bin"
+    path.write_bytes(sign_plan(NETWORK_OWNER, plan))
+    started = time.perf_counter()
+    owner = NETWORK_OWNER.address
+    procs: list[RoleProcess] = []
+    try:
+        # trainer 0 is everyone's bootstrap peer: the others start once it listens, not before
+        procs.append(spawn_trainer(specs[0], path, owner, [], timeout=120))
+        procs += [spawn_trainer(s, path, owner, [specs[0].addr], timeout=None) for s in specs[1:]]
+        for proc in procs[1:]:
+            proc.endpoint = proc.wait_event("listening", 120)["endpoint"]
+        for proc in procs:
+            proc.wait_event("final", 120 + rounds * h)
+        run_s = time.perf_counter() - started
+        stats = [proc.stop() or {} for proc in procs]
+    finally:
+        stop_all(procs)
+    return [proc.seen for proc in procs], stats, run_s
+
+
+def network_section(args: argparse.Namespace, result: dict[str, float | int]) -> dict[str, float | int]:
+    k, rounds = args.network_trainers, args.network_rounds
+    if rounds < 2:
+        raise SystemExit("--network-rounds must be at least 2 (round 0 is start-up and not counted)")
+    step_s = float(result["compute_s_per_inner_step"])
+    allgather = float(result["fp16_payload_bytes"]) * (k - 1)  # DiLoCo's share under the comm model
+    out: dict[str, float | int] = {"network_trainers": k, "network_rounds": rounds}
+    _log(f"network: {k} trainer processes on loopback, {rounds} rounds per H (round 0 not counted)")
+    with tempfile.TemporaryDirectory(prefix="bench-diloco-") as tmp:
+        for h in args.network_inner_steps:
+            events, stats, run_s = _network_run(args, h, Path(tmp))
+            phases = round_phases(events)
+            per_round = {name: statistics.mean(values) for name, values in phases.items()}
+            served = sum(int(s.get("server", {}).get("bytes_served", 0)) for s in stats)
+            requests = sum(int(s.get("server", {}).get("requests", 0)) for s in stats)
+            name = f"measured_h{h}"
+            out.update(
+                {
+                    f"{name}_run_s": round(run_s, 2),
+                    f"{name}_wall_s_per_round": round(per_round["wall"], 4),
+                    f"{name}_compute_s_per_round": round(per_round["compute"], 4),
+                    f"{name}_exchange_s_per_round": round(per_round["exchange"], 4),
+                    f"{name}_wait_s_per_round": round(per_round["wait"], 4),
+                    f"{name}_comm_fraction": round(sum(phases["exchange"]) / sum(phases["wall"]), 4),
+                    # the compute phase against H inner steps timed alone in this process (loss section)
+                    f"{name}_compute_vs_inner_steps_ratio": round(per_round["compute"] / (h * step_s), 3),
+                    # every byte a trainer serves, another receives: per trainer per round, round 0 included
+                    f"{name}_bytes_served_per_round": round(served / (k * rounds)),
+                    f"{name}_requests_per_round": round(requests / (k * rounds), 1),
+                    f"{name}_bytes_vs_fp16_allgather_ratio": round(served / (k * rounds) / allgather, 3),
+                }
+            )
+            _log(
+                f"network H={h}: round {per_round['wall']:.3f}s = compute {per_round['compute']:.3f}s"
+                f" + exchange {per_round['exchange']:.3f}s (of which waiting {per_round['wait']:.3f}s);"
+                f" comm fraction {out[f'{name}_comm_fraction']:.3f} (modelled at 1 Gbit/s"
+                f" {result.get(f'modelled_h{h}_fp16_comm_fraction_1gbit', float('nan')):.4f});"
+                f" {out[f'{name}_bytes_served_per_round']} B served per trainer per round ({run_s:.1f}s)"
+            )
+    return out
+
+
+SECTIONS: list[Section] = [loss_section, bytes_section, comm_section, network_section]
 
 
 def main() -> None:
@@ -277,11 +436,21 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: the tiny model gains nothing from 2)"
     )
+    parser.add_argument(
+        "--network-trainers", type=int, default=2, help="trainer processes for the measured section"
+    )
+    parser.add_argument("--network-rounds", type=int, default=20, help="rounds per H in the measured section")
+    parser.add_argument(
+        "--network-inner-steps", type=int, nargs="+", default=[10, 50], help="H values, measured section"
+    )
+    parser.add_argument("--no-network", action="store_true", help="skip the measured (process) section")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     result: dict[str, float | int] = {"torch_threads": torch.get_num_threads()}
     for section in SECTIONS:
+        if args.no_network and section is network_section:
+            continue
         result.update(section(args, result))
     result["wall_s"] = round(time.perf_counter() - started, 3)
     print(json.dumps(result, sort_keys=False))
