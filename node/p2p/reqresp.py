@@ -240,8 +240,14 @@ class RequestResponse:
         finally:
             limiter.release()
 
-    async def request(self, peer: ID, spec: ProtocolSpec, message: Any) -> Opened:
-        """Send one request and return the verified response; raises a RequestFailed subclass."""
+    async def request(
+        self, peer: ID, spec: ProtocolSpec, message: Any, *, sealed: bytes | None = None
+    ) -> Opened:
+        """Send one request and return the verified response; raises a RequestFailed subclass.
+
+        `sealed` sends an envelope sealed earlier (`seal(message)`) instead of a fresh one: a retry of
+        the same request to another peer then carries the same digest, so it counts once everywhere.
+        """
         key = spec.protocol
         self.stats[f"{key}:requests"] += 1
         try:
@@ -255,7 +261,7 @@ class RequestResponse:
             raise PeerUnreachable(peer, key, f"{type(exc).__name__}: {exc}") from None
         try:
             with trio.fail_after(self.settings.write_timeout):
-                await write_frame(stream, self.seal(message))
+                await write_frame(stream, sealed if sealed is not None else self.seal(message))
             with trio.fail_after(spec.timeout):
                 data = await read_frame(stream, max_size=spec.response_cap)
             opened = open_envelope(

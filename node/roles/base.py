@@ -91,9 +91,11 @@ class RoleNet:
         """Sign and gossip `message` on the run's `kind` topic; returns the envelope bytes."""
         return await self.gossip.publish(kind, message)
 
-    async def request(self, peer: ID, spec: ProtocolSpec, message: Any) -> Opened:
-        """One request/response exchange; raises `RequestFailed` subclasses."""
-        return await self.reqresp.request(peer, spec, message)
+    async def request(
+        self, peer: ID, spec: ProtocolSpec, message: Any, *, sealed: bytes | None = None
+    ) -> Opened:
+        """One request/response exchange; raises `RequestFailed` (`sealed`: see RequestResponse)."""
+        return await self.reqresp.request(peer, spec, message, sealed=sealed)
 
     def report(self, peer: ID, reason: Reason, detail: str = "") -> None:
         """Charge `peer` for input our work rejected (a bad submission, a lying manifest)."""

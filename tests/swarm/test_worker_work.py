@@ -598,3 +598,36 @@ def test_submissions_reach_a_validator_found_through_the_dht(tmp_path):
             )
 
     trio.run(main)
+
+
+def test_a_retried_submission_is_the_same_envelope_for_every_validator() -> None:
+    """Sealed once: a validator that queued it before our timeout and the next one name it by one digest."""
+    from types import SimpleNamespace
+
+    from crypto.identity import NodeIdentity
+    from node.swarm.worker import NetTransport
+    from protocol.envelope import seal
+
+    identity = NodeIdentity(b"\x07" * 32)
+    sent: list[bytes] = []
+    counter = iter(range(1, 100))
+
+    async def request(peer, spec, message, *, sealed=None):  # type: ignore[no-untyped-def]
+        sent.append(sealed)
+        return SimpleNamespace(message=SubmitAck(bytes(32), 100, "queued"))
+
+    net = SimpleNamespace(
+        seal=lambda m: seal(identity, m, run=m.run, seq=next(counter), ts=1), request=request
+    )
+    transport = NetTransport(net)  # type: ignore[arg-type]
+    first = RolloutSubmission("devnet", 0, 0, bytes(32), ())
+    second = RolloutSubmission("devnet", 1, 0, bytes(32), ())
+    validator = NodeIdentity(b"\x08" * 32).peer_id
+
+    async def main() -> None:
+        await transport.send(validator, first)
+        await transport.send(validator, first)
+        await transport.send(validator, second)
+
+    trio.run(main)
+    assert sent[0] == sent[1] != sent[2]
