@@ -5,8 +5,9 @@ One SQLite file (WAL, synchronous=FULL: a commit is on disk when it returns) hol
   here before its SUBMIT is acknowledged as queued (status 100), so a validator killed at any point
   judges, after a restart, everything it ever acknowledged.
 - `judged`: one row per judged submission (its digest, the worker and assignment step, the outcome code,
-  the sealed verdict), so a resend of the same submission, or another submission for the same assignment
-  step, is refused as a duplicate even after a restart.
+  whether the outcome was an ignore, the sealed verdict), so a resend of the same submission, or another
+  submission for an assignment step judged with a verdict, is refused as a duplicate even after a restart.
+  An ignore (the `ignored` flag: every `Ignore`, whatever its code, 607 included) leaves the step free.
 - `accepted`: the append-only log the trainer pulls with `AcceptedRequest`: index (from 1), the
   validator's sealed accepting verdict and the worker's signed submission, digest unique.
 
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import trio
 
-from protocol.errors import Ignore, Reason
+from protocol.errors import Ignore, Reason, Reject
 from protocol.messages import AcceptedRollout
 
 SCHEMA = """
@@ -55,10 +56,9 @@ CREATE TABLE IF NOT EXISTS judged (
     status INTEGER NOT NULL,
     tokens INTEGER NOT NULL,
     verdict BLOB NOT NULL,
-    judged_ms INTEGER NOT NULL
+    judged_ms INTEGER NOT NULL,
+    ignored INTEGER NOT NULL DEFAULT 0
 );
-CREATE UNIQUE INDEX IF NOT EXISTS judged_assignment ON judged (worker, step)
-    WHERE status NOT BETWEEN 200 AND 299;
 CREATE TABLE IF NOT EXISTS accepted (
     idx INTEGER PRIMARY KEY AUTOINCREMENT,
     digest BLOB NOT NULL UNIQUE,
@@ -66,8 +66,14 @@ CREATE TABLE IF NOT EXISTS accepted (
     submission BLOB NOT NULL
 );
 """
+# After `judged` has its `ignored` column (a store from before the flag gets it in `_migrate`).
+JUDGED_INDEX = """
+DROP INDEX IF EXISTS judged_assignment;
+CREATE UNIQUE INDEX IF NOT EXISTS judged_verdict_assignment ON judged (worker, step) WHERE ignored = 0;
+"""
 
-ACCEPTED = 0  # the `judged.status` of an acceptance; otherwise the reason code (2xx ignored, else rejected)
+ACCEPTED = 0  # the `judged.status` of an acceptance; otherwise the reason code (`judged.ignored`: an ignore)
+MAX_CURSOR = 2**63 - 1  # accepted indices are SQLite INTEGERs
 SECRET_KEY = "sample_secret"
 
 
@@ -92,8 +98,9 @@ class PendingItem:
 class JudgedCounts:
     """What the `judged` table says, for the status after a restart."""
 
-    by_status: dict[int, int]
-    per_worker: dict[bytes, dict[int, int]]
+    by_status: dict[int, int]  # verdicts (acceptances and rejections) by status
+    ignored: dict[int, int]  # ignores by reason code
+    per_worker: dict[bytes, dict[int, int]]  # verdicts only
     tokens: int
 
 
@@ -108,8 +115,27 @@ class AcceptedStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        self._migrate()
+        self._db.executescript(JUDGED_INDEX)
         self._newest = int(self._db.execute("SELECT COALESCE(MAX(idx), 0) FROM accepted").fetchone()[0])
         self._changed = trio.Event()
+
+    def _migrate(self) -> None:
+        """A store written before the `ignored` flag: add it, set for the ignores of then (2xx and 607)."""
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(judged)")}
+        if "ignored" in columns:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("ALTER TABLE judged ADD COLUMN ignored INTEGER NOT NULL DEFAULT 0")
+            self._db.execute(
+                "UPDATE judged SET ignored = 1 WHERE status BETWEEN 200 AND 299 OR status = ?",
+                (int(Reason.UNKNOWN_CHECKPOINT),),
+            )
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         with self._lock:
@@ -143,9 +169,11 @@ class AcceptedStore:
         envelope: bytes,
         max_items: int,
         max_bytes: int,
+        max_per_worker: int | None = None,
     ) -> PendingItem:
         """Queue a submission durably; `Ignore` DUPLICATE if this submission or another one for the same
-        assignment step was queued or judged before, NOT_FOR_US if the queue is full."""
+        assignment step was queued or judged with a verdict before, NOT_FOR_US if the queue is full or
+        the worker already has `max_per_worker` submissions queued."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -155,6 +183,12 @@ class AcceptedStore:
                 ).fetchone()
                 if count >= max_items or size + len(envelope) > max_bytes:
                     raise Ignore(Reason.NOT_FOR_US, f"queue full ({count} submissions, {size} bytes)")
+                if max_per_worker is not None:
+                    (mine,) = self._db.execute(
+                        "SELECT COUNT(*) FROM pending WHERE worker = ?", (worker,)
+                    ).fetchone()
+                    if mine >= max_per_worker:
+                        raise Ignore(Reason.NOT_FOR_US, f"this worker has {mine} submissions queued already")
                 cursor = self._db.execute(
                     "INSERT INTO pending (digest, worker, step, checkpoint_version, received_ms, envelope)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
@@ -178,7 +212,7 @@ class AcceptedStore:
             raise Ignore(Reason.DUPLICATE, f"submission {digest.hex()[:16]} was received before")
         taken = self._db.execute(
             "SELECT 1 FROM pending WHERE worker = ? AND step = ? UNION ALL"
-            " SELECT 1 FROM judged WHERE worker = ? AND step = ? AND status NOT BETWEEN 200 AND 299",
+            " SELECT 1 FROM judged WHERE worker = ? AND step = ? AND ignored = 0",
             (worker, _u64(step), worker, _u64(step)),
         ).fetchone()
         if taken is not None:
@@ -222,19 +256,32 @@ class AcceptedStore:
         verdict: bytes,
         submission: bytes | None,
         judged_ms: int,
+        ignored: bool = False,
     ) -> int | None:
         """Move a judged submission out of the queue; an acceptance (`status` 0, with its submission
-        envelope) is appended to the accepted log. Returns the accepted index, or None."""
+        envelope) is appended to the accepted log. `ignored`: the outcome was an `Ignore` (whatever its
+        code), which leaves the assignment step free. Returns the accepted index, or None."""
         if (status == ACCEPTED) != (submission is not None):
             raise ValueError("exactly the accepted judgements carry their submission")
+        if ignored and status == ACCEPTED:
+            raise ValueError("an acceptance is not an ignore")
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute("DELETE FROM pending WHERE id = ?", (item.id,))
                 self._db.execute(
-                    "INSERT INTO judged (digest, worker, step, status, tokens, verdict, judged_ms)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (item.digest, item.worker, _u64(item.step), status, tokens, verdict, judged_ms),
+                    "INSERT INTO judged (digest, worker, step, status, tokens, verdict, judged_ms, ignored)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        item.digest,
+                        item.worker,
+                        _u64(item.step),
+                        status,
+                        tokens,
+                        verdict,
+                        judged_ms,
+                        int(ignored),
+                    ),
                 )
                 index = None
                 if submission is not None:
@@ -260,6 +307,7 @@ class AcceptedStore:
         verdict: bytes,
         submission: bytes | None,
         judged_ms: int,
+        ignored: bool = False,
     ) -> int | None:
         """`finish` in a thread, then wake the long polls (call from the trio thread)."""
         index = await trio.to_thread.run_sync(
@@ -270,6 +318,7 @@ class AcceptedStore:
                 verdict=verdict,
                 submission=submission,
                 judged_ms=judged_ms,
+                ignored=ignored,
             )
         )
         if index is not None:
@@ -279,22 +328,31 @@ class AcceptedStore:
 
     def judged_counts(self) -> JudgedCounts:
         with self._lock:
-            rows = self._db.execute("SELECT worker, status, COUNT(*) FROM judged GROUP BY worker, status")
+            rows = self._db.execute(
+                "SELECT worker, status, ignored, COUNT(*) FROM judged GROUP BY worker, status, ignored"
+            )
             per_worker: dict[bytes, dict[int, int]] = {}
             by_status: dict[int, int] = {}
-            for worker, status, count in rows.fetchall():
-                per_worker.setdefault(bytes(worker), {})[int(status)] = int(count)
+            ignores: dict[int, int] = {}
+            for worker, status, ignored, count in rows.fetchall():
+                if ignored:
+                    ignores[int(status)] = ignores.get(int(status), 0) + int(count)
+                    continue
+                mine = per_worker.setdefault(bytes(worker), {})
+                mine[int(status)] = mine.get(int(status), 0) + int(count)
                 by_status[int(status)] = by_status.get(int(status), 0) + int(count)
             tokens = self._db.execute(
                 "SELECT COALESCE(SUM(tokens), 0) FROM judged WHERE status = ?", (ACCEPTED,)
             ).fetchone()[0]
-        return JudgedCounts(by_status, per_worker, int(tokens))
+        return JudgedCounts(by_status, ignores, per_worker, int(tokens))
 
     # --- the accepted log ----------------------------------------------------------------------------
 
     def after(self, cursor: int, limit: int, max_bytes: int) -> tuple[list[AcceptedRollout], int]:
         """Accepted items with index > `cursor`, oldest first: at most `limit`, and at most `max_bytes` of
         envelopes except that the first item always comes. Returns (items, newest index)."""
+        if not 0 <= cursor <= MAX_CURSOR:
+            raise Reject(Reason.OUT_OF_RANGE, f"cursor {cursor} is beyond any accepted index")
         with self._lock:
             newest = int(self._db.execute("SELECT COALESCE(MAX(idx), 0) FROM accepted").fetchone()[0])
             sizes = self._db.execute(

@@ -16,7 +16,8 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
     if role == "trainer":
         from node.swarm.trainer import SwarmTrainerWork
 
-        return cls(SwarmTrainerWork(config, identity))  # type: ignore[call-arg]
+        work = SwarmTrainerWork(config, identity, ledger=open_work_ledger(config.ledger_url))
+        return cls(work)  # type: ignore[call-arg]
     if role == "relay":
         from node.swarm.relay import SwarmRelayWork
 

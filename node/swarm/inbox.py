@@ -3,7 +3,8 @@
 A pulled batch and the validator's new cursor are written in one SQLite transaction (WAL, synchronous
 FULL), so a trainer killed at any point restarts with exactly what it had received and asks each
 validator from where it stopped: nothing accepted is lost and nothing is stored twice (the submission
-digest is unique, so one submission accepted by two validators is kept once).
+digest is unique, so one submission accepted by two validators is kept once, and so is (worker, step): a
+worker that sends one assignment, sealed anew, to several validators is trained on once).
 
 A row's life: pending (`consumed_step` and `dropped_step` NULL) → used by step n (`consumed_step = n`,
 written before step n's weights are saved) or dropped as stale at step n (`dropped_step = n`). A trainer
@@ -25,6 +26,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     idx INTEGER NOT NULL,
     digest BLOB NOT NULL UNIQUE,
     worker BLOB NOT NULL,
+    step BLOB,
     checkpoint_version INTEGER NOT NULL,
     groups INTEGER NOT NULL,
     signal_groups INTEGER NOT NULL,
@@ -50,6 +52,13 @@ CREATE TABLE IF NOT EXISTS steps (
     step_s REAL NOT NULL
 );
 """
+# After SCHEMA (an inbox made before `step` existed gets the column first; its old rows keep NULL).
+ASSIGNMENT_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS rollouts_assignment ON rollouts (worker, step)"
+
+
+def step_key(step: int) -> bytes:
+    """An assignment step (u64) as stored: 8 big-endian bytes (SQLite integers are signed 64-bit)."""
+    return step.to_bytes(8, "big")
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class InboxEntry:
     index: int  # the validator's index of this acceptance
     digest: bytes  # sha256 of the submission envelope
     worker: bytes
+    step: int  # the assignment step (u64): one submission per (worker, step) is kept
     checkpoint_version: int
     groups: int
     signal_groups: int  # groups with a nonzero advantage (online filtering keeps only these)
@@ -82,7 +92,7 @@ class InboxRow:
 @dataclass(frozen=True)
 class Stored:
     inserted: int
-    duplicates: int  # digests already in the inbox (accepted by another validator too)
+    duplicates: int  # digests or (worker, step) already in the inbox (accepted by another validator too)
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,10 @@ class RolloutInbox:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}
+        if "step" not in columns:
+            self._db.execute("ALTER TABLE rollouts ADD COLUMN step BLOB")
+        self._db.execute(ASSIGNMENT_INDEX)
 
     def close(self) -> None:
         self._db.close()
@@ -123,14 +137,16 @@ class RolloutInbox:
         try:
             for e in entries:
                 changed = self._db.execute(
-                    "INSERT INTO rollouts (validator, idx, digest, worker, checkpoint_version,"
+                    # a uniqueness conflict (digest, or worker and step) skips the row; NOT NULL still fails
+                    "INSERT INTO rollouts (validator, idx, digest, worker, step, checkpoint_version,"
                     " groups, signal_groups, submission, verdict, received_ms)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     (
                         validator,
                         e.index,
                         e.digest,
                         e.worker,
+                        step_key(e.step),
                         e.checkpoint_version,
                         e.groups,
                         e.signal_groups,

@@ -5,10 +5,15 @@ The distributed twin of `node.rl.sync.run_sync` (DESIGN.md, Run lifecycle, steps
 - The policy being trained is version `step` (version 0 is the base checkpoint). It is published through
   an `OriginNode` (signed manifest, shards over HTTP), gossiped on `checkpoints` and re-gossiped every
   `REPUBLISH_S` seconds, since gossip may drop and followers also long-poll HTTP.
-- One long-poll loop per validator pulls its accepted submissions after a cursor (`ACCEPTED`). Every item
+- One long-poll loop per validator pulls its accepted submissions after a cursor (`ACCEPTED`). With a
+  ledger, only validators registered there as validators, unejected and fully staked are pulled from
+  (read again every `TRUST_CHECK_S`; one that loses its standing stops being pulled from). Every item
   is verified before it is stored: the verdict is the validator's own signed acceptance of exactly this
-  submission, and the submission is signed by the worker the verdict names. Good items and the new cursor
-  go into the inbox in one SQLite transaction (`node.swarm.inbox`); bad ones are counted and reported.
+  submission, the submission is signed by the worker the verdict names, and it names a version we
+  published with our manifest's root. Good items and the new cursor go into the inbox in one SQLite
+  transaction (`node.swarm.inbox`), at most one per (worker, assignment step) whichever validator
+  delivered it; bad ones are counted and reported. A batch whose handling fails unexpectedly is logged,
+  counted and reported, and the loop backs off: it never stops the trainer.
 - A step takes pending submissions of versions in `[step - async_level, step]` in arrival order (older
   ones are dropped as stale) until it holds at least `min_batch_groups` (default: the run's
   `prompts_per_step`) groups with signal, whole submissions at a time. Zero-advantage groups are filtered
@@ -26,9 +31,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sqlite3
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -38,6 +44,8 @@ import trio
 from libp2p.peer.id import ID
 
 from crypto.identity import NodeIdentity
+from ledger import Ledger, LedgerError
+from ledger.signedlog import SignedLog
 from node.config import NodeConfig
 from node.dataplane.catalog import Catalog
 from node.dataplane.http_server import ServerConfig
@@ -57,7 +65,7 @@ from node.swarm.common import ACCEPTED, RunMismatch, load_run_setup, set_threads
 from node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
-from protocol.errors import ProtocolError, Reason, Reject
+from protocol.errors import Ignore, ProtocolError, Reason, Reject
 from protocol.messages import (
     LATEST_VERSION,
     AcceptedBatch,
@@ -82,6 +90,11 @@ PULL_WAIT_MS = 20_000  # long poll: the validator answers at once when something
 PULL_EMPTY_PAUSE_S = 0.5  # after an empty answer, so a validator that does not hold the poll is not spun on
 PULL_BACKOFF_S = (1.0, 30.0)  # first and longest pause after a failed request
 PEER_SCAN_S = 2.0  # how often newly found validators get a pull loop
+TRUST_CHECK_S = 30.0  # how often a validator's standing in the ledger is read again
+MAX_VERSION = 2**32  # a checkpoint version is the high half of a u64 assignment step
+MAX_INDEX = 2**63  # SQLite integers are signed 64-bit
+ADVANTAGE_SLACK = 1e-4  # relative rounding allowed above the largest group-normalised advantage
+LEDGER_FAILURES = (LedgerError, OSError, sqlite3.Error)  # refused, unreachable, or the log's file failing
 REPUBLISH_S = 10.0  # re-gossip of the newest manifest
 KEEP_SAVES = 2  # trainer states kept on disk (the newest and one before it)
 
@@ -108,6 +121,8 @@ def check_trainable(sub: RolloutSubmission, grpo: GrpoParams, cfg: ModelConfig) 
 
     if not sub.groups:
         raise refuse("submission has no groups")
+    # (r - mean) / std over a group of n is at most sqrt(n - 1) in magnitude (all but one reward equal)
+    max_advantage = math.sqrt(max(grpo.group_size - 1, 0)) * (1 + ADVANTAGE_SLACK)
     for g, group in enumerate(sub.groups):
         if len(group.completions) != grpo.group_size:
             raise refuse(
@@ -125,6 +140,28 @@ def check_trainable(sub: RolloutSubmission, grpo: GrpoParams, cfg: ModelConfig) 
                 raise refuse(f"group {g} has logprobs that are not {n} finite float32 values")
             if not (math.isfinite(c.reward) and math.isfinite(c.advantage)):
                 raise refuse(f"group {g} has a reward or advantage that is not finite")
+            if abs(c.advantage) > max_advantage:
+                raise refuse(f"group {g} has an advantage {c.advantage} beyond ±{max_advantage:.4f}")
+
+
+def check_checkpoint(sub: RolloutSubmission, roots: Mapping[int, bytes]) -> None:
+    """The submission names a version we published, with our manifest's root.
+
+    `roots` holds the versions the origin still keeps (every one a step may still take, and one more), so
+    a version below them is merely stale (Ignore); one above, or missing in between, we never published.
+    """
+    version = sub.checkpoint_version
+    if version >= MAX_VERSION or sub.step >> 32 != version:
+        raise Reject(Reason.BAD_ASSIGNMENT, f"step {sub.step} is not bound to checkpoint version {version}")
+    if not roots:
+        raise Ignore(Reason.UNKNOWN_CHECKPOINT, "nothing is published yet")
+    root = roots.get(version)
+    if root is None and version < min(roots):
+        raise Ignore(Reason.STALE, f"checkpoint v{version} is older than the versions kept")
+    if root is None:
+        raise Reject(Reason.UNKNOWN_CHECKPOINT, f"checkpoint v{version} was never published")
+    if root != sub.checkpoint_root:
+        raise Reject(Reason.BAD_HASH, f"checkpoint v{version} root differs from the published manifest")
 
 
 def verify_accepted(
@@ -134,12 +171,14 @@ def verify_accepted(
     validator: bytes,
     grpo: GrpoParams,
     cfg: ModelConfig,
+    roots: Mapping[int, bytes],
     received_ms: int,
 ) -> InboxEntry:
     """An accepted item as an inbox entry, or Reject/Ignore with the reason the validator is charged for.
 
     The verdict must be `validator`'s own signed acceptance of exactly this submission envelope, and the
-    submission must be signed by the worker the verdict names, for this run.
+    submission must be signed by the worker the verdict names, for this run, on a checkpoint we published
+    (`roots`: version → the Merkle root of our manifest).
     """
     opened_verdict = open_stored(item.verdict, Verdict, run)
     if opened_verdict.sender != validator:
@@ -164,11 +203,13 @@ def verify_accepted(
         raise Reject(
             Reason.RULE_VIOLATION, "the verdict names another step or checkpoint than the submission"
         )
+    check_checkpoint(sub, roots)
     check_trainable(sub, grpo, cfg)
     return InboxEntry(
         index=item.index,
         digest=digest,
         worker=verdict.worker,
+        step=sub.step,
         checkpoint_version=sub.checkpoint_version,
         groups=len(sub.groups),
         signal_groups=len(signal_groups(sub.groups)),
@@ -193,6 +234,7 @@ def check_batch(
     validator: bytes,
     grpo: GrpoParams,
     cfg: ModelConfig,
+    roots: Mapping[int, bytes],
     now_ms: int,
 ) -> Checked:
     """Verify a pulled batch against our cursor (CPU only: callers may run it in a thread).
@@ -210,10 +252,15 @@ def check_batch(
         if item.index <= last:
             refused.append((item.index, Reason.RULE_VIOLATION, f"index {item.index} is not above {last}"))
             continue
+        if item.index >= MAX_INDEX:  # refused without moving the cursor there (it could not be stored)
+            refused.append((item.index, Reason.OUT_OF_RANGE, f"index {item.index} is not below 2**63"))
+            continue
         last = item.index
         try:
             entries.append(
-                verify_accepted(item, run=run, validator=validator, grpo=grpo, cfg=cfg, received_ms=now_ms)
+                verify_accepted(
+                    item, run=run, validator=validator, grpo=grpo, cfg=cfg, roots=roots, received_ms=now_ms
+                )
             )
         except ProtocolError as exc:
             refused.append((item.index, exc.reason, exc.detail))
@@ -235,11 +282,19 @@ def ingest_batch(
     run: str,
     grpo: GrpoParams,
     cfg: ModelConfig,
+    roots: Mapping[int, bytes],
     now_ms: int,
 ) -> Ingested:
     """Verify a pulled batch and store its good items with the advanced cursor, in one transaction."""
     checked = check_batch(
-        batch, inbox.cursor(validator), run=run, validator=validator, grpo=grpo, cfg=cfg, now_ms=now_ms
+        batch,
+        inbox.cursor(validator),
+        run=run,
+        validator=validator,
+        grpo=grpo,
+        cfg=cfg,
+        roots=roots,
+        now_ms=now_ms,
     )
     return Ingested(inbox.store(validator, checked.entries, checked.cursor), checked.cursor, checked.refused)
 
@@ -356,6 +411,18 @@ class ValidatorPull:
     failures: int = 0
     stored: int = 0
     refused: int = 0
+    errors: int = 0  # batches whose handling failed unexpectedly
+    trusted: bool = False  # a registered, eligible, unejected validator in the ledger (always without one)
+    checked_at: float | None = None  # trio time of the last ledger check
+    scope: trio.CancelScope | None = None  # the running pull loop's, None while not pulling
+
+
+def validator_in_good_standing(ledger: Ledger, address: bytes) -> bool:
+    """Blocking: `address` is registered as a validator, not ejected, and holds its full stake."""
+    if isinstance(ledger, SignedLog):
+        ledger.refresh()  # read what other writers appended since our last look
+    info = ledger.node(address)
+    return info is not None and info.role == "validator" and not info.ejected and ledger.is_eligible(address)
 
 
 @dataclass
@@ -363,6 +430,8 @@ class Tallies:
     duplicates: int = 0
     refused: Counter[str] = field(default_factory=Counter)  # reason name → items
     cursor_resets: int = 0
+    pull_errors: int = 0
+    ledger_errors: int = 0
     verdicts: dict[str, Counter[str]] = field(default_factory=dict)  # worker → accepted / rejected
     gossip: Counter[str] = field(default_factory=Counter)  # kind/type of other gossip seen
 
@@ -377,9 +446,12 @@ class SwarmTrainerWork:
         *,
         base_checkpoint: Path = BASE_CHECKPOINT,
         optim: OptimizerParams | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
+        self.ledger = ledger  # with one, only validators in good standing there are pulled from
+        self._ledger_lock = trio.Lock()  # ledger calls run in threads, never two at once
         self.base_checkpoint = base_checkpoint
         self.optim = optim or devnet_optimizer()
         data = config.data_dir
@@ -601,6 +673,7 @@ class SwarmTrainerWork:
                 validator=validator,
                 grpo=descriptor.grpo,
                 cfg=self.model_config,
+                roots=self.published_roots(),
                 now_ms=wall_ms(),
             )
         )
@@ -621,18 +694,66 @@ class SwarmTrainerWork:
             self._arrived = trio.Event()
         return result
 
+    def published_roots(self) -> dict[int, bytes]:
+        """Version → Merkle root of each version the origin keeps (what we published and still serve)."""
+        if self.origin is None:
+            return {}
+        catalog = self.origin.catalog
+        return {v: entry.manifest.merkle_root for v in catalog.versions() if (entry := catalog.get(v))}
+
+    async def _trusted(self, address: bytes, state: ValidatorPull) -> bool:
+        """Whether to pull from `address`: its ledger standing, read again every `TRUST_CHECK_S`."""
+        if self.ledger is None:
+            state.trusted = True
+            return True
+        now = trio.current_time()
+        if state.checked_at is not None and now - state.checked_at < TRUST_CHECK_S:
+            return state.trusted
+        ledger = self.ledger
+        async with self._ledger_lock:
+            try:
+                trusted = await trio.to_thread.run_sync(validator_in_good_standing, ledger, address)
+            except LEDGER_FAILURES as exc:
+                self.tallies.ledger_errors += 1
+                log.warning(
+                    "ledger check of a validator failed",
+                    extra={"validator": "0x" + address.hex(), "error": str(exc)},
+                )
+                trusted = False
+        state.checked_at = trio.current_time()
+        state.trusted = trusted
+        return trusted
+
     async def _pull_validators(self, net: RoleNet) -> None:
-        """Start one pull loop per validator found; keep each loop's peer record current."""
+        """One pull loop per validator found and (with a ledger) in good standing; keep records current.
+
+        A validator that loses its standing stops being pulled from (what it delivered stays stored).
+        """
         async with trio.open_nursery() as nursery:
             while True:
                 for record in net.peers("validator"):
                     known = self.validators.get(record.address)
                     if known is None:
                         self.validators[record.address] = ValidatorPull(record)
-                        nursery.start_soon(self._pull, net, record.address)
                     else:
                         known.record = record
+                for address, state in list(self.validators.items()):
+                    trusted = await self._trusted(address, state)
+                    if trusted and state.scope is None:
+                        state.scope = trio.CancelScope()
+                        nursery.start_soon(self._pull_in, state.scope, net, address)
+                    elif not trusted and state.scope is not None:
+                        log.warning(
+                            "validator not in good standing in the ledger; no longer pulling from it",
+                            extra={"validator": "0x" + address.hex()},
+                        )
+                        state.scope.cancel()
+                        state.scope = None
                 await trio.sleep(PEER_SCAN_S)
+
+    async def _pull_in(self, scope: trio.CancelScope, net: RoleNet, validator: bytes) -> None:
+        with scope:
+            await self._pull(net, validator)
 
     async def _pull(self, net: RoleNet, validator: bytes) -> None:
         _, inbox, _ = self._parts()
@@ -650,14 +771,25 @@ class SwarmTrainerWork:
                 await trio.sleep(pause)
                 pause = min(pause * 2, PULL_BACKOFF_S[1])
                 continue
-            pause = PULL_BACKOFF_S[0]
             batch: AcceptedBatch = opened.message
-            result = await self.ingest(validator, batch)
+            try:
+                before = request.after
+                result = await self.ingest(validator, batch)
+            except Exception as exc:  # one bad batch must not stop the trainer (nothing of it was stored)
+                state.errors += 1
+                self.tallies.pull_errors += 1
+                log.exception("handling a pulled batch failed", extra={"validator": "0x" + validator.hex()})
+                net.report(peer, Reason.RULE_VIOLATION, f"accepted batch could not be handled: {exc}")
+                await trio.sleep(pause)
+                pause = min(pause * 2, PULL_BACKOFF_S[1])
+                continue
+            pause = PULL_BACKOFF_S[0]
             state.stored += result.stored.inserted
             state.refused += len(result.refused)
             for index, reason, detail in result.refused:
-                net.report(peer, reason, f"accepted item {index}: {detail}")
-            if not batch.items:
+                if reason.error_class != "ignore":  # stale items are nobody's fault
+                    net.report(peer, reason, f"accepted item {index}: {detail}")
+            if not batch.items or result.cursor == before:  # nothing new, or nothing we could pass
                 await trio.sleep(PULL_EMPTY_PAUSE_S)
 
     # --- announcing checkpoints ----------------------------------------------------------------------
@@ -732,9 +864,14 @@ class SwarmTrainerWork:
                     "failures": pull.failures,
                     "stored": pull.stored,
                     "refused": pull.refused,
+                    "errors": pull.errors,
+                    "trusted": pull.trusted,
+                    "pulling": pull.scope is not None,
                 }
                 for address, pull in sorted(self.validators.items())
             },
             "cursor_resets": self.tallies.cursor_resets,
+            "pull_errors": self.tallies.pull_errors,
+            "ledger_errors": self.tallies.ledger_errors,
             "gossip": dict(self.tallies.gossip),
         }

@@ -2,8 +2,10 @@
 serve the accepted ones to the trainer, and credit or slash in the ledger.
 
 The life of a submission (spec/validation.md):
-1. SUBMIT (`submit`): only cheap checks (a RolloutSubmission of this run, not a duplicate, not stale, room
-   in the queue); then it is written to the durable pending queue (`AcceptedStore`) and acknowledged 100.
+1. SUBMIT (`submit`): only cheap checks (a RolloutSubmission of this run, not a duplicate, not stale, not
+   newer than the newest trainer-signed manifest the follower has seen, room in the queue and in the
+   worker's share of it); then it is written to the durable pending queue (`AcceptedStore`) and
+   acknowledged 100.
 2. The judge (`judge_forever`) takes queued submissions oldest first, skipping over those whose checkpoint
    it does not hold yet: they wait up to `WAIT_FOR_CHECKPOINT_S` for the follower to bring it, then are
    ignored (203/607). `node.rl.validation.validate_submission` runs in a thread on the engine of the
@@ -13,7 +15,8 @@ The life of a submission (spec/validation.md):
    stores and the ledger cites; the verdict is also gossiped on `verdicts` (ignores are not: nobody is at
    fault and nothing is recorded).
 4. Accepted: a contribution (tokens, flops = 2 · parameters · tokens) citing the sealed verdict, and an
-   entry in the accepted log that the trainer pulls with ACCEPTED (long poll, cursor). Rejected for a
+   entry in the accepted log that the run's trainer (only it) pulls with ACCEPTED (long poll, cursor).
+   Rejected for a
    slashable reason (`ledger.evidence.SLASHABLE_REASONS`): a slash of the run's `slash_gwei` (capped by
    the ledger's own maximum) whose evidence is the worker's signed submission and, for a bad proof, the
    failing chunks. Other rejections only get the verdict.
@@ -24,7 +27,12 @@ Decisions:
   engine is reused for the next one. All torch work (loading weights, judging) runs in threads under one
   lock: the engines are not thread-safe, and on a CPU parallel judging would only share the same cores.
 - Ledger calls block (an fsynced SQLite commit, or a chain transaction): they run in threads, one at a time.
-  A refused or failed ledger call is logged and counted (`ledger_errors`); it never stops the judging.
+  Every failed ledger call is logged and counted (`ledger_errors`); none ever stops the judging. A typed
+  refusal (a `LedgerError` of the state machine: duplicate, invalid evidence, ejected, ...) decides the
+  write: the judgement moves on without it. Any other failure (`BackendError`, a corrupt or locked log,
+  a replayed nonce, an OS, SQLite or web3 error) is transient: the submission stays queued, its judgement
+  kept in memory, and the ledger write is retried with exponential backoff (`ledger_retries`). A worker
+  whose stake cannot be read is not judged at all until it can (never accepted on an unread stake).
   The ledger is written before the judgement leaves the queue, so a crash in between repeats the write
   after the restart and the ledger refuses the duplicate.
 - The gossip of verdicts runs in its own task behind a bounded channel, so a slow mesh never holds up the
@@ -35,7 +43,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -48,6 +55,7 @@ from libp2p.peer.id import ID
 
 from crypto.identity import NodeIdentity
 from ledger import Ledger, LedgerError
+from ledger.errors import BackendError, CorruptLog, EpochRegression, ReplayedOperation
 from ledger.evidence import SLASHABLE_REASONS
 from ledger.signedlog import SignedLog
 from node.config import NodeConfig
@@ -60,7 +68,7 @@ from node.rl.tasks import Task
 from node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, validate_submission
 from node.roles.base import RoleNet
 from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
-from node.swarm.accepted import AcceptedStore, PendingItem
+from node.swarm.accepted import MAX_CURSOR, AcceptedStore, PendingItem
 from node.swarm.common import ACCEPTED, load_run_setup, set_threads
 from node.swarm.follow import SwarmFollower
 from protocol.codec import decode, encode
@@ -77,13 +85,18 @@ T = TypeVar("T")
 QUEUED = 100  # SubmitAck status: durably queued for judgement
 WAIT_FOR_CHECKPOINT_S = 60.0  # how long a submission waits for a checkpoint version not held yet
 MAX_PENDING = 256  # submissions queued at once
+MAX_PENDING_PER_WORKER = 8  # submissions of one worker queued at once
 MAX_PENDING_BYTES = 1024 * MIB
 MAX_BATCH_BYTES = 8 * MIB  # an AcceptedBatch carries at least one item, more only up to this size
 VERDICT_BACKLOG = 256  # verdicts waiting for gossip before new ones are dropped from it
 MAX_DETAIL_BYTES = 512
 MAX_VERDICT_CHUNKS = 4096
 UNSAMPLED = "cheap checks only: not drawn for the prefill checks"
-LEDGER_FAILURES = (LedgerError, OSError, sqlite3.Error)  # refused, unreachable, or the log's file failing
+# LedgerErrors that say nothing about the operation (the backend or the log's file failed, a nonce race):
+# retried, like every exception that is not a LedgerError. Every other LedgerError is a decided refusal.
+TRANSIENT_LEDGER_ERRORS = (BackendError, CorruptLog, ReplayedOperation, EpochRegression)
+LEDGER_RETRY_S = 1.0  # first wait before retrying a ledger write that failed; doubles up to the max
+LEDGER_RETRY_MAX_S = 60.0
 STORE_FILE = "validator.db"
 
 
@@ -260,12 +273,23 @@ def contribution_for(verdict: Verdict, sealed: bytes, parameters: int) -> Record
 # --- the ledger, from trio ----------------------------------------------------------------------------
 
 
+class LedgerUnavailable(Exception):
+    """A ledger call failed for a reason that may pass (backend down, RPC error, file error): retry later."""
+
+
+def is_refusal(exc: Exception) -> bool:
+    """A typed refusal of the ledger's state machine: the operation is decided, retrying cannot help."""
+    return isinstance(exc, LedgerError) and not isinstance(exc, TRANSIENT_LEDGER_ERRORS)
+
+
 class LedgerAccess:
-    """Blocking ledger calls in a thread, one at a time; failures are counted and return None."""
+    """Blocking ledger calls in a thread, one at a time. A typed refusal returns None; any other
+    exception (web3's and the OS's included) raises `LedgerUnavailable`. Both are counted."""
 
     def __init__(self, ledger: Ledger | None) -> None:
         self.ledger = ledger
-        self.errors = 0
+        self.errors = 0  # refusals and failures
+        self.refusals = 0
         self.last_error = ""
         self._lock: trio.Lock | None = None
 
@@ -275,11 +299,15 @@ class LedgerAccess:
         async with self._lock:
             try:
                 return await trio.to_thread.run_sync(fn)
-            except LEDGER_FAILURES as exc:
+            except Exception as exc:  # backends raise anything (web3 has no common base); never let it out
                 self.errors += 1
                 self.last_error = f"{what}: {exc}"
-                log.warning("ledger call failed", extra={"call": what, "error": str(exc)})
-                return None
+                if is_refusal(exc):
+                    self.refusals += 1
+                    log.warning("ledger refused", extra={"call": what, "error": str(exc)})
+                    return None
+                log.warning("ledger call failed", extra={"call": what, "error": repr(exc)})
+                raise LedgerUnavailable(f"{what}: {exc!r}") from exc
 
     def eligible(self, address: bytes) -> bool:
         """Blocking: the worker's stake now (a signed log first reads what other writers appended)."""
@@ -295,6 +323,16 @@ class LedgerAccess:
 
 
 # --- the work ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A judgement made and sealed, waiting for its ledger write (kept across ledger retries)."""
+
+    outcome: Accepted | ProtocolError
+    judgement: Judgement
+    verdict: Verdict
+    sealed: bytes  # b"" for an ignore
 
 
 @dataclass
@@ -315,9 +353,13 @@ class SwarmValidatorWork:
         *,
         base_checkpoint: Path = BASE_CHECKPOINT,
         wait_for_checkpoint_s: float = WAIT_FOR_CHECKPOINT_S,
+        ledger_retry_s: float = LEDGER_RETRY_S,
+        ledger_retry_max_s: float = LEDGER_RETRY_MAX_S,
     ) -> None:
         self.config = config
         self.wait_for_checkpoint_s = wait_for_checkpoint_s
+        self.ledger_retry_s = ledger_retry_s
+        self.ledger_retry_max_s = ledger_retry_max_s
         self.identity = identity
         self.run_id = config.run
         self.base_checkpoint = base_checkpoint
@@ -326,10 +368,14 @@ class SwarmValidatorWork:
         self._secret = self.store.secret()
         self._queue: list[PendingItem] = self.store.pending()
         self._deadlines: dict[int, float] = {}
+        self._decided: dict[int, Decision] = {}  # judged, the ledger write still to do (by item id)
+        self._attempts: dict[int, int] = {}  # ledger failures of an item so far
+        self._retry_at: dict[int, float] = {}  # an item deferred by a ledger failure: not before then
         self._changed = trio.Event()  # a submission queued or a checkpoint held: the scheduler looks again
         self._progress = trio.Event()  # a submission judged
         self._torch: trio.Lock | None = None
         self.setup: RunSetup | None = None
+        self.trainer: bytes | None = None  # the run's trainer, once its record is known: ACCEPTED serves it
         self._dataset: dict[bytes, Task] = {}
         self._dataset_ids: list[bytes] = []
         self.engines: CheckpointEngines | None = None
@@ -346,17 +392,17 @@ class SwarmValidatorWork:
                 self.accepted += n
                 continue
             self.by_reason[reason_name(status)] = self.by_reason.get(reason_name(status), 0) + n
-            if 200 <= status < 300:
-                self.ignored += n
-            else:
-                self.rejected += n
+            self.rejected += n
+        for status, n in counts.ignored.items():
+            self.by_reason[reason_name(status)] = self.by_reason.get(reason_name(status), 0) + n
+            self.ignored += n
         self.per_worker: dict[bytes, WorkerTally] = {}
         for worker, statuses in counts.per_worker.items():
             tally = self.per_worker.setdefault(worker, WorkerTally())
             for status, n in statuses.items():
                 if status == ACCEPTED_STATUS:
                     tally.accepted += n
-                elif not 200 <= status < 300:
+                else:
                     tally.rejected += n
         self.tokens = counts.tokens
         self.refused = 0  # submissions answered at SUBMIT without being queued
@@ -364,6 +410,8 @@ class SwarmValidatorWork:
         self.slashes = self.contributions = 0
         self.cpu_s = self.cpu_full_s = 0.0
         self.verdicts_gossiped = self.verdicts_dropped = 0
+        self.ledger_retries = 0  # judgements put back in the queue by a ledger failure
+        self.accepted_refused = 0  # ACCEPTED requests refused (not the trainer, a cursor out of range)
 
     # --- status --------------------------------------------------------------------------------------
 
@@ -383,6 +431,9 @@ class SwarmValidatorWork:
             "slashes": self.slashes,
             "contributions": self.contributions,
             "ledger_errors": self.ledger.errors,
+            "ledger_refusals": self.ledger.refusals,
+            "ledger_retries": self.ledger_retries,
+            "ledger_deferred": len(self._retry_at),
             "ledger_last_error": self.ledger.last_error,
             "cpu_s": round(self.cpu_s, 3),
             "cpu_s_per_full_check": round(self.cpu_full_s / self.full_checks, 4) if self.full_checks else 0.0,
@@ -395,6 +446,7 @@ class SwarmValidatorWork:
             },
             "versions_held": self.engines.versions() if self.engines is not None else [],
             "accepted_newest": self.store.newest,
+            "accepted_refused": self.accepted_refused,
             "verdicts_gossiped": self.verdicts_gossiped,
             "verdicts_dropped": self.verdicts_dropped,
             "data_plane": self.follower.statistics() if self.follower is not None else {},
@@ -413,6 +465,7 @@ class SwarmValidatorWork:
             if sub.run != self.run_id or opened.envelope.run != self.run_id:
                 raise Ignore(Reason.WRONG_RUN, f"submission for run {sub.run!r}, not {self.run_id!r}")
             self._check_fresh(sub)
+            self._check_known(sub)
             item = await trio.to_thread.run_sync(
                 lambda: self.store.enqueue(
                     digest=digest,
@@ -423,6 +476,7 @@ class SwarmValidatorWork:
                     envelope=encode(opened.envelope),
                     max_items=MAX_PENDING,
                     max_bytes=MAX_PENDING_BYTES,
+                    max_per_worker=MAX_PENDING_PER_WORKER,
                 )
             )
         except ProtocolError as exc:
@@ -439,6 +493,16 @@ class SwarmValidatorWork:
         if newest is not None and newest - sub.checkpoint_version > self.setup.descriptor.async_level:
             raise Ignore(Reason.STALE, f"checkpoint v{sub.checkpoint_version} is too old (newest v{newest})")
 
+    def _check_known(self, sub: RolloutSubmission) -> None:
+        """A version above the newest trainer-signed manifest the follower has seen cannot exist yet."""
+        node = self.follower.node if self.follower is not None else None
+        latest = node.catalog.latest_version if node is not None else None
+        if latest is not None and sub.checkpoint_version > latest:
+            raise Ignore(
+                Reason.UNKNOWN_CHECKPOINT,
+                f"checkpoint v{sub.checkpoint_version} is newer than any manifest seen (v{latest})",
+            )
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
@@ -448,6 +512,7 @@ class SwarmValidatorWork:
     async def prepare(self, setup: RunSetup) -> None:
         """Know the run and build the engines (loads the base architecture in a thread)."""
         self.setup = setup
+        self.trainer = setup.descriptor.trainer
         self._dataset = setup.dataset
         self._dataset_ids = setup.dataset_ids
         keep = setup.descriptor.async_level + 1
@@ -518,7 +583,11 @@ class SwarmValidatorWork:
             soonest = float("inf")
             for item in self._queue:
                 deadline = self._deadlines.setdefault(item.id, now + self.wait_for_checkpoint_s)
-                if deadline <= now or self._ready(item):
+                retry = self._retry_at.get(item.id, now)
+                if retry > now:  # deferred by a ledger failure
+                    soonest = min(soonest, retry)
+                    continue
+                if item.id in self._decided or deadline <= now or self._ready(item):
                     return item
                 soonest = min(soonest, deadline)
             changed = self._changed
@@ -528,11 +597,59 @@ class SwarmValidatorWork:
     async def _judge(
         self, item: PendingItem, out: VerdictOut, gossip: trio.MemorySendChannel[Verdict]
     ) -> None:
+        """Judge `item` (once) and write the ledger; when the ledger cannot answer, the item stays queued
+        (with its judgement) and is tried again after a backoff."""
+        assert self.setup is not None
+        evidence = await trio.to_thread.run_sync(self.store.pending_envelope, item.id)
+        try:
+            decision = self._decided.get(item.id)
+            if decision is None:
+                decision = await self._decide(item, evidence, out)
+                self._decided[item.id] = decision
+            slashed = await self._write_ledger(decision, evidence)
+        except LedgerUnavailable as exc:
+            self._defer(item, exc)
+            return
+        outcome, verdict = decision.outcome, decision.verdict
+        status = ACCEPTED_STATUS if isinstance(outcome, Accepted) else int(outcome.reason)
+        await self.store.finish_async(
+            item,
+            status=status,
+            tokens=verdict.tokens,
+            verdict=decision.sealed,
+            submission=evidence if isinstance(outcome, Accepted) else None,
+            judged_ms=int(time.time() * 1000),
+            ignored=isinstance(outcome, Ignore),
+        )
+        if not isinstance(outcome, Ignore):
+            try:
+                gossip.send_nowait(verdict)
+            except trio.WouldBlock:
+                self.verdicts_dropped += 1
+        self._queue.remove(item)
+        for state in (self._deadlines, self._decided, self._attempts, self._retry_at):
+            state.pop(item.id, None)
+        self._count(item.worker, outcome, decision.judgement, slashed)
+        self._progress.set()
+        self._progress = trio.Event()
+        log.info(
+            "judged submission",
+            extra={
+                "digest": item.digest.hex()[:16],
+                "worker": "0x" + item.worker.hex(),
+                "version": item.checkpoint_version,
+                "verdict": "accept" if isinstance(outcome, Accepted) else str(outcome),
+                "full": decision.judgement.full,
+                "cpu_s": round(decision.judgement.cpu_s, 4),
+            },
+        )
+
+    async def _decide(self, item: PendingItem, evidence: bytes, out: VerdictOut) -> Decision:
+        """Read the worker's stake, judge, seal the verdict (an ignore is not sealed)."""
         assert self.setup is not None and self.engines is not None
         descriptor = self.setup.descriptor
-        evidence = await trio.to_thread.run_sync(self.store.pending_envelope, item.id)
         sub = decode(RolloutSubmission, decode(Envelope, evidence).body)
-        eligible = await self._eligible(item.worker)
+        eligible = await self._eligible(item.worker)  # LedgerUnavailable: not judged yet
         full = drawn_for_full_check(self._secret, item.digest, descriptor.policy.sample_fraction)
         async with self._torch_lock():  # the versions held cannot change until the judgement is done
             ctx = ValidationContext(
@@ -548,41 +665,32 @@ class SwarmValidatorWork:
             )
         outcome = judgement.outcome
         verdict = make_verdict(sub, item.digest, item.worker, outcome, judgement.full)
-        sealed = b""
-        if not isinstance(outcome, Ignore):
-            sealed = out.seal(verdict)
-            try:
-                gossip.send_nowait(verdict)
-            except trio.WouldBlock:
-                self.verdicts_dropped += 1
-        slashed = False
-        if isinstance(outcome, Accepted):
-            await self._credit(verdict, sealed)
-        elif isinstance(outcome, Reject):
-            slashed = await self._slash(verdict, evidence, descriptor.policy.slash_gwei)
-        status = ACCEPTED_STATUS if isinstance(outcome, Accepted) else int(outcome.reason)
-        await self.store.finish_async(
-            item,
-            status=status,
-            tokens=verdict.tokens,
-            verdict=sealed,
-            submission=evidence if isinstance(outcome, Accepted) else None,
-            judged_ms=int(time.time() * 1000),
-        )
-        self._queue.remove(item)
-        self._deadlines.pop(item.id, None)
-        self._count(item.worker, outcome, judgement, slashed)
-        self._progress.set()
-        self._progress = trio.Event()
-        log.info(
-            "judged submission",
+        sealed = b"" if isinstance(outcome, Ignore) else out.seal(verdict)
+        return Decision(outcome, judgement, verdict, sealed)
+
+    async def _write_ledger(self, decision: Decision, evidence: bytes) -> bool:
+        """Credit or slash as the outcome warrants; True when a slash was recorded."""
+        assert self.setup is not None
+        if isinstance(decision.outcome, Accepted):
+            await self._credit(decision.verdict, decision.sealed)
+        elif isinstance(decision.outcome, Reject):
+            return await self._slash(decision.verdict, evidence, self.setup.descriptor.policy.slash_gwei)
+        return False
+
+    def _defer(self, item: PendingItem, exc: LedgerUnavailable) -> None:
+        """Leave `item` queued; try it again after 1, 2, 4, ... `ledger_retry_s`, at most the max."""
+        attempts = self._attempts.get(item.id, 0) + 1
+        self._attempts[item.id] = attempts
+        delay = min(self.ledger_retry_max_s, self.ledger_retry_s * 2 ** min(attempts - 1, 32))
+        self._retry_at[item.id] = trio.current_time() + delay
+        self.ledger_retries += 1
+        log.warning(
+            "ledger unavailable, submission stays queued",
             extra={
                 "digest": item.digest.hex()[:16],
-                "worker": "0x" + item.worker.hex(),
-                "version": item.checkpoint_version,
-                "verdict": "accept" if isinstance(outcome, Accepted) else str(outcome),
-                "full": judgement.full,
-                "cpu_s": round(judgement.cpu_s, 4),
+                "attempt": attempts,
+                "retry_s": delay,
+                "error": str(exc),
             },
         )
 
@@ -613,11 +721,12 @@ class SwarmValidatorWork:
             tally.slashed += 1
 
     async def _eligible(self, worker: bytes) -> bool:
-        """The worker's stake; without a ledger (or when it cannot answer) the ledger's own checks decide."""
+        """The worker's stake (without a ledger, everyone). A refusal reads as not eligible; a ledger that
+        cannot answer raises `LedgerUnavailable`: the submission waits, it is never judged unread."""
         if self.ledger.ledger is None:
             return True
         eligible = await self.ledger.call("is_eligible", lambda: self.ledger.eligible(worker))
-        return True if eligible is None else eligible
+        return bool(eligible)
 
     async def _credit(self, verdict: Verdict, sealed: bytes) -> None:
         ledger = self.ledger.ledger
@@ -656,10 +765,20 @@ class SwarmValidatorWork:
     # --- ACCEPTED ------------------------------------------------------------------------------------
 
     async def serve_accepted(self, peer: ID, opened: Opened) -> AcceptedBatch:
-        """Accepted submissions after the puller's cursor; waits up to `wait_ms` for the first new one."""
+        """Accepted submissions after the puller's cursor; waits up to `wait_ms` for the first new one.
+
+        Only the run's trainer is served (anyone else could hold the protocol's few inbound streams with
+        long polls): others, and a request before the run is known, are refused with Ignore NOT_FOR_US.
+        """
         request = opened.message
         if not isinstance(request, AcceptedRequest) or request.run != self.run_id:
             raise Ignore(Reason.WRONG_RUN, "accepted submissions of another run")
+        if self.trainer is None or opened.sender != self.trainer:
+            self.accepted_refused += 1
+            raise Ignore(Reason.NOT_FOR_US, "accepted submissions are served to the run's trainer only")
+        if not 0 <= request.after <= MAX_CURSOR:
+            self.accepted_refused += 1
+            raise Reject(Reason.OUT_OF_RANGE, f"cursor {request.after} is beyond any accepted index")
         if self.store.newest <= request.after and request.wait_ms:
             await self.store.wait_after(request.after, request.wait_ms / 1000)
         items, newest = await trio.to_thread.run_sync(
@@ -676,6 +795,7 @@ class SwarmValidatorWork:
         net.serve(ACCEPTED, self.serve_accepted)
         task_status.started()
         record = await net.wait_run_record()
+        self.trainer = record.descriptor.trainer
         setup = await trio.to_thread.run_sync(load_run_setup, record.descriptor, self.base_checkpoint)
         await self.prepare(setup)
         self.follower = SwarmFollower(net, self.config, newest_only=False, serve=True)

@@ -9,7 +9,9 @@ test with two libp2p runtimes (the validator's side of ACCEPTED is a small stand
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import replace
@@ -21,12 +23,18 @@ import trio
 from libp2p.peer.id import ID
 
 from crypto.identity import NodeIdentity
+from crypto.merkle import merkle_root
+from ledger import testing as T
+from ledger.signedlog import SignedLog
+from ledger.types import Params
 from node.config import LivenessSettings, NodeConfig, WorkSettings
+from node.dataplane.checkpoint import plan_shards, shard_info
 from node.devnet import free_port
 from node.p2p.clock import wall_ms
 from node.p2p.dht import DiscoverySettings
+from node.p2p.peers import PeerRecord
 from node.rl.engine import TransformersEngine
-from node.rl.model import load_checkpoint
+from node.rl.model import load_checkpoint, state_dict_of
 from node.rl.rollouts import build_submission
 from node.rl.run import BASE_CHECKPOINT, devnet_dataset, devnet_grpo, devnet_run
 from node.rl.trainer import signal_groups
@@ -34,11 +42,13 @@ from node.roles.base import RoleNet
 from node.roles.trainer import Trainer
 from node.roles.validator import Validator
 from node.runtime import NodeRuntime
+from node.swarm import trainer as trainer_module
 from node.swarm.common import ACCEPTED, RunMismatch
 from node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord
 from node.swarm.trainer import (
     MANIFEST_OK,
     SwarmTrainerWork,
+    check_batch,
     check_trainable,
     ingest_batch,
     load_or_create_descriptor,
@@ -47,7 +57,7 @@ from node.swarm.trainer import (
 )
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened, envelope_digest, seal
-from protocol.errors import ProtocolError, Reason
+from protocol.errors import Ignore, ProtocolError, Reason
 from protocol.messages import (
     LATEST_VERSION,
     AcceptedBatch,
@@ -60,6 +70,7 @@ from protocol.messages import (
     RunDescriptor,
     Verdict,
 )
+from protocol.types import MIB
 from tests.p2p.helpers import wait_until
 
 RUN = "testrun"
@@ -71,6 +82,14 @@ OTHER_WORKER = NodeIdentity(b"\x05" * 32)
 CFG, _ = load_checkpoint(BASE_CHECKPOINT)
 # Small groups so that a step takes a fraction of a second: 4 prompts x 4 completions per submission.
 GRPO = replace(devnet_grpo(CFG), group_size=4, prompts_per_step=4, token_budget=4 * 4 * 6)
+
+
+@functools.cache
+def v0_root() -> bytes:
+    """The Merkle root of version 0 as the trainer's origin publishes it (the default 1 MiB shards)."""
+    engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    plans = plan_shards(state_dict_of(engine.model), MIB)
+    return merkle_root([shard_info(plan.name, plan.serialize()).sha256 for plan in plans])
 
 
 def small_descriptor(trainer: bytes = TRAINER.address) -> RunDescriptor:
@@ -122,7 +141,7 @@ def submissions() -> list[RolloutSubmission]:
     dataset, ids = {t.task_id: t for t in tasks}, [t.task_id for t in tasks]
     out = []
     for counter in range(12):
-        sub = build_submission(engine, descriptor, dataset, ids, WORKER.address, 0, b"\0" * 32, counter)
+        sub = build_submission(engine, descriptor, dataset, ids, WORKER.address, 0, v0_root(), counter)
         if signal_groups(sub.groups):
             out.append(sub)
         if len(out) == 4:
@@ -151,6 +170,7 @@ def entry(index: int, *, digest: bytes | None = None, version: int = 0, signal: 
         index=index,
         digest=digest or bytes([index]) * 32,
         worker=WORKER.address,
+        step=index,
         checkpoint_version=version,
         groups=4,
         signal_groups=signal,
@@ -218,13 +238,16 @@ def test_inbox_release_from_makes_rows_of_unsaved_steps_pending_again(inbox: Rol
 # --- verifying pulled items -----------------------------------------------------------------------------
 
 
-def verify(item: AcceptedRollout, validator: bytes = VALIDATOR.address) -> InboxEntry:
-    return verify_accepted(item, run=RUN, validator=validator, grpo=GRPO, cfg=CFG, received_ms=5)
+def verify(
+    item: AcceptedRollout, validator: bytes = VALIDATOR.address, roots: dict[int, bytes] | None = None
+) -> InboxEntry:
+    roots = {0: v0_root()} if roots is None else roots
+    return verify_accepted(item, run=RUN, validator=validator, grpo=GRPO, cfg=CFG, roots=roots, received_ms=5)
 
 
-def refusal(item: AcceptedRollout) -> Reason:
+def refusal(item: AcceptedRollout, roots: dict[int, bytes] | None = None) -> Reason:
     with pytest.raises(ProtocolError) as info:
-        verify(item)
+        verify(item, roots=roots)
     return info.value.reason
 
 
@@ -318,7 +341,14 @@ def test_a_batch_stores_good_items_skips_bad_ones_and_moves_the_cursor(
     good1, good2 = accepted_item(4, submissions[0]), accepted_item(9, submissions[1])
     bad = accepted_item(6, submissions[2], accepted=False)
     result = ingest_batch(
-        inbox, VALIDATOR.address, AcceptedBatch((good1, bad, good2), 9), run=RUN, grpo=GRPO, cfg=CFG, now_ms=1
+        inbox,
+        VALIDATOR.address,
+        AcceptedBatch((good1, bad, good2), 9),
+        run=RUN,
+        grpo=GRPO,
+        cfg=CFG,
+        roots={0: v0_root()},
+        now_ms=1,
     )
     assert result.stored.inserted == 2 and result.cursor == 9
     assert [(i, r) for i, r, _ in result.refused] == [(6, Reason.RULE_VIOLATION)]
@@ -329,7 +359,14 @@ def test_a_batch_stores_good_items_skips_bad_ones_and_moves_the_cursor(
     ]
     # the same items again, or indices that do not rise, are refused and change nothing
     again = ingest_batch(
-        inbox, VALIDATOR.address, AcceptedBatch((good2, good1), 9), run=RUN, grpo=GRPO, cfg=CFG, now_ms=1
+        inbox,
+        VALIDATOR.address,
+        AcceptedBatch((good2, good1), 9),
+        run=RUN,
+        grpo=GRPO,
+        cfg=CFG,
+        roots={0: v0_root()},
+        now_ms=1,
     )
     assert again.stored.inserted == 0 and [i for i, _, _ in again.refused] == [9, 4]
     assert inbox.cursor(VALIDATOR.address) == 9
@@ -338,7 +375,14 @@ def test_a_batch_stores_good_items_skips_bad_ones_and_moves_the_cursor(
 def test_a_validator_that_lost_its_log_is_pulled_from_the_start(inbox: RolloutInbox) -> None:
     inbox.store(VALIDATOR.address, [], cursor=40)
     result = ingest_batch(
-        inbox, VALIDATOR.address, AcceptedBatch((), 3), run=RUN, grpo=GRPO, cfg=CFG, now_ms=1
+        inbox,
+        VALIDATOR.address,
+        AcceptedBatch((), 3),
+        run=RUN,
+        grpo=GRPO,
+        cfg=CFG,
+        roots={0: v0_root()},
+        now_ms=1,
     )
     assert result.cursor == 0 and inbox.cursor(VALIDATOR.address) == 0
 
@@ -532,3 +576,276 @@ def test_the_trainer_pulls_from_a_validator_it_finds_trains_and_gossips_checkpoi
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+# --- review fixes: the ledger, the checkpoint, the advantage bound, overflow, one row per assignment --------
+
+
+LEDGER_STAKE = 2 * 10**9
+LEDGER_PARAMS = Params(
+    min_stake_per_unit_gwei=10**9,
+    unbonding_delay_epochs=24,
+    slash_gwei=5 * 10**8,
+    ejection_threshold=3,
+    epoch_seconds=3600,
+)
+
+
+class PeersOnly:
+    """The part of RoleNet `_pull_validators` reads: everyone here answered Hello with role=validator."""
+
+    def __init__(self, identities: list[NodeIdentity]) -> None:
+        self.records = [PeerRecord(i.peer_id, i.address, "validator", "", "test", 0.0) for i in identities]
+
+    def peers(self, role: str) -> list[PeerRecord]:
+        return list(self.records) if role == "validator" else []
+
+
+def test_with_a_ledger_only_validators_in_good_standing_are_pulled_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good, worker, unstaked, unknown = (T.identity(n) for n in ("good", "worker", "unstaked", "unknown"))
+    path = tmp_path / "ledger.db"
+    writer = SignedLog.create(path, LEDGER_PARAMS, ledger_id="devnet")
+    writer.register(good, "validator", T.compute())
+    writer.deposit(good, LEDGER_STAKE)
+    writer.register(worker, "worker", T.compute())  # staked, but not a validator
+    writer.deposit(worker, LEDGER_STAKE)
+    writer.register(unstaked, "validator", T.compute())  # a validator without its stake yet
+    reader = SignedLog.open(path)  # the trainer's own handle: it must read what the writer appends later
+    monkeypatch.setattr(trainer_module, "PEER_SCAN_S", 0.02)
+    monkeypatch.setattr(trainer_module, "TRUST_CHECK_S", 0.1)
+    work = SwarmTrainerWork(work_config(tmp_path / "trainer"), TRAINER, ledger=reader)
+    pulling: set[bytes] = set()
+    stopped: list[bytes] = []
+
+    async def fake_pull(net: object, validator: bytes) -> None:
+        pulling.add(validator)
+        try:
+            await trio.sleep_forever()
+        finally:
+            pulling.discard(validator)
+            stopped.append(validator)
+
+    monkeypatch.setattr(work, "_pull", fake_pull)
+    net = PeersOnly([good, worker, unstaked, unknown])
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work._pull_validators, net)
+            await wait_until(lambda: len(work.validators) == 4 and good.address in pulling, timeout=5)
+            await trio.sleep(0.3)  # several re-checks: still only the good one
+            assert pulling == {good.address}
+            status = work.status()["validators"]
+            assert status["0x" + good.address.hex()]["trusted"] is True
+            assert status["0x" + worker.address.hex()]["pulling"] is False
+            # the good one unbonds (loses its standing), the unstaked one deposits (gains it)
+            writer.unbond(good, LEDGER_STAKE)
+            writer.deposit(unstaked, LEDGER_STAKE)
+            await wait_until(lambda: pulling == {unstaked.address}, timeout=5)
+            assert stopped == [good.address]
+            assert work.tallies.ledger_errors == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    writer.close()
+    reader.close()
+
+
+def test_a_failing_ledger_means_not_trusted_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "ledger.db"
+    ledger = SignedLog.create(path, LEDGER_PARAMS, ledger_id="devnet")
+    ledger.register(VALIDATOR, "validator", T.compute())
+    ledger.deposit(VALIDATOR, LEDGER_STAKE)
+    ledger.close()  # every later call fails (sqlite3.ProgrammingError: closed database)
+    work = SwarmTrainerWork(work_config(tmp_path / "trainer"), TRAINER, ledger=ledger)
+    state = trainer_module.ValidatorPull(PeersOnly([VALIDATOR]).records[0])
+    assert trio.run(work._trusted, VALIDATOR.address, state) is False
+    assert work.tallies.ledger_errors == 1 and state.trusted is False
+
+
+def test_a_submission_must_name_a_published_version_with_its_root(
+    submissions: list[RolloutSubmission],
+) -> None:
+    sub = submissions[0]
+    assert verify(accepted_item(1, sub)).checkpoint_version == 0
+    assert refusal(accepted_item(1, sub), roots={0: b"\x09" * 32}) == Reason.BAD_HASH
+    assert refusal(accepted_item(1, sub), roots={}) == Reason.UNKNOWN_CHECKPOINT  # nothing published
+    # version 1 (its step bound to it) when only version 0 was published: never published by us
+    v1 = replace(sub, checkpoint_version=1, step=(1 << 32) | (sub.step & 0xFFFFFFFF))
+    assert refusal(accepted_item(1, v1)) == Reason.UNKNOWN_CHECKPOINT
+    assert verify(accepted_item(1, v1), roots={0: v0_root(), 1: v0_root()}).checkpoint_version == 1
+    # older than every version kept: stale, nobody's fault
+    with pytest.raises(Ignore) as info:
+        verify(accepted_item(1, sub), roots={3: v0_root(), 4: v0_root()})
+    assert info.value.reason == Reason.STALE
+
+
+def test_advantages_beyond_the_group_normalised_bound_are_refused(
+    submissions: list[RolloutSubmission],
+) -> None:
+    sub = submissions[0]
+    group = sub.groups[0]
+    bound = math.sqrt(GRPO.group_size - 1)
+
+    def with_advantage(a: float) -> RolloutSubmission:
+        completions = (replace(group.completions[0], advantage=a),) + group.completions[1:]
+        return replace(sub, groups=(replace(group, completions=completions),))
+
+    check_trainable(with_advantage(-bound), GRPO, CFG)  # all others equal: exactly sqrt(n - 1)
+    for a in (bound * 1.01, -1e6):
+        with pytest.raises(ProtocolError) as info:
+            check_trainable(with_advantage(a), GRPO, CFG)
+        assert info.value.reason == Reason.RULE_VIOLATION
+    # the honest groups are within it
+    assert all(abs(c.advantage) <= bound + 1e-4 for s in submissions for g in s.groups for c in g.completions)
+
+
+def test_huge_versions_and_indices_are_refused_not_stored(
+    inbox: RolloutInbox, submissions: list[RolloutSubmission]
+) -> None:
+    sub = submissions[0]
+    huge = replace(sub, checkpoint_version=2**63, step=2**64 - 1)
+    assert refusal(accepted_item(1, huge)) == Reason.BAD_ASSIGNMENT
+    top = replace(sub, checkpoint_version=2**32, step=2**64 - 1)  # the step cannot carry it
+    assert refusal(accepted_item(1, top)) == Reason.BAD_ASSIGNMENT
+    far = accepted_item(2**63, submissions[1])  # allowed by the wire format, not storable
+    good = accepted_item(5, submissions[2])
+    batch = AcceptedBatch((accepted_item(3, huge), good, far), 2**63)
+    result = ingest_batch(
+        inbox, VALIDATOR.address, batch, run=RUN, grpo=GRPO, cfg=CFG, roots={0: v0_root()}, now_ms=1
+    )
+    assert result.stored.inserted == 1 and result.cursor == 5 and inbox.cursor(VALIDATOR.address) == 5
+    assert [(i, r) for i, r, _ in result.refused] == [
+        (3, Reason.BAD_ASSIGNMENT),
+        (2**63, Reason.OUT_OF_RANGE),
+    ]
+    checked = check_batch(
+        AcceptedBatch((far,), 2**63),
+        0,
+        run=RUN,
+        validator=VALIDATOR.address,
+        grpo=GRPO,
+        cfg=CFG,
+        roots={0: v0_root()},
+        now_ms=1,
+    )
+    assert checked.cursor == 0 and checked.entries == ()
+
+
+class OneValidatorNet:
+    """The part of RoleNet `_pull` uses: ACCEPTED answers from a list, reports recorded."""
+
+    run = RUN
+
+    def __init__(self, batches: list[AcceptedBatch]) -> None:
+        self.batches = batches
+        self.reports: list[tuple[ID, Reason, str]] = []
+
+    async def request(self, peer: ID, spec: object, request: AcceptedRequest) -> Any:
+        if not self.batches:
+            await trio.sleep_forever()
+        return dataclasses.make_dataclass("Answer", ["message"])(self.batches.pop(0))
+
+    def report(self, peer: ID, reason: Reason, detail: str = "") -> None:
+        self.reports.append((peer, reason, detail))
+
+
+def test_a_batch_that_fails_unexpectedly_is_counted_and_reported_and_the_pull_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inbox: RolloutInbox
+) -> None:
+    monkeypatch.setattr(trainer_module, "PULL_BACKOFF_S", (0.01, 0.05))
+    work = SwarmTrainerWork(work_config(tmp_path / "trainer"), TRAINER)
+    work.trainer, work.inbox, work.descriptor = object(), inbox, small_descriptor()  # type: ignore[assignment]
+    work.validators[VALIDATOR.address] = trainer_module.ValidatorPull(PeersOnly([VALIDATOR]).records[0])
+    net = OneValidatorNet([AcceptedBatch((), 1), AcceptedBatch((), 1)])
+    seen: list[AcceptedBatch] = []
+
+    async def ingest(validator: bytes, batch: AcceptedBatch) -> trainer_module.Ingested:
+        seen.append(batch)
+        if len(seen) == 1:
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+        return trainer_module.Ingested(trainer_module.Stored(0, 0), 1, ())
+
+    monkeypatch.setattr(work, "ingest", ingest)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work._pull, net, VALIDATOR.address)
+            await wait_until(lambda: len(seen) == 2, timeout=5)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    state = work.validators[VALIDATOR.address]
+    assert state.errors == 1 and work.tallies.pull_errors == 1 and state.pulls >= 2
+    [(peer, reason, detail)] = net.reports
+    assert peer == ID.from_base58(VALIDATOR.peer_id) and reason == Reason.RULE_VIOLATION
+    assert "OverflowError" in detail or "too large" in detail
+
+
+def test_one_assignment_delivered_by_two_validators_is_stored_once(
+    inbox: RolloutInbox, submissions: list[RolloutSubmission]
+) -> None:
+    sub = submissions[0]
+    first = accepted_item(1, sub)
+    # the worker sends the same assignment, sealed anew, to another validator, which accepts it too
+    again = sealed(WORKER, sub)
+    assert envelope_digest(again) != envelope_digest(first.submission)
+    second = AcceptedRollout(1, sealed(OTHER_VALIDATOR, verdict_for(again, WORKER.address)), again)
+    roots = {0: v0_root()}
+    one = ingest_batch(
+        inbox,
+        VALIDATOR.address,
+        AcceptedBatch((first,), 1),
+        run=RUN,
+        grpo=GRPO,
+        cfg=CFG,
+        roots=roots,
+        now_ms=1,
+    )
+    other = ingest_batch(
+        inbox,
+        OTHER_VALIDATOR.address,
+        AcceptedBatch((second,), 1),
+        run=RUN,
+        grpo=GRPO,
+        cfg=CFG,
+        roots=roots,
+        now_ms=1,
+    )
+    assert (one.stored.inserted, other.stored.inserted, other.stored.duplicates) == (1, 0, 1)
+    assert [r.digest for r in inbox.pending()] == [envelope_digest(first.submission)]
+    assert inbox.cursor(OTHER_VALIDATOR.address) == 1  # the cursor still passes it
+    # another assignment step of the same worker is a new row
+    nxt = ingest_batch(
+        inbox,
+        VALIDATOR.address,
+        AcceptedBatch((accepted_item(2, submissions[1]),), 2),
+        run=RUN,
+        grpo=GRPO,
+        cfg=CFG,
+        roots=roots,
+        now_ms=1,
+    )
+    assert nxt.stored.inserted == 1 and len(inbox.pending()) == 2
+
+
+def test_an_inbox_made_before_the_step_column_gets_it(tmp_path: Path) -> None:
+    path = tmp_path / "inbox.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE rollouts (id INTEGER PRIMARY KEY AUTOINCREMENT, validator BLOB NOT NULL,"
+        " idx INTEGER NOT NULL, digest BLOB NOT NULL UNIQUE, worker BLOB NOT NULL,"
+        " checkpoint_version INTEGER NOT NULL, groups INTEGER NOT NULL, signal_groups INTEGER NOT NULL,"
+        " submission BLOB NOT NULL, verdict BLOB NOT NULL, received_ms INTEGER NOT NULL,"
+        " consumed_step INTEGER, dropped_step INTEGER);"
+        "INSERT INTO rollouts (validator, idx, digest, worker, checkpoint_version, groups, signal_groups,"
+        " submission, verdict, received_ms) VALUES (x'02', 1, x'aa', x'04', 0, 4, 1, x'', x'', 1);"
+    )
+    db.close()
+    box = RolloutInbox(path)
+    stored = box.store(VALIDATOR.address, [entry(2), entry(3, digest=b"\x09" * 32)], cursor=3)
+    assert (stored.inserted, stored.duplicates) == (2, 0) and len(box.pending()) == 3
+    again = box.store(VALIDATOR.address, [replace(entry(2), digest=b"\x0a" * 32)], cursor=4)
+    assert (again.inserted, again.duplicates) == (0, 1)  # same worker and step
+    box.close()

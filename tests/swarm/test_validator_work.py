@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sqlite3
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import trio
 
 from crypto.hashing import sha256
 from ledger import testing as T
+from ledger.errors import BackendError, DuplicateSlash
 from ledger.signedlog import SignedLog, verify_log
 from ledger.types import Params
 from node.config import NodeConfig
@@ -25,11 +28,12 @@ from node.rl.model import model_config_hash, state_dict_of
 from node.rl.rollouts import build_submission
 from node.rl.run import BASE_CHECKPOINT, RunSetup, devnet_grpo, devnet_run
 from node.swarm import cheats
+from node.swarm import validator as validator_module
 from node.swarm.accepted import AcceptedStore, PendingItem
-from node.swarm.validator import SwarmValidatorWork, drawn_for_full_check
+from node.swarm.validator import MAX_PENDING_PER_WORKER, SwarmValidatorWork, drawn_for_full_check
 from protocol.codec import decode
 from protocol.envelope import Envelope, envelope_digest, open_envelope, seal
-from protocol.errors import Ignore, Reason
+from protocol.errors import Ignore, Reason, Reject
 from protocol.messages import AcceptedRequest, RolloutSubmission, Verdict
 
 RUN = "devnet"
@@ -236,13 +240,15 @@ def test_pending_queue_survives_restart_and_refuses_duplicates(tmp_path):
     assert store.pending() == [first, second]
     assert store.pending_envelope(second.id) == bytes([2]) * 100
     store.finish(first, status=int(Reason.BAD_REWARD), tokens=0, verdict=b"v", submission=None, judged_ms=9)
-    store.finish(second, status=int(Reason.STALE), tokens=0, verdict=b"", submission=None, judged_ms=9)
+    store.finish(
+        second, status=int(Reason.STALE), tokens=0, verdict=b"", submission=None, judged_ms=9, ignored=True
+    )
     assert store.pending() == [] and store.newest == 0
     with pytest.raises(Ignore):  # judged (rejected): the step stays taken
         _pending(store, 4, step=1)
     retry = _pending(store, 5, step=2)  # ignored (stale): nobody's fault, the step may be retried
     counts = store.judged_counts()
-    assert counts.by_status == {int(Reason.BAD_REWARD): 1, int(Reason.STALE): 1}
+    assert counts.by_status == {int(Reason.BAD_REWARD): 1} and counts.ignored == {int(Reason.STALE): 1}
     with pytest.raises(Ignore) as err:
         store.enqueue(
             digest=sha256(b"big"),
@@ -257,6 +263,64 @@ def test_pending_queue_survives_restart_and_refuses_duplicates(tmp_path):
     assert err.value.reason == Reason.NOT_FOR_US  # queue full (by bytes)
     store.close()
     assert AcceptedStore(path).pending() == [retry]
+
+
+def test_every_ignore_frees_the_step_and_counts_as_an_ignore(tmp_path):
+    """607 is an ignore although it is not a 2xx code: a resend of the step is queued, a restart counts it
+    as ignored; a store from before the `ignored` flag is migrated the same way."""
+    work = make_work(tmp_path, None)
+    store = work.store
+    first = _pending(store, 1)
+    store.finish(
+        first,
+        status=int(Reason.UNKNOWN_CHECKPOINT),
+        tokens=0,
+        verdict=b"",
+        submission=None,
+        judged_ms=1,
+        ignored=True,
+    )
+    _pending(store, 2, step=1)  # the same assignment step again: not a duplicate
+    store.close()
+    status = make_work(tmp_path, None).status()
+    assert (status["ignored"], status["rejected"], status["judged"]) == (1, 0, 1)
+    assert status["by_reason"] == {"UNKNOWN_CHECKPOINT": 1} and status["per_worker"] == {}
+
+    old = tmp_path / "old.db"  # the schema before the flag: ignores were told by a 2xx code
+    db = sqlite3.connect(old)
+    db.executescript(
+        "CREATE TABLE judged (digest BLOB PRIMARY KEY, worker BLOB NOT NULL, step BLOB NOT NULL,"
+        " status INTEGER NOT NULL, tokens INTEGER NOT NULL, verdict BLOB NOT NULL,"
+        " judged_ms INTEGER NOT NULL);"
+        "CREATE UNIQUE INDEX judged_assignment ON judged (worker, step) WHERE status NOT BETWEEN 200 AND 299;"
+    )
+    worker = b"\x01" * 20
+    for n, code in ((1, Reason.UNKNOWN_CHECKPOINT), (2, Reason.STALE), (3, Reason.BAD_REWARD)):
+        db.execute(
+            "INSERT INTO judged VALUES (?, ?, ?, ?, 0, x'', 0)",
+            (sha256(b"old%d" % n), worker, n.to_bytes(8, "big"), int(code)),
+        )
+    db.commit()
+    db.close()
+    migrated = AcceptedStore(old)
+    counts = migrated.judged_counts()
+    assert counts.ignored == {int(Reason.UNKNOWN_CHECKPOINT): 1, int(Reason.STALE): 1}
+    assert counts.by_status == {int(Reason.BAD_REWARD): 1}
+    _pending(migrated, 1)  # step 1 (607) and step 2 (203) are free, step 3 (603) is taken
+    _pending(migrated, 2)
+    with pytest.raises(Ignore) as err:
+        _pending(migrated, 3)
+    assert err.value.reason == Reason.DUPLICATE
+    migrated.close()
+
+
+def test_a_cursor_beyond_any_index_is_refused(tmp_path):
+    store = AcceptedStore(tmp_path / "v.db")
+    for cursor in (2**63, 2**64 - 1):
+        with pytest.raises(Reject) as err:
+            store.after(cursor, 16, 10**6)
+        assert err.value.reason == Reason.OUT_OF_RANGE
+    assert store.after(2**63 - 1, 16, 10**6) == ([], 0)
 
 
 def test_long_poll_wakes_on_acceptance(tmp_path):
@@ -460,6 +524,144 @@ def test_unsampled_submissions_get_only_the_cheap_checks(tmp_path, setup, checkp
     ledger.close()
 
 
+class FlakyLedger:
+    """A real signed log behind per-method failures: `fail[name]` is raised instead of calling it."""
+
+    def __init__(self, inner: SignedLog) -> None:
+        self.inner = inner
+        self.fail: dict[str, Exception] = {}
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            failure = self.fail.get(name)
+            if failure is not None:
+                raise failure
+            return attr(*args, **kwargs)
+
+        return call
+
+
+async def poll_until(predicate, timeout: float = 20.0) -> None:  # noqa: ASYNC109
+    with trio.fail_after(timeout):
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.02)
+
+
+def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
+    tmp_path, setup, checkpoint, submissions, monkeypatch
+):
+    """Eligibility unreadable (a web3-style error): nothing is judged. Writes failing (BackendError,
+    OSError): judged once, kept queued, retried with backoff until the ledger answers. A typed refusal
+    (DuplicateSlash) decides the write: the submission leaves the queue without a retry."""
+    inner = make_ledger(tmp_path / "ledger.db")
+    ledger = FlakyLedger(inner)
+    work = make_work(tmp_path, ledger, ledger_retry_s=0.02, ledger_retry_max_s=0.1)
+    out = GossipLog()
+    judged_calls = []
+    real_judge = validator_module.judge_submission
+
+    def counting_judge(sub, worker, *args):
+        judged_calls.append(worker)
+        return real_judge(sub, worker, *args)
+
+    monkeypatch.setattr(validator_module, "judge_submission", counting_judge)
+
+    async def main():
+        await work.prepare(setup)
+        await work.hold_verified(checkpoint)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.judge_forever, out)
+            ledger.fail = {
+                "is_eligible": RuntimeError("{'code': -32000, 'message': 'header not found'}"),
+                "record_contribution": BackendError("rpc down"),
+                "slash": OSError("connection reset"),
+            }
+            for name in ("honest", "forged"):
+                worker, sub = submissions[name]
+                assert (await work.submit(None, *signed(worker, sub)[:2])).status == 100
+            await poll_until(lambda: work.ledger_retries >= 6)  # several retries of both
+            assert judged_calls == [] and work.judged == 0 and work.status()["queued"] == 2
+
+            del ledger.fail["is_eligible"]  # stake readable, writes still failing
+            await poll_until(
+                lambda: ledger.calls.get("slash", 0) >= 2 and ledger.calls.get("record_contribution", 0) >= 2
+            )
+            assert work.judged == 0 and out.published == []
+
+            ledger.fail = {"slash": DuplicateSlash("already slashed")}  # credit works; the slash is decided
+            await wait_judged(work, 2)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert sorted(judged_calls) == sorted([HONEST.address, FORGED.address])  # judged once each
+    status = work.status()
+    assert (status["accepted"], status["rejected"], status["queued"]) == (1, 1, 0)
+    assert (status["contributions"], status["slashes"], status["ledger_refusals"]) == (1, 0, 1)
+    assert status["ledger_deferred"] == 0 and status["ledger_retries"] >= 8
+    assert sorted(v.worker for v in out.published) == sorted([HONEST.address, FORGED.address])
+    inner.refresh()
+    assert [c.worker for c in inner.contributions()] == [HONEST.address] and inner.slashes() == []
+    inner.close()
+
+
+def accepted_request(sender, after: int, wait_ms: int):
+    data = seal(sender, AcceptedRequest(RUN, after, 16, wait_ms), run=RUN, seq=1, ts=now_ms())
+    return open_envelope(data, run=RUN, now_ms=now_ms(), replay=None)
+
+
+def test_accepted_is_served_to_the_trainer_only(tmp_path):
+    work = make_work(tmp_path, None)
+
+    async def main():
+        with pytest.raises(Ignore) as err:  # the run (so its trainer) is not known yet
+            await work.serve_accepted(None, accepted_request(TRAINER, 0, 0))
+        assert err.value.reason == Reason.NOT_FOR_US
+        work.trainer = TRAINER.address  # what the run record (or prepare) sets
+        start = trio.current_time()
+        with pytest.raises(Ignore) as err:  # anyone else: refused at once, no 30 s long poll held
+            await work.serve_accepted(None, accepted_request(HONEST, 0, 30_000))
+        assert err.value.reason == Reason.NOT_FOR_US and trio.current_time() - start < 1.0
+        with pytest.raises(Reject) as err:  # a cursor SQLite cannot hold
+            await work.serve_accepted(None, accepted_request(TRAINER, 2**63, 0))
+        assert err.value.reason == Reason.OUT_OF_RANGE
+        batch = await work.serve_accepted(None, accepted_request(TRAINER, 0, 0))
+        assert batch.items == () and batch.newest == 0
+
+    trio.run(main)
+    assert work.status()["accepted_refused"] == 3
+
+
+def test_submit_refuses_unknown_versions_and_caps_each_worker(tmp_path, submissions):
+    """A version above the newest trainer-signed manifest seen is ignored 607 at SUBMIT; a worker holds at
+    most MAX_PENDING_PER_WORKER places in the queue."""
+    work = make_work(tmp_path, None)
+    work.follower = SimpleNamespace(
+        node=SimpleNamespace(catalog=SimpleNamespace(latest_version=VERSION)), statistics=dict
+    )
+    _, sub = submissions["honest"]
+
+    async def main():
+        ahead = dataclasses.replace(sub, checkpoint_version=VERSION + 1)
+        ack = await work.submit(None, *signed(HONEST, ahead)[:2])
+        assert ack.status == Reason.UNKNOWN_CHECKPOINT
+        acks = []
+        for i in range(MAX_PENDING_PER_WORKER + 1):
+            mine = dataclasses.replace(sub, step=sub.step + i)
+            acks.append((await work.submit(None, *signed(HONEST, mine)[:2])).status)
+        assert acks == [100] * MAX_PENDING_PER_WORKER + [Reason.NOT_FOR_US]
+        other = await work.submit(None, *signed(FORGED, sub)[:2])
+        assert other.status == 100  # another worker still has room
+
+    trio.run(main)
+    assert work.status()["queued"] == MAX_PENDING_PER_WORKER + 1 and work.refused == 2
+
+
 def test_checkpoint_engines_keep_the_newest_versions(tmp_path, base, setup):
     work = make_work(tmp_path, None)
     state = state_dict_of(base.model)
@@ -494,8 +696,6 @@ def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base
     from tests.p2p.helpers import RUN as P2P_RUN
     from tests.p2p.helpers import node_config, swarm, wait_until
 
-    descriptor = dataclasses.replace(setup.descriptor, run=P2P_RUN)
-    p2p_setup = RunSetup(descriptor, setup.tasks)
     work = SwarmValidatorWork(node_config(tmp_path, "work", "validator", port=free_port()), VALIDATOR, None)
 
     async def main():
@@ -503,8 +703,12 @@ def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base
             tmp_path, ["bootstrap", "validator", "worker"], services={1: Validator(work)}
         ) as nodes:
             validator, worker = nodes[1].net, nodes[2].net
+            # the run names the worker node as its trainer: ACCEPTED serves the trainer only
+            trainer = worker.identity.address
+            descriptor = dataclasses.replace(setup.descriptor, run=P2P_RUN, trainer=trainer)
+            p2p_setup = RunSetup(descriptor, setup.tasks)
             await wait_until(lambda: worker.finder.found("validator"), timeout=20)
-            validator.set_run_record(RunRecord(TRAINER.address, 1, descriptor))
+            validator.set_run_record(RunRecord(trainer, 1, descriptor))
             await wait_until(lambda: work.engines is not None, timeout=20)
             assert await work.hold_verified(checkpoint)
             await wait_until(lambda: validator.gossip.topic_peers("verdicts") >= 1, timeout=20)
