@@ -8,7 +8,6 @@ node.dataplane.conformance. Invalid cases outnumber valid ones: the reasons are 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from protocol.envelope import MAX_CLOCK_SKEW_MS, Envelope, seal, signing_digest
 from protocol.messages import CheckpointManifest, ShardHave, ShardInfo
 from protocol.shards import encode_bitfield, have_path, latest_manifest_path, manifest_path, shard_path
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
+from tests.vector_files import VectorFiles
 
 OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "shards"
 Vector = dict[str, Any]
@@ -217,24 +217,8 @@ SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
 }
 
 
-def render(suite: str) -> str:
-    document = {
-        "suite": suite,
-        "generated_by": "python -m tests.dataplane.cases_shards",
-        "cases": list(SUITES[suite]()),
-    }
-    return json.dumps(document, indent=1) + "\n"
-
-
-def file_for(suite: str) -> Path:
-    return OUT / f"{suite.removeprefix('shards-')}.json"
-
-
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    for suite in SUITES:
-        file_for(suite).write_text(render(suite))
-        print(f"{suite}: {len(list(SUITES[suite]()))} cases -> {file_for(suite)}")
+FILES = VectorFiles(OUT, "tests.dataplane.cases_shards", "shards-", SUITES)
+render, file_for, main = FILES.render, FILES.file_for, FILES.write
 
 
 if __name__ == "__main__":

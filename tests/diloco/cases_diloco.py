@@ -8,7 +8,6 @@ node.diloco.conformance. Invalid cases outnumber valid ones: the reasons are the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from protocol.messages import (
     ShardInfo,
 )
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
+from tests.vector_files import VectorFiles
 
 OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "diloco"
 Vector = dict[str, Any]
@@ -403,24 +403,8 @@ SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
 }
 
 
-def render(suite: str) -> str:
-    document = {
-        "suite": suite,
-        "generated_by": "python -m tests.diloco.cases_diloco",
-        "cases": list(SUITES[suite]()),
-    }
-    return json.dumps(document, indent=1) + "\n"
-
-
-def file_for(suite: str) -> Path:
-    return OUT / f"{suite.removeprefix('diloco-')}.json"
-
-
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    for suite in SUITES:
-        file_for(suite).write_text(render(suite))
-        print(f"{suite}: {len(list(SUITES[suite]()))} cases -> {file_for(suite)}")
+FILES = VectorFiles(OUT, "tests.diloco.cases_diloco", "diloco-", SUITES)
+render, file_for, main = FILES.render, FILES.file_for, FILES.write
 
 
 if __name__ == "__main__":

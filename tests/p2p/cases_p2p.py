@@ -8,8 +8,6 @@ Invalid cases outnumber valid ones: the reasons are the contract.
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from protocol.codec import decode, encode
 from protocol.envelope import Envelope, seal
 from protocol.messages import CheckpointManifest, ShardHave, Verdict
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
+from tests.vector_files import VectorFiles
 
 OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "p2p"
 Vector = dict[str, Any]
@@ -200,24 +199,8 @@ SUITES = {
 }
 
 
-def render(suite: str) -> str:
-    document = {
-        "suite": suite,
-        "generated_by": "python -m tests.p2p.cases_p2p",
-        "cases": list(SUITES[suite]()),
-    }
-    return json.dumps(document, indent=1) + "\n"
-
-
-def file_for(suite: str) -> Path:
-    return OUT / f"{suite.removeprefix('p2p-')}.json"
-
-
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    for suite in SUITES:
-        file_for(suite).write_text(render(suite))
-        print(f"wrote {file_for(suite)}", file=sys.stderr)
+FILES = VectorFiles(OUT, "tests.p2p.cases_p2p", "p2p-", SUITES)
+render, file_for, main = FILES.render, FILES.file_for, FILES.write
 
 
 if __name__ == "__main__":
