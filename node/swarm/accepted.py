@@ -8,13 +8,17 @@ One SQLite file (WAL, synchronous=FULL: a commit is on disk when it returns) hol
   whether the outcome was an ignore, the sealed verdict), so a resend of the same submission, or another
   submission for an assignment step judged with a verdict, is refused as a duplicate even after a restart.
   An ignore (the `ignored` flag: every `Ignore`, whatever its code, 607 included) leaves the step free.
+- `decided`: the decision on a pending submission, written (`decide`) right after the judgement and
+  before any ledger write: the outcome's class, its code, tokens, the `Verdict` body (with the failing
+  chunks) and the sealed verdict envelope. A pending submission with a decision is never judged again.
 - `accepted`: the append-only log the trainer pulls with `AcceptedRequest`: index (from 1), the
   validator's sealed accepting verdict and the worker's signed submission, digest unique.
 
-A judgement leaves `pending` and enters `judged` (and `accepted`) in one transaction: nothing is judged
-twice by this store, nothing is lost. Ledger writes happen before that transaction, so a crash in between
-re-judges the submission after a restart and the ledger refuses the repeated entry (at least once, and
-the ledger makes it exactly once).
+A judgement is decided (`decided`) before the ledger is written, and leaves `pending` and `decided` for
+`judged` (and `accepted`) in one later transaction (`finish`): nothing is judged twice by this store,
+nothing is lost. A crash between the two replays the ledger write from the stored decision after a
+restart (the ledger refuses a repeated entry: at least once, and the ledger makes it exactly once) and
+finishes with the verdict sealed the first time, the one the ledger's contribution cites.
 
 Every method is blocking and thread-safe (one lock around one connection): call them from
 `trio.to_thread.run_sync`. `finish_async` and `wait_after` are the trio side: a finished acceptance
@@ -59,6 +63,17 @@ CREATE TABLE IF NOT EXISTS judged (
     judged_ms INTEGER NOT NULL,
     ignored INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS decided (
+    id INTEGER PRIMARY KEY,
+    outcome TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    verdict BLOB NOT NULL,
+    sealed BLOB NOT NULL,
+    full INTEGER NOT NULL,
+    cpu_s REAL NOT NULL,
+    decided_ms INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS accepted (
     idx INTEGER PRIMARY KEY AUTOINCREMENT,
     digest BLOB NOT NULL UNIQUE,
@@ -73,6 +88,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS judged_verdict_assignment ON judged (worker, s
 """
 
 ACCEPTED = 0  # the `judged.status` of an acceptance; otherwise the reason code (`judged.ignored`: an ignore)
+OUTCOMES = ("accepted", "rejected", "ignored")  # `decided.outcome`: the class of the outcome
 MAX_CURSOR = 2**63 - 1  # accepted indices are SQLite INTEGERs
 SECRET_KEY = "sample_secret"
 
@@ -92,6 +108,19 @@ class PendingItem:
     checkpoint_version: int
     received_ms: int
     size: int
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A pending submission's decision, made before its ledger write (the `decided` table)."""
+
+    outcome: str  # one of OUTCOMES
+    status: int  # ACCEPTED, or the reason code
+    tokens: int
+    verdict: bytes  # the encoded `Verdict` body (reason, detail, failing chunks, tokens, TOPLOC means)
+    sealed: bytes  # the verdict envelope, sealed once; b"" for an ignore
+    full: bool  # the prefill checks ran
+    cpu_s: float
 
 
 @dataclass(frozen=True)
@@ -247,6 +276,52 @@ class AcceptedStore:
 
     # --- judgements --------------------------------------------------------------------------------
 
+    def decide(self, item: PendingItem, decided: Decided, *, decided_ms: int) -> None:
+        """Record the decision on a pending submission durably (one transaction), before its ledger write.
+        A submission no longer pending, or decided already, raises `KeyError`: it is decided once."""
+        if decided.outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome class {decided.outcome!r}")
+        if (decided.outcome == "accepted") != (decided.status == ACCEPTED):
+            raise ValueError("exactly the acceptances have status ACCEPTED")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if self._db.execute("SELECT 1 FROM pending WHERE id = ?", (item.id,)).fetchone() is None:
+                    raise KeyError(f"no pending submission {item.id}")
+                if self._db.execute("SELECT 1 FROM decided WHERE id = ?", (item.id,)).fetchone() is not None:
+                    raise KeyError(f"pending submission {item.id} was decided already")
+                self._db.execute(
+                    "INSERT INTO decided"
+                    " (id, outcome, status, tokens, verdict, sealed, full, cpu_s, decided_ms)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        item.id,
+                        decided.outcome,
+                        decided.status,
+                        decided.tokens,
+                        decided.verdict,
+                        decided.sealed,
+                        int(decided.full),
+                        decided.cpu_s,
+                        decided_ms,
+                    ),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def decided(self) -> dict[int, Decided]:
+        """The stored decisions of pending submissions (their ledger write and `finish` due), by id."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, outcome, status, tokens, verdict, sealed, full, cpu_s FROM decided ORDER BY id"
+            ).fetchall()
+        return {
+            int(i): Decided(str(o), int(st), int(t), bytes(v), bytes(se), bool(f), float(c))
+            for i, o, st, t, v, se, f, c in rows
+        }
+
     def finish(
         self,
         item: PendingItem,
@@ -260,7 +335,8 @@ class AcceptedStore:
     ) -> int | None:
         """Move a judged submission out of the queue; an acceptance (`status` 0, with its submission
         envelope) is appended to the accepted log. `ignored`: the outcome was an `Ignore` (whatever its
-        code), which leaves the assignment step free. Returns the accepted index, or None."""
+        code), which leaves the assignment step free. A decided submission (`decide`) finishes with the
+        verdict it was decided with, and its decision goes. Returns the accepted index, or None."""
         if (status == ACCEPTED) != (submission is not None):
             raise ValueError("exactly the accepted judgements carry their submission")
         if ignored and status == ACCEPTED:
@@ -268,6 +344,10 @@ class AcceptedStore:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                row = self._db.execute("SELECT sealed FROM decided WHERE id = ?", (item.id,)).fetchone()
+                if row is not None and bytes(row[0]) != verdict:
+                    raise ValueError(f"pending submission {item.id} was decided with another verdict")
+                self._db.execute("DELETE FROM decided WHERE id = ?", (item.id,))
                 self._db.execute("DELETE FROM pending WHERE id = ?", (item.id,))
                 self._db.execute(
                     "INSERT INTO judged (digest, worker, step, status, tokens, verdict, judged_ms, ignored)"

@@ -12,8 +12,9 @@ The life of a submission (spec/validation.md):
    claimed version; on a run with `sample_fraction < 1`, only the submissions an HMAC of their digest under a
    validator-local secret draws get the prefill checks (workers cannot tell which), the others the cheap ones.
 3. The outcome becomes a `Verdict`, sealed once with the node key: those bytes are what the accepted log
-   stores and the ledger cites; the verdict is also gossiped on `verdicts` (ignores are not: nobody is at
-   fault and nothing is recorded).
+   stores and the ledger cites; the decision (outcome, verdict, sealed envelope) is written to the store
+   before any ledger call. After the ledger write and `finish`, the verdict is gossiped on `verdicts`
+   (ignores are not: nobody is at fault and nothing is recorded).
 4. Accepted: a contribution (tokens, flops = 2 · parameters · tokens) citing the sealed verdict, and an
    entry in the accepted log that the run's trainer (only it) pulls with ACCEPTED (long poll, cursor).
    Rejected for a
@@ -30,11 +31,15 @@ Decisions:
   Every failed ledger call is logged and counted (`ledger_errors`); none ever stops the judging. A typed
   refusal (a `LedgerError` of the state machine: duplicate, invalid evidence, ejected, ...) decides the
   write: the judgement moves on without it. Any other failure (`BackendError`, a corrupt or locked log,
-  a replayed nonce, an OS, SQLite or web3 error) is transient: the submission stays queued, its judgement
-  kept in memory, and the ledger write is retried with exponential backoff (`ledger_retries`). A worker
+  a replayed nonce, an OS, SQLite or web3 error) is transient: the submission stays queued with its stored
+  decision, and the ledger write is retried with exponential backoff (`ledger_retries`). A worker
   whose stake cannot be read is not judged at all until it can (never accepted on an unread stake).
-  The ledger is written before the judgement leaves the queue, so a crash in between repeats the write
-  after the restart and the ledger refuses the duplicate.
+- Crash safety: the decision is durable (`AcceptedStore.decide`) before the ledger is written, and the
+  judgement leaves the queue (`finish`) after it. A submission with a stored decision is never judged
+  again: after a restart its ledger write is replayed from the decision (a duplicate refusal means it was
+  written before the crash) and it finishes with the verdict sealed the first time, so the accepted log
+  holds the very envelope the ledger's contribution cites, whatever checkpoints the restarted validator
+  holds.
 - The gossip of verdicts runs in its own task behind a bounded channel, so a slow mesh never holds up the
   judge (a full channel drops the gossip copy and counts it; the ledger and the accepted log keep it).
 """
@@ -68,7 +73,7 @@ from node.rl.tasks import Task
 from node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, validate_submission
 from node.roles.base import RoleNet
 from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
-from node.swarm.accepted import MAX_CURSOR, AcceptedStore, PendingItem
+from node.swarm.accepted import MAX_CURSOR, AcceptedStore, Decided, PendingItem
 from node.swarm.common import ACCEPTED, load_run_setup, set_threads
 from node.swarm.follow import SwarmFollower
 from protocol.codec import decode, encode
@@ -327,12 +332,46 @@ class LedgerAccess:
 
 @dataclass(frozen=True)
 class Decision:
-    """A judgement made and sealed, waiting for its ledger write (kept across ledger retries)."""
+    """A judgement made and sealed, waiting for its ledger write and `finish` (kept across ledger retries
+    and, as the store's `Decided` record, across restarts)."""
 
     outcome: Accepted | ProtocolError
     judgement: Judgement
     verdict: Verdict
     sealed: bytes  # b"" for an ignore
+
+    def record(self) -> Decided:
+        """What the store keeps of it."""
+        outcome = self.outcome
+        if isinstance(outcome, Accepted):
+            kind, status = "accepted", ACCEPTED_STATUS
+        else:
+            kind, status = ("ignored" if isinstance(outcome, Ignore) else "rejected"), int(outcome.reason)
+        return Decided(
+            outcome=kind,
+            status=status,
+            tokens=self.verdict.tokens,
+            verdict=encode(self.verdict),
+            sealed=self.sealed,
+            full=self.judgement.full,
+            cpu_s=self.judgement.cpu_s,
+        )
+
+    @classmethod
+    def restore(cls, decided: Decided) -> Decision:
+        """The decision a stored record holds (its sealed verdict unchanged: it is never sealed again)."""
+        verdict = decode(Verdict, decided.verdict)
+        outcome: Accepted | ProtocolError
+        if decided.outcome == "accepted":
+            outcome = Accepted(verdict.tokens, verdict.mean_exp_mismatches, verdict.mean_mant_err)
+        elif decided.outcome == "ignored":
+            outcome = Ignore(Reason(decided.status), verdict.detail)
+        elif decided.status == Reason.BAD_PROOF:
+            failure = ProofFailure(verdict.failing_chunks, verdict.mean_exp_mismatches, verdict.mean_mant_err)
+            outcome = BadProof(verdict.detail, failure)
+        else:
+            outcome = Reject(Reason(decided.status), verdict.detail)
+        return cls(outcome, Judgement(outcome, decided.cpu_s, decided.full), verdict, decided.sealed)
 
 
 @dataclass
@@ -368,7 +407,8 @@ class SwarmValidatorWork:
         self._secret = self.store.secret()
         self._queue: list[PendingItem] = self.store.pending()
         self._deadlines: dict[int, float] = {}
-        self._decided: dict[int, Decision] = {}  # judged, the ledger write still to do (by item id)
+        # decided and stored, the ledger write and `finish` still to do (by item id); read back on a restart
+        self._decided: dict[int, Decision] = {i: Decision.restore(d) for i, d in self.store.decided().items()}
         self._attempts: dict[int, int] = {}  # ledger failures of an item so far
         self._retry_at: dict[int, float] = {}  # an item deferred by a ledger failure: not before then
         self._changed = trio.Event()  # a submission queued or a checkpoint held: the scheduler looks again
@@ -597,14 +637,18 @@ class SwarmValidatorWork:
     async def _judge(
         self, item: PendingItem, out: VerdictOut, gossip: trio.MemorySendChannel[Verdict]
     ) -> None:
-        """Judge `item` (once) and write the ledger; when the ledger cannot answer, the item stays queued
-        (with its judgement) and is tried again after a backoff."""
+        """Judge `item` (once: the decision is stored before the ledger write), write the ledger, finish.
+        When the ledger cannot answer, the item stays queued (with its decision) and is tried again after a
+        backoff; a decision read back after a restart only replays the ledger write and finishes."""
         assert self.setup is not None
         evidence = await trio.to_thread.run_sync(self.store.pending_envelope, item.id)
         try:
             decision = self._decided.get(item.id)
             if decision is None:
                 decision = await self._decide(item, evidence, out)
+                record = decision.record()
+                decided_ms = int(time.time() * 1000)
+                await trio.to_thread.run_sync(lambda: self.store.decide(item, record, decided_ms=decided_ms))
                 self._decided[item.id] = decision
             slashed = await self._write_ledger(decision, evidence)
         except LedgerUnavailable as exc:

@@ -29,7 +29,7 @@ from node.rl.rollouts import build_submission
 from node.rl.run import BASE_CHECKPOINT, RunSetup, devnet_grpo, devnet_run
 from node.swarm import cheats
 from node.swarm import validator as validator_module
-from node.swarm.accepted import AcceptedStore, PendingItem
+from node.swarm.accepted import AcceptedStore, Decided, PendingItem
 from node.swarm.validator import MAX_PENDING_PER_WORKER, SwarmValidatorWork, drawn_for_full_check
 from protocol.codec import decode
 from protocol.envelope import Envelope, envelope_digest, open_envelope, seal
@@ -314,6 +314,33 @@ def test_every_ignore_frees_the_step_and_counts_as_an_ignore(tmp_path):
     migrated.close()
 
 
+def test_a_decision_survives_a_restart_and_finish_keeps_its_verdict(tmp_path):
+    path = tmp_path / "v.db"
+    store = AcceptedStore(path)
+    item, other = _pending(store, 1), _pending(store, 2)
+    decided = Decided("accepted", 0, 5, b"verdict body", b"sealed verdict", True, 0.25)
+    store.decide(item, decided, decided_ms=7)
+    with pytest.raises(KeyError):  # decided once
+        store.decide(item, decided, decided_ms=8)
+    with pytest.raises(ValueError):  # an acceptance has status 0, a rejection its code
+        store.decide(other, dataclasses.replace(decided, status=int(Reason.BAD_PROOF)), decided_ms=8)
+    store.close()
+
+    store = AcceptedStore(path)  # killed after deciding: the decision and the queue are both still there
+    assert store.decided() == {item.id: decided} and store.pending() == [item, other]
+    with pytest.raises(ValueError):  # finished with another verdict than the one decided
+        store.finish(item, status=0, tokens=5, verdict=b"resealed", submission=b"s", judged_ms=9)
+    assert store.decided() == {item.id: decided} and store.newest == 0
+    assert (
+        store.finish(item, status=0, tokens=5, verdict=b"sealed verdict", submission=b"s", judged_ms=9) == 1
+    )
+    assert store.decided() == {} and store.pending() == [other]
+    assert store.after(0, 16, 10**6)[0][0].verdict == b"sealed verdict"
+    with pytest.raises(KeyError):  # not pending any more
+        store.decide(item, decided, decided_ms=10)
+    store.close()
+
+
 def test_a_cursor_beyond_any_index_is_refused(tmp_path):
     store = AcceptedStore(tmp_path / "v.db")
     for cursor in (2**63, 2**64 - 1):
@@ -593,6 +620,8 @@ def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
                 lambda: ledger.calls.get("slash", 0) >= 2 and ledger.calls.get("record_contribution", 0) >= 2
             )
             assert work.judged == 0 and out.published == []
+            decided = work.store.decided()  # the retries use the decisions stored before the first write
+            assert sorted(d.outcome for d in decided.values()) == ["accepted", "rejected"]
 
             ledger.fail = {"slash": DuplicateSlash("already slashed")}  # credit works; the slash is decided
             await wait_judged(work, 2)
@@ -605,9 +634,98 @@ def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
     assert (status["contributions"], status["slashes"], status["ledger_refusals"]) == (1, 0, 1)
     assert status["ledger_deferred"] == 0 and status["ledger_retries"] >= 8
     assert sorted(v.worker for v in out.published) == sorted([HONEST.address, FORGED.address])
+    assert work.store.decided() == {}
     inner.refresh()
     assert [c.worker for c in inner.contributions()] == [HONEST.address] and inner.slashes() == []
     inner.close()
+
+
+@pytest.mark.parametrize("crash", ["before_ledger_write", "before_finish"])
+@pytest.mark.parametrize("name", ["honest", "forged"])
+def test_a_decided_submission_is_not_judged_again_after_a_crash(
+    tmp_path, setup, checkpoint, submissions, monkeypatch, name, crash
+):
+    """Killed after the decision was stored, before (or after) the ledger write, before `finish`. The
+    restarted validator holds no checkpoint (judged again, the submission would be ignored 607 after its
+    wait), yet it does not judge again: it replays the ledger write (a duplicate refusal when it was written
+    before the crash), finishes with the verdict sealed before the crash and gossips it once."""
+    ledger_path = tmp_path / "ledger.db"
+    make_ledger(ledger_path).close()
+    worker, sub = submissions[name]
+    opened, digest, _ = signed(worker, sub)
+    first_out = GossipLog()
+
+    async def judge_then_die():
+        ledger = SignedLog.open(ledger_path)
+        work = make_work(tmp_path, ledger)
+        await work.prepare(setup)
+        await work.hold_verified(checkpoint)
+        async with trio.open_nursery() as nursery:
+
+            async def killed(*args, **kwargs):  # the process dies here: nothing after this point runs
+                nursery.cancel_scope.cancel()
+                await trio.sleep_forever()
+
+            if crash == "before_finish":
+                work.store.finish_async = killed
+            else:
+                work._write_ledger = killed
+            await nursery.start(work.judge_forever, first_out)
+            assert (await work.submit(None, opened, digest)).status == 100
+            await trio.sleep_forever()
+        decided = work.store.decided()
+        written = len(ledger.contributions()) + len(ledger.slashes())
+        work.store.close()
+        ledger.close()
+        return decided, written
+
+    stored, written = trio.run(judge_then_die)
+    [decided] = stored.values()
+    assert decided.outcome == ("accepted" if name == "honest" else "rejected") and decided.sealed
+    assert written == (1 if crash == "before_finish" else 0) and first_out.published == []
+
+    def judge_again(*args):
+        raise AssertionError("a decided submission was judged again")
+
+    monkeypatch.setattr(validator_module, "judge_submission", judge_again)
+    ledger = SignedLog.open(ledger_path)
+    work = make_work(tmp_path, ledger, wait_for_checkpoint_s=0.1)
+    out = GossipLog()
+    assert work.status()["queued"] == 1
+
+    async def restart():
+        await work.prepare(setup)  # no checkpoint held: no engine could judge it
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.judge_forever, out)
+            await wait_judged(work, 1)
+            await poll_until(lambda: out.published)
+            nursery.cancel_scope.cancel()
+
+    trio.run(restart)
+    status = work.status()
+    assert status["queued"] == 0 and status["versions_held"] == [] and status["ignored"] == 0
+    assert status["ledger_refusals"] == (1 if crash == "before_finish" else 0)
+    assert work.store.decided() == {}
+    [gossiped] = out.published
+    assert gossiped == decode(Verdict, decode(Envelope, decided.sealed).body)
+    ledger.refresh()
+    if name == "honest":
+        assert status["accepted"] == 1 and work.store.newest == 1
+        [item], _ = work.store.after(0, 16, 10**6)
+        assert item.verdict == decided.sealed  # byte for byte: sealed once, before the crash
+        assert decode(RolloutSubmission, decode(Envelope, item.submission).body) == sub
+        [credit] = ledger.contributions()
+        assert credit.rollout_digest == digest and credit.verdict_digest == sha256(item.verdict)
+        assert ledger.slashes() == []
+    else:
+        assert status["rejected"] == 1 and status["by_reason"] == {"BAD_REWARD": 1}
+        assert work.store.newest == 0 and ledger.contributions() == []
+        [slash] = ledger.slashes()
+        assert slash.worker == FORGED.address
+    assert trio.run(work.submit, None, opened, digest).status == Reason.DUPLICATE  # judged: decided for good
+    work.store.close()
+    ledger.close()
+    assert verify_log(ledger_path).ok
 
 
 def accepted_request(sender, after: int, wait_ms: int):
