@@ -16,8 +16,8 @@ What py-libp2p's `KadDHT` does by default (file:line in site-packages/libp2p/kad
   answers by peer id, unioning addresses.
 - Re-provide every 22 h (provider_store.py:54), routing-table refresh every 10 min (kad_dht.py:95). We
   announce at start, re-announce every `reprovide_interval`, retry failed announcements every
-  `retry_interval`, refresh on an early schedule (later joiners become visible fast) then every
-  `refresh_interval`, and re-dial the bootstrap peers whenever we have no connection at all.
+  `retry_interval`, refresh and re-announce on an early schedule (later joiners become visible fast),
+  then refresh every `refresh_interval`, and re-dial the bootstrap peers whenever we have no connection.
 - ADD_PROVIDER is limited to 10 per 10 s per sender (kad_dht.py:313); over the limit the stream is reset
   while the sender, which never reads the echo, counts a success (provider_store.py:326). We space our
   announcements `provide_spacing` apart.
@@ -181,6 +181,7 @@ class Discovery:
         delays = list(self.settings.early_refresh)
         previous = 0.0
         while True:
+            early = bool(delays)
             target = delays.pop(0) if delays else previous + self.settings.refresh_interval
             await trio.sleep(max(0.0, target - previous))
             previous = target
@@ -188,6 +189,11 @@ class Discovery:
                 await self.bootstrap()
             else:
                 await self.refresh()
+            if early:
+                # The routing table is still growing, so the peers closest to our keys keep changing: an
+                # announcement made when we knew only the bootstrap node sits where lookups may not ask.
+                self.announced.clear()
+                self.value_put_at.clear()
             self._wake.set()
 
     async def _maintain_announcements(self) -> None:
