@@ -134,8 +134,14 @@ def test_a_checkpoint_reaches_a_worker_through_a_relay_found_in_the_dht(tmp_path
             )  # workers use relays
             assert relay_work.status()["versions_held"] == [0] and relay_work.announced >= 1
 
-            providers = await worker_net.find_checkpoint_providers(0)
-            assert identities[2].peer_id in {str(p.peer_id) for p in providers}
+            # the relay announces after it holds the version (announcements are spaced): look until found
+            async def relay_provides_v0() -> bool:
+                providers = await worker_net.find_checkpoint_providers(0)
+                return identities[2].peer_id in {str(p.peer_id) for p in providers}
+
+            with trio.fail_after(30):
+                while not await relay_provides_v0():  # noqa: ASYNC110 - the DHT offers no event to wait on
+                    await trio.sleep(0.5)
 
             root1 = await trainer_work.publish(1)
             await wait_until(lambda: any(c.manifest.version == 1 for c in worker_work.completed), timeout=60)
