@@ -305,6 +305,22 @@ class DilocoTrainerWork(Generic[B]):
         self.holdings.hold(r, HeldContribution(contribution, envelope, directory, delta))
         return True
 
+    def _verified_from(
+        self, verify: Callable[..., Any], data: bytes, r: int, sender: bytes, kind: str
+    ) -> Any:
+        """A round-`r` message `verify` accepts and `sender` signed (we asked that trainer for its own);
+        None, with the refusal counted against `sender`, otherwise."""
+        try:
+            found = verify(
+                data, plan=self.plan, digest=self.holdings.plan_digest, round=r, now_ms=self._now()
+            )
+            if found.sender != sender:
+                raise Reject(Reason.WRONG_SENDER, f"asked for one trainer's {kind}, got another's")
+        except ProtocolError as verdict:
+            self._count(verdict, kind, sender)
+            return None
+        return found
+
     async def _collect_from(
         self, r: int, base: bytes, trainer: bytes, peers: PeerSource, support: dict[bytes, set[bytes]]
     ) -> None:
@@ -322,14 +338,8 @@ class DilocoTrainerWork(Generic[B]):
                     await trio.sleep(self.settings.retry_s)
                 continue
             assert endpoint is not None
-            try:
-                found = rules.verify_contribution(
-                    answer[1], plan=self.plan, digest=self.holdings.plan_digest, round=r, now_ms=self._now()
-                )
-                if found.sender != trainer:
-                    raise Reject(Reason.WRONG_SENDER, "asked for one trainer's contribution, got another's")
-            except ProtocolError as verdict:
-                self._count(verdict, "contribution", trainer)
+            found = self._verified_from(rules.verify_contribution, answer[1], r, trainer, "contribution")
+            if found is None:
                 return
             if found.message.base != base:
                 support.setdefault(found.message.base, set()).add(trainer)
@@ -406,14 +416,8 @@ class DilocoTrainerWork(Generic[B]):
                 if answer is None or answer[0] != 204:
                     await trio.sleep(self.settings.retry_s)
                 continue
-            try:
-                vote = rules.verify_vote(
-                    answer[1], plan=self.plan, digest=self.holdings.plan_digest, round=r, now_ms=self._now()
-                )
-                if vote.sender != voter:
-                    raise Reject(Reason.WRONG_SENDER, "asked for one trainer's vote, got another's")
-            except ProtocolError as verdict:
-                self._count(verdict, "vote", voter)
+            vote = self._verified_from(rules.verify_vote, answer[1], r, voter, "vote")
+            if vote is None:
                 return
             if vote.message.base != base:
                 support.setdefault(vote.message.base, set()).add(voter)
