@@ -67,6 +67,8 @@ class WorkSettings:
     submissions_per_version: int = 4  # worker: most submissions per checkpoint version before waiting
     cheat: str = ""  # worker, devnet only: perturbed-model | tampered-prompt | forged-reward
     min_batch_groups: int = 0  # trainer: signal groups per step (0: the run's prompts_per_step)
+    diloco_plan: str = ""  # trainer of a multi-trainer run: the DilocoRun file its lead signed
+    diloco_lead: str = ""  # with diloco_plan: 0x address of the run's lead trainer, the plan's signer
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,15 @@ def check_work(work: WorkSettings) -> WorkSettings:
         )
     if not 0 < work.shard_mb <= 1024:
         raise ConfigError("[work] shard_mb must be in (0, 1024]")
+    if bool(work.diloco_plan) != bool(work.diloco_lead):
+        raise ConfigError("[work] diloco_plan and diloco_lead go together (the plan file and its signer)")
+    if work.diloco_lead:
+        try:
+            lead = bytes.fromhex(work.diloco_lead.removeprefix("0x"))
+        except ValueError:
+            lead = b""
+        if len(lead) != 20:
+            raise ConfigError(f"[work] diloco_lead must be a 20-byte 0x address, not {work.diloco_lead!r}")
     return work
 
 

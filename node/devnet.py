@@ -38,6 +38,7 @@ from node.devnet_rl import DEVNET_STAKE_GWEI, STAKED_ROLES, DevnetLedger, work_c
 
 KDF_ITERATIONS = 2  # devnet keys only: fast to open, useless to protect anything
 STOP_GRACE = 10.0
+DILOCO_PLAN_FILE = "diloco-plan.bin"
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,16 @@ class DevnetPlan:
     # Signal groups per trainer step: 24 of a submission's 32 prompts (about 31 have signal) make a step
     # take one submission, as the synchronous baseline does, so the two compare at equal data per step.
     min_batch_groups: int = 24
+    # Several trainers (DiLoCo, spec/diloco.md): H GRPO steps per round, then an fp16 all-reduce; `steps`
+    # counts each trainer's GRPO steps, so the run is ceil(steps / H) rounds.
+    inner_steps: int = 3
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    round_timeout_ms: int = 60_000
+
+    @property
+    def rounds(self) -> int:
+        return -(-self.steps // self.inner_steps)
 
     def roles(self) -> list[tuple[str, str]]:
         """(name, role) of every node, bootstrap first."""
@@ -76,8 +87,10 @@ class DevnetPlan:
             return self.cheaters[int(name.split("-")[1]) - 1]
         return ""
 
-    def work_section(self, name: str, role: str) -> dict[str, Any]:
-        """The [work] table of a node in a training run."""
+    def work_section(
+        self, name: str, role: str, *, plan_path: Path | None = None, lead: str = ""
+    ) -> dict[str, Any]:
+        """The [work] table of a node in a training run (`plan_path`, `lead`: its DiLoCo plan, if any)."""
         work: dict[str, Any] = {"threads": self.threads}
         if role == "trainer":
             work |= {
@@ -85,6 +98,11 @@ class DevnetPlan:
                 "shard_mb": self.shard_mb,
                 "min_batch_groups": self.min_batch_groups,
             }
+            if self.trainers > 1:
+                work |= {"diloco_plan": str(plan_path), "diloco_lead": lead}
+        if role == "worker" and self.trainers > 1:
+            # A version lasts a round of H steps on every trainer, so workers may send H times more on it.
+            work["submissions_per_version"] = 4 * self.inner_steps
         if self.cheat_of(name):
             work["cheat"] = self.cheat_of(name)
         return work
@@ -175,6 +193,8 @@ class Devnet:
             self.ledger.create()
             staked = [(n.role, identities[n.name]) for n in self.nodes.values() if n.role in STAKED_ROLES]
             self.ledger.enroll(staked, {n.address: n.peer_id for n in self.nodes.values()})
+        if self.plan.steps and self.plan.trainers > 1:
+            self.write_diloco_plan()
         bootstrap = self.nodes["bootstrap"].addr
         for node in self.nodes.values():
             self.write_config(node, bootstrap=() if node.role == "bootstrap" else (bootstrap,))
@@ -201,6 +221,34 @@ class Devnet:
         )
         return list(self.nodes.values())
 
+    @property
+    def diloco_plan_path(self) -> Path:
+        return self.folder / DILOCO_PLAN_FILE
+
+    def write_diloco_plan(self) -> None:
+        """The run's DilocoRun, signed by the lead (trainer-1), naming every trainer (spec/diloco.md)."""
+        from node.diloco.plan import build_plan, checkpoint_digest, sign_plan
+        from node.rl.run import BASE_CHECKPOINT, devnet_grpo
+
+        plan = self.plan
+        cfg, initial = checkpoint_digest(BASE_CHECKPOINT)
+        trainers = [self.identities[n.name] for n in self.nodes.values() if n.role == "trainer"]
+        signed = build_plan(
+            plan.run,
+            [t.address for t in trainers],
+            cfg=cfg,
+            model_seed=0,
+            initial=initial,
+            rounds=plan.rounds,
+            inner_steps=plan.inner_steps,
+            inner_lr=devnet_grpo(cfg).learning_rate,
+            outer_lr=plan.outer_lr,
+            outer_momentum=plan.outer_momentum,
+            collect_timeout_ms=plan.round_timeout_ms,
+            vote_timeout_ms=plan.round_timeout_ms,
+        )
+        self.diloco_plan_path.write_bytes(sign_plan(self.identities["trainer-1"], signed))
+
     def write_config(
         self,
         node: DevnetNode,
@@ -221,7 +269,12 @@ class Devnet:
         )
         document = render_config(config, node.directory)
         if self.plan.steps and node.role in STAKED_ROLES:
-            document["work"] = self.plan.work_section(node.name, node.role)
+            document["work"] = self.plan.work_section(
+                node.name,
+                node.role,
+                plan_path=self.diloco_plan_path,
+                lead=self.nodes["trainer-1"].address if "trainer-1" in self.nodes else "",
+            )
         else:
             document.pop("work", None)
         for section, values in (self.plan.sections if sections is None else sections).items():
@@ -491,7 +544,25 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     type=int,
     default=0,
     show_default=True,
-    help="Train for this many GRPO steps on the swarm, then stop and report (0: only run the network).",
+    help="Train for this many GRPO steps on the swarm, then stop and report (0: only run the network). "
+    "With several --trainers, each trainer's GRPO steps: ceil(N / --inner-steps) DiLoCo rounds.",
+)
+@click.option(
+    "--inner-steps",
+    type=int,
+    default=3,
+    show_default=True,
+    help="With several --trainers: GRPO steps each trainer takes between two DiLoCo syncs (H).",
+)
+@click.option(
+    "--outer-lr", type=float, default=0.7, show_default=True, help="With several --trainers: DiLoCo outer lr."
+)
+@click.option(
+    "--outer-momentum",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="With several --trainers: DiLoCo outer Nesterov momentum (0 and --outer-lr 1: plain averaging).",
 )
 @click.option(
     "--cheaters",
@@ -512,7 +583,13 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     "--summary", "summary_path", type=click.Path(path_type=Path), help="Also write the summary JSON here."
 )
 @click.option("--threads", type=int, default=1, show_default=True, help="Torch threads per node process.")
-@click.option("--trainers", type=int, default=1, show_default=True)
+@click.option(
+    "--trainers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Trainers of the run; more than one train together with DiLoCo (trainer-1 leads).",
+)
 @click.option("--relays", type=int, default=2, show_default=True)
 @click.option("--workers", type=int, default=3, show_default=True, help="Honest workers.")
 @click.option("--validators", type=int, default=1, show_default=True)
@@ -538,6 +615,9 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
 )
 def devnet_command(
     steps: int,
+    inner_steps: int,
+    outer_lr: float,
+    outer_momentum: float,
     cheaters: int,
     ledger_kind: str,
     summary_path: Path | None,
@@ -572,9 +652,16 @@ def devnet_command(
         cheaters=cheats,
         ledger=ledger_kind if steps else "",
         threads=threads,
+        inner_steps=inner_steps,
+        outer_lr=outer_lr,
+        outer_momentum=outer_momentum,
     )
-    if steps and (trainers != 1 or validators < 1 or relays < 1 or workers + cheaters < 1):
-        raise click.UsageError("a training run needs 1 trainer, and at least 1 relay, worker and validator")
+    if steps and not (1 <= trainers <= 16 and validators >= 1 and relays >= 1 and workers + cheaters >= 1):
+        raise click.UsageError(
+            "a training run needs 1 to 16 trainers, and at least 1 relay, worker and validator"
+        )
+    if inner_steps < 1:
+        raise click.UsageError("--inner-steps must be at least 1")
     devnet = Devnet(plan, out or default_folder())
     console = Console()
     if not console.is_terminal:

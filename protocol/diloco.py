@@ -24,7 +24,9 @@ from protocol.messages import (
     DilocoOuterState,
     DilocoRun,
     DilocoVote,
+    RunDescriptor,
 )
+from protocol.runs import run_trainers
 from protocol.shards import verify_manifest
 
 # --- parameters (spec/diloco.md, Parameters) -----------------------------------------------------
@@ -87,6 +89,41 @@ def trainer_index(plan: DilocoRun, address: bytes) -> int:
         return plan.trainers.index(address)
     except ValueError:
         raise Reject(Reason.WRONG_SENDER, f"0x{address.hex()} is not a trainer of run {plan.run!r}") from None
+
+
+# --- RL runs with several trainers ---------------------------------------------------------------
+
+
+def check_rl_plan(plan: DilocoRun, descriptor: RunDescriptor) -> None:
+    """The DiLoCo plan of an RL run must name exactly the descriptor's trainers and its model.
+
+    The inner steps are the run's GRPO steps, so the plan's inner learning rate is the run's.
+    """
+    trainers = run_trainers(descriptor)
+    if plan.run != descriptor.run:
+        raise Reject(
+            Reason.WRONG_RUN, f"the plan is for run {plan.run!r}, the descriptor for {descriptor.run!r}"
+        )
+    if sorted(plan.trainers) != sorted(trainers) or len(set(trainers)) != len(trainers):
+        raise _rule("the plan's trainers are not the run descriptor's trainer and co-trainers")
+    if plan.model_config_hash != descriptor.model_config_hash:
+        raise _rule("the plan names another model than the run descriptor")
+    if plan.inner_lr != descriptor.grpo.learning_rate:
+        raise _rule(
+            f"the plan's inner_lr {plan.inner_lr} is not the run's GRPO learning rate "
+            f"{descriptor.grpo.learning_rate}"
+        )
+
+
+def rollout_owner(digest: bytes, trainers: Sequence[bytes]) -> bytes:
+    """The trainer whose inner steps take the accepted submission with envelope digest `digest`.
+
+    `trainers` in the descriptor's order (lead, then co-trainers): every trainer computes the same split
+    from what it pulls, so each accepted rollout is trained on exactly once across the run.
+    """
+    if not trainers:
+        raise ValueError("a run has at least one trainer")
+    return trainers[int.from_bytes(digest[:8], "big") % len(trainers)]
 
 
 def contribution_namespace(run: str, index: int) -> str:

@@ -60,7 +60,12 @@ class ValidatorPolicy:
 
 @dataclass(frozen=True)
 class RunDescriptor:
-    """The run a trainer owns; workers and validators follow only runs whose descriptor the trainer signed."""
+    """The run a trainer owns; workers and validators follow only runs whose descriptor the trainer signed.
+    `trainer` is the lead: it signs the descriptor and is the sole signer of the run's checkpoint manifests.
+    `co_trainers` are the other trainers of a multi-trainer (DiLoCo) run: they may pull accepted rollouts
+    (ACCEPTED) but never sign a manifest. A descriptor whose `co_trainers` repeat an address or name the lead
+    is rejected 600 `RULE_VIOLATION` (`protocol.runs.check_descriptor`).
+    """
 
     TYPE: ClassVar[str] = "run_descriptor"
     MAX_SIZE: ClassVar[int] = 16 * KIB
@@ -75,6 +80,7 @@ class RunDescriptor:
     async_level: Annotated[int, Range(0, 64)]
     policy: ValidatorPolicy
     created_ms: int
+    co_trainers: Annotated[tuple[Address, ...], MaxLen(15)] = ()
 
 
 # --- weights -------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def section(cls: type, level: str, seen: set[type]) -> list[str]:
     if hasattr(cls, "TYPE"):
         lines += [f"type `{cls.TYPE}`, body cap {cls.MAX_SIZE} bytes", ""]  # type: ignore[attr-defined]
     if doc and not doc.startswith(cls.__name__ + "("):
-        lines += [doc.splitlines()[0], ""]
+        lines += [doc.split("\n\n")[0], ""]  # the summary paragraph
     lines += ["| # | field | type |", "| --- | --- | --- |"]
     nested = []
     for i, spec in enumerate(schema(cls)):

@@ -10,6 +10,7 @@ their peers as plain endpoints here and learn from them over HTTP (`feeds`); the
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from node.dataplane.downloader import DownloadConfig, Downloader
 from node.dataplane.feeds import follow_haves, follow_manifests
 from node.dataplane.follower import Follower, FollowerConfig, VerifiedCheckpoint
 from node.dataplane.http_client import ClientConfig, HttpClient
-from node.dataplane.http_server import HttpServer, ServerConfig
+from node.dataplane.http_server import Handler, HttpServer, ServerConfig
 from node.dataplane.origin import Origin, Sealer
 from node.dataplane.progress import ProgressSink
 from node.dataplane.service import ShardService
@@ -46,6 +47,7 @@ class OriginNode:
         server: ServerConfig | None = None,
         shard_size: int = DEFAULT_SHARD_SIZE,
         async_level: int = 2,
+        mount: Callable[[Handler], Handler] | None = None,
     ) -> None:
         self.store = ShardStore(root, run)
         self.catalog = Catalog(run)
@@ -56,6 +58,7 @@ class OriginNode:
         self.server_config = server or ServerConfig()
         self.server: HttpServer | None = None
         self.endpoint = ""
+        self.mount = mount  # wraps the shard service, to serve more on the same endpoint (DiLoCo)
 
     def statistics(self) -> dict[str, object]:
         assert self.server is not None
@@ -63,7 +66,8 @@ class OriginNode:
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         service = ShardService(self.catalog, self.store, endpoint="", seal=self.seal)
-        self.server = HttpServer(service, self.server_config)
+        handler: Handler = service if self.mount is None else self.mount(service)
+        self.server = HttpServer(handler, self.server_config)
         service.server_stats = self.server.stats
         async with trio.open_nursery() as nursery:
             port = await nursery.start(self.server.serve)

@@ -32,7 +32,7 @@ from node.diloco.holdings import Holdings
 from node.diloco.plan import build_plan, read_plan, sign_plan
 from node.diloco.role import DilocoTrainer, DilocoWork
 from node.diloco.service import DilocoService
-from node.diloco.trainer import DilocoTrainerWork, TrainerSettings
+from node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
 from node.p2p.dht import DiscoverySettings
 from node.rl.diloco import LossFn, content_digest, lm_loss, pretraining_batches
 from node.rl.model import ModelConfig, build_model, model_config_hash
@@ -100,7 +100,7 @@ class Prepared:
     identity: NodeIdentity
     data_dir: Path
     holdings: Holdings
-    trainer: DilocoTrainerWork[torch.Tensor]
+    trainer: DilocoTrainerWork
 
 
 def prepare_trainer(args: argparse.Namespace) -> Prepared:
@@ -127,7 +127,8 @@ def prepare_trainer(args: argparse.Namespace) -> Prepared:
     loss_fn: LossFn[torch.Tensor] = lm_loss
     if args.straggle_seconds > 0:
         loss_fn = straggling(lm_loss, data, args.straggle_round, plan.inner_steps, args.straggle_seconds)
-    trainer = DilocoTrainerWork(holdings, model, data, loss_fn, settings=settings, emit=emit)
+    inner = DataInnerRound(model, params_of(plan), data, loss_fn)
+    trainer = DilocoTrainerWork(holdings, model, inner, settings=settings, emit=emit)
     return Prepared(identity, data_dir, holdings, trainer)
 
 

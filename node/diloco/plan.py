@@ -8,7 +8,7 @@ from pathlib import Path
 from crypto.identity import NodeIdentity
 from node.p2p.clock import wall_ms
 from node.rl.diloco import content_digest, trainable_state
-from node.rl.model import ModelConfig, build_model, model_config_hash
+from node.rl.model import ModelConfig, build_model, load_checkpoint, model_config_hash
 from protocol.codec import decode
 from protocol.diloco import check_plan, verify_plan
 from protocol.envelope import Envelope, seal
@@ -36,12 +36,14 @@ def build_plan(
     collect_timeout_ms: int = 30_000,
     vote_timeout_ms: int = 30_000,
     created_ms: int | None = None,
+    initial: bytes | None = None,
 ) -> DilocoRun:
+    """The run's settings; θ_0 is the model built from (cfg, model_seed) unless `initial` names its digest."""
     plan = DilocoRun(
         run=run,
         trainers=tuple(sorted(set(trainers))),
         model_config_hash=model_config_hash(cfg),
-        initial_digest=initial_digest(cfg, model_seed),
+        initial_digest=initial_digest(cfg, model_seed) if initial is None else initial,
         rounds=rounds,
         inner_steps=inner_steps,
         inner_lr=float(inner_lr),
@@ -55,6 +57,14 @@ def build_plan(
     )
     check_plan(plan)
     return plan
+
+
+def checkpoint_digest(path: Path) -> tuple[ModelConfig, bytes]:
+    """The model config and θ_0 content digest of a checkpoint file: what an RL run's trainers start from."""
+    cfg, state = load_checkpoint(path)
+    model = build_model(cfg, 0)
+    model.load_state_dict(state)
+    return cfg, content_digest(trainable_state(model))
 
 
 def sign_plan(owner: NodeIdentity, plan: DilocoRun) -> bytes:

@@ -29,7 +29,7 @@ class DilocoWork:
 
     def __init__(
         self,
-        trainer: DilocoTrainerWork[Any],
+        trainer: DilocoTrainerWork,
         on_finished: Callable[[dict[str, torch.Tensor]], Awaitable[None]] | None = None,
     ) -> None:
         self.trainer = trainer

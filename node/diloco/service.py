@@ -13,7 +13,7 @@ from collections.abc import Callable
 import msgpack
 import trio
 
-from node.dataplane.http_server import BytesBody, Request, Response, ServerStats, simple_response
+from node.dataplane.http_server import BytesBody, Handler, Request, Response, ServerStats, simple_response
 from node.dataplane.service import MSGPACK
 from node.diloco.holdings import Holdings
 from protocol import diloco as rules
@@ -84,6 +84,23 @@ class DilocoService:
         if self.extra_stats is not None:
             stats.update(self.extra_stats())
         return stats
+
+
+def mounted(checkpoints: Handler, service: DilocoService) -> Handler:
+    """One endpoint for an RL trainer of a multi-trainer run: DiLoCo paths and namespaces go to `service`,
+    everything else (the run's checkpoint shards) to `checkpoints`."""
+
+    async def handle(request: Request) -> Response:
+        target = request.target
+        if target.startswith(rules.PATH_PREFIX + "/"):
+            return await service(request)
+        if target.startswith(shards.PATH_PREFIX + "/"):
+            route = shards.parse_route(target, MAX_WAIT_S)
+            if route is not None and route.run in service.holdings.namespaces:
+                return await service(request)
+        return await checkpoints(request)
+
+    return handle
 
 
 def _envelope(data: bytes) -> Response:

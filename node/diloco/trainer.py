@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 import trio
@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 B = TypeVar("B")
 PeerSource = Callable[[], Mapping[bytes, str]]
 Emit = Callable[..., None]
+OnOuter = Callable[[int, dict[str, torch.Tensor]], Awaitable[None]]
 MAX_MESSAGE_BYTES = DilocoOuterState.MAX_SIZE + ENVELOPE_OVERHEAD
 
 
@@ -71,6 +72,37 @@ class TrainerSettings:
     fetch_timeout_s: float = 30.0  # fetching contributions the votes name that we lack; loading a state
     resync_timeout_s: float = 60.0  # waiting for a newer outer state before skipping the failed round
     resync_grace_s: float = 0.5  # after the first newer offer, how long to wait for the others' offers
+
+
+class InnerRound(Protocol):
+    """A trainer's H inner steps of one round: what it trains on is its own business (data, rollouts)."""
+
+    async def __call__(self, round: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Start from the outer weights θ_r, take the round's inner steps, return the trained weights."""
+        ...
+
+    def statistics(self) -> dict[str, Any]:
+        """At least `last_round_mean_loss`."""
+        ...
+
+
+class DataInnerRound(Generic[B]):
+    """Pre-training: H AdamW steps on this trainer's own batches, `round_batches(data, r, H)`."""
+
+    def __init__(
+        self, model: torch.nn.Module, params: DilocoParams, data: Sequence[B], loss_fn: LossFn[B]
+    ) -> None:
+        self.inner = InnerTrainer(model, params)
+        self.data = data
+        self.loss_fn = loss_fn
+        self.inner_steps = params.inner_steps
+
+    async def __call__(self, round: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        batches = round_batches(self.data, round, self.inner_steps)
+        return await trio.to_thread.run_sync(self.inner.run_round, theta, batches, self.loss_fn)
+
+    def statistics(self) -> dict[str, Any]:
+        return dict(self.inner.statistics())
 
 
 class _Phase:
@@ -113,29 +145,33 @@ def _nothing(event: str, **fields: Any) -> None:
     pass
 
 
-class DilocoTrainerWork(Generic[B]):
-    """The rounds of one trainer; `train(peers)` returns once the run's last round is done."""
+class DilocoTrainerWork:
+    """The rounds of one trainer; `train(peers)` returns once the run's last round is done.
+
+    `inner` takes each round's inner steps; `on_outer(round, θ)`, when given, is awaited each time the
+    trainer holds new outer weights (the start, every round, a resync, a skipped round): an RL run
+    publishes them there as the checkpoint workers follow.
+    """
 
     def __init__(
         self,
         holdings: Holdings,
         model: torch.nn.Module,
-        data: Sequence[B],
-        loss_fn: LossFn[B],
+        inner: InnerRound,
         *,
         settings: TrainerSettings = TrainerSettings(),
         emit: Emit | None = None,
+        on_outer: OnOuter | None = None,
     ) -> None:
         self.holdings = holdings
         self.plan = holdings.plan
         self.me = holdings.me
         self.params = params_of(self.plan)
-        self.inner = InnerTrainer(model, self.params)
+        self.inner = inner
         self.compressor = Compressor(self.plan.compression)
-        self.data = data
-        self.loss_fn = loss_fn
         self.settings = settings
         self.emit: Emit = emit or _nothing
+        self.on_outer = on_outer
         self.outer: OuterOptimizer | None = None
         self.round = 0
         self.finished = trio.Event()
@@ -187,6 +223,8 @@ class DilocoTrainerWork(Generic[B]):
             self.outer = OuterOptimizer.from_state_dict(tensors, self.params)
             self.round = held.state.message.round
             self.emit("restored", round=self.round, theta=held.state.message.theta.hex())
+            if self.on_outer is not None:
+                await self.on_outer(self.round, self.outer.theta())
         else:
             theta0 = dict(self._like)
             if content_digest(theta0) != self.plan.initial_digest:
@@ -202,6 +240,8 @@ class DilocoTrainerWork(Generic[B]):
         await self.holdings.publish_outer(
             self.round, self.outer.state_dict(), theta=theta, parent=parent, contributors=contributors
         )
+        if self.on_outer is not None:
+            await self.on_outer(self.round, self.outer.theta())
 
     # --- HTTP --------------------------------------------------------------------------------------
 
@@ -280,8 +320,7 @@ class DilocoTrainerWork(Generic[B]):
         self.outer.step(average(deltas))
 
     async def _contribute(self, r: int, theta: dict[str, torch.Tensor], base: bytes) -> HeldContribution:
-        batches = round_batches(self.data, r, self.params.inner_steps)
-        inner = await trio.to_thread.run_sync(self.inner.run_round, theta, batches, self.loss_fn)
+        inner = await self.inner(r, theta)
 
         def encode() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
             payload = self.compressor.compress(pseudo_gradient(theta, inner))

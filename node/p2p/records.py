@@ -23,6 +23,7 @@ from protocol.codec import decode
 from protocol.envelope import Envelope, open_envelope
 from protocol.errors import ProtocolError
 from protocol.messages import RunDescriptor
+from protocol.runs import check_descriptor
 
 NAMESPACE = "swarmnode"
 ROLES = ("trainer", "relay", "worker", "validator")
@@ -111,6 +112,10 @@ def open_run_record(key: str, value: bytes, *, trainer: bytes | None = None) -> 
         raise InvalidRecord("a run descriptor must be signed by the trainer it names")
     if trainer is not None and opened.sender != trainer:
         raise InvalidRecord(f"run {run!r} is pinned to trainer 0x{trainer.hex()}")
+    try:
+        check_descriptor(descriptor)
+    except ProtocolError as exc:
+        raise InvalidRecord(f"run record for {run!r}: {exc}") from None
     return RunRecord(opened.sender, opened.envelope.seq, descriptor)
 
 

@@ -13,6 +13,10 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
     """The role service with its real work (bootstrap nodes only route and have none)."""
     role = config.role
     cls = ROLE_CLASSES[role]
+    if role == "trainer" and config.work.diloco_plan:
+        from node.swarm.diloco_rl import make_diloco_trainer
+
+        return make_diloco_trainer(config, identity, open_work_ledger(config.ledger_url))
     if role == "trainer":
         from node.swarm.trainer import SwarmTrainerWork
 

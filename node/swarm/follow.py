@@ -7,12 +7,15 @@ Facts arrive three ways and feed the same `FollowerNode` (which trusts none of t
 - HTTP long polls of every relay (and, for relays and validators, the trainer) found through the DHT:
   `latest` manifests and `have` bitfields. Gossip is fast but drops under load; the polls are the
   floor that makes a missed message cost latency, never progress.
+
+Only the descriptor's lead `trainer` is a trainer-role source: the co-trainers of a multi-trainer (DiLoCo)
+run provide role "trainer" too, but serve no checkpoint of this run (`checkpoint_sources`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import trio
@@ -23,6 +26,7 @@ from node.dataplane.follower import VerifiedCheckpoint
 from node.dataplane.http_server import ServerConfig
 from node.dataplane.roles import FollowerNode, FollowerNodeConfig
 from node.p2p.gossip import Delivery
+from node.p2p.peers import PeerRecord
 from node.roles.base import RoleNet
 from protocol.codec import encode
 from protocol.errors import ProtocolError
@@ -37,6 +41,16 @@ WATCH_INTERVAL = 1.0
 
 def checkpoints_dir(config: NodeConfig) -> Path:
     return config.data_dir / "checkpoints"
+
+
+def checkpoint_sources(found: Mapping[str, Sequence[PeerRecord]], lead: bytes) -> list[tuple[str, float]]:
+    """The HTTP endpoints to follow and their weights: every relay, and of the trainers only the lead."""
+    sources = []
+    for role, weight in SOURCE_ROLES.items():
+        for peer in found.get(role, ()):
+            if peer.http_endpoint and (role != "trainer" or peer.address == lead):
+                sources.append((peer.http_endpoint, weight))
+    return sources
 
 
 class SwarmFollower:
@@ -88,15 +102,16 @@ class SwarmFollower:
         )
         async with trio.open_nursery() as nursery:
             endpoint = await nursery.start(self.node.run, completed)
-            nursery.start_soon(self._watch_sources, nursery)
+            nursery.start_soon(self._watch_sources, nursery, descriptor.trainer)
             task_status.started(endpoint)
 
-    async def _watch_sources(self, nursery: trio.Nursery) -> None:
+    async def _watch_sources(self, nursery: trio.Nursery, lead: bytes) -> None:
         """Start the HTTP feeds of every newly found source (a restarted one may come back elsewhere)."""
         node = self.node
         assert node is not None
         while True:
-            for endpoint, weight in self._source_endpoints():
+            found = {role: self.net.peers(role) for role in SOURCE_ROLES}
+            for endpoint, weight in checkpoint_sources(found, lead):
                 if endpoint in self.followed or endpoint == node.endpoint:
                     continue
                 self.followed.add(endpoint)
@@ -107,12 +122,6 @@ class SwarmFollower:
                 )
                 nursery.start_soon(follow_haves, node.client, {endpoint: weight}, node.catalog, node.book)
             await trio.sleep(WATCH_INTERVAL)
-
-    def _source_endpoints(self) -> Iterator[tuple[str, float]]:
-        for role, weight in SOURCE_ROLES.items():
-            for peer in self.net.peers(role):
-                if peer.http_endpoint:
-                    yield peer.http_endpoint, weight
 
     def _announced_endpoint(self, address: bytes) -> str | None:
         directory = self.net.directory

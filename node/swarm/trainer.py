@@ -48,7 +48,7 @@ from ledger import Ledger, LedgerError
 from ledger.signedlog import SignedLog
 from node.config import NodeConfig
 from node.dataplane.catalog import Catalog
-from node.dataplane.http_server import ServerConfig
+from node.dataplane.http_server import Handler, ServerConfig
 from node.dataplane.roles import OriginNode
 from node.dataplane.store import ShardStore
 from node.p2p.clock import wall_ms
@@ -340,18 +340,22 @@ def groups_of(envelopes: Sequence[bytes]) -> list[RolloutGroup]:
 # --- state on disk ------------------------------------------------------------------------------------
 
 
-def load_or_create_descriptor(path: Path, run: str, trainer: bytes, base_checkpoint: Path) -> RunDescriptor:
+def load_or_create_descriptor(
+    path: Path, run: str, trainer: bytes, base_checkpoint: Path, co_trainers: tuple[bytes, ...] = ()
+) -> RunDescriptor:
     """The run's descriptor as first published from this data dir, or a new devnet one (then stored)."""
     if path.exists():
         descriptor = decode(RunDescriptor, path.read_bytes())
-        if descriptor.run != run or descriptor.trainer != trainer:
+        if descriptor.run != run or descriptor.trainer != trainer or descriptor.co_trainers != co_trainers:
             raise RunMismatch(
-                f"{path} describes run {descriptor.run!r} of trainer 0x{descriptor.trainer.hex()}, "
-                f"not run {run!r} of 0x{trainer.hex()}"
+                f"{path} describes run {descriptor.run!r} of trainer 0x{descriptor.trainer.hex()} "
+                f"with {len(descriptor.co_trainers)} co-trainers, not run {run!r} of 0x{trainer.hex()} "
+                f"with {len(co_trainers)}"
             )
         return descriptor
     cfg, _ = load_checkpoint(base_checkpoint)
-    descriptor = replace(devnet_run(trainer, cfg, base_checkpoint, wall_ms()).descriptor, run=run)
+    created = devnet_run(trainer, cfg, base_checkpoint, wall_ms()).descriptor
+    descriptor = replace(created, run=run, co_trainers=co_trainers)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(encode(descriptor))
@@ -523,17 +527,13 @@ class SwarmTrainerWork:
         """Load the trainer and the inbox, start the origin, publish the current policy; serve forever."""
         cfg = self.config
         set_threads(cfg.work.threads)
-        descriptor = self.run_descriptor(cfg.run, self.identity.address)
+        descriptor = await self._descriptor()
         await trio.to_thread.run_sync(load_run_setup, descriptor, self.base_checkpoint)
         trainer = await trio.to_thread.run_sync(self._load_trainer, descriptor)
         self.trainer = trainer
         self.model_config = trainer.engine.config
         self.inbox = inbox = RolloutInbox(self.inbox_path)
-        released = inbox.release_from(trainer.step_count)
-        if released:
-            log.info(
-                "released rollouts of unsaved steps", extra={"step": trainer.step_count, "rows": released}
-            )
+        self._release_unsaved(inbox, trainer)
         self.done = self._finished()
         self.origin = origin = OriginNode(
             self.checkpoints_dir,
@@ -542,25 +542,64 @@ class SwarmTrainerWork:
             server=ServerConfig(host=cfg.http_host, port=cfg.http_port),
             shard_size=max(1, int(cfg.work.shard_mb * MIB)),
             async_level=descriptor.async_level,
+            mount=self._mount,
         )
         try:
             async with trio.open_nursery() as nursery:
                 self.endpoint = await nursery.start(origin.run)
+                current = self._current_version(trainer, origin.store)
                 restored = restore_published(
                     origin.store,
                     origin.catalog,
                     run=cfg.run,
                     trainer=self.identity.address,
-                    step=trainer.step_count,
+                    step=current,
                     async_level=descriptor.async_level,
                 )
-                if trainer.step_count not in restored:
-                    await self._publish(trainer.step_count)
+                if current not in restored:
+                    await self._publish(current)
                 task_status.started(self.endpoint)
         finally:
             self._last_status = self.status()  # the node writes a final status after the work stops
             self.inbox = None
             inbox.close()
+
+    # --- what a multi-trainer run (node.swarm.diloco_rl) does differently ---------------------------
+
+    async def _descriptor(self) -> RunDescriptor:
+        """The run this trainer trains: its own (persisted) descriptor."""
+        return self.run_descriptor(self.config.run, self.identity.address)
+
+    def _release_unsaved(self, inbox: RolloutInbox, trainer: GrpoTrainer) -> None:
+        """Rows used by steps whose weights were never saved go back into the pool."""
+        released = inbox.release_from(trainer.step_count)
+        if released:
+            log.info(
+                "released rollouts of unsaved steps", extra={"step": trainer.step_count, "rows": released}
+            )
+
+    def _current_version(self, trainer: GrpoTrainer, store: ShardStore) -> int:
+        """The version the restored weights are (one per GRPO step here)."""
+        return trainer.step_count
+
+    def _mount(self, shards: Handler) -> Handler:
+        """The HTTP handler of our endpoint: the checkpoint shards alone here."""
+        return shards
+
+    async def _before_check(self, batch: AcceptedBatch) -> None:
+        """Wait, if need be, until a pulled batch can be checked (nothing to wait for here)."""
+
+    def _mine(self, entries: Sequence[InboxEntry]) -> Sequence[InboxEntry]:
+        """The verified items this trainer trains on: all of them here."""
+        return entries
+
+    def _blames(self, reason: Reason) -> bool:
+        """Whether an item refused for `reason` is the delivering validator's fault."""
+        return reason.error_class != "ignore"  # stale items are nobody's fault
+
+    def _announces(self) -> bool:
+        """Whether this trainer announces its checkpoints (gossip, DHT): it signs the run's manifests."""
+        return True
 
     def _load_trainer(self, descriptor: RunDescriptor) -> GrpoTrainer:
         trainer = GrpoTrainer.resume(self.trainer_dir, descriptor.grpo)
@@ -625,11 +664,13 @@ class SwarmTrainerWork:
         trainer.save(self.trainer_dir)
         prune_saves(self.trainer_dir, trainer.step_count - KEEP_SAVES + 1)
 
-    async def _wait_for_batch(self, step: int, need: int) -> BatchPlan:
+    async def _wait_for_batch(self, step: int, need: int, *, version: int | None = None) -> BatchPlan:
+        """A batch for `step` of the policy `version` (the step itself when one step is one version)."""
         _, inbox, descriptor = self._parts()
         while True:
             arrived = self._arrived
-            plan = plan_batch(inbox.pending(), step, descriptor.async_level, need)
+            current = step if version is None else version
+            plan = plan_batch(inbox.pending(), current, descriptor.async_level, need)
             if plan.stale:
                 inbox.drop([row.id for row in plan.stale], step)
             if plan.ready:
@@ -663,6 +704,7 @@ class SwarmTrainerWork:
         """
         _, inbox, descriptor = self._parts()
         assert self.model_config is not None
+        await self._before_check(batch)
         before = inbox.cursor(validator)
         checked = await trio.to_thread.run_sync(
             partial(
@@ -677,9 +719,8 @@ class SwarmTrainerWork:
                 now_ms=wall_ms(),
             )
         )
-        result = Ingested(
-            inbox.store(validator, checked.entries, checked.cursor), checked.cursor, checked.refused
-        )
+        stored = inbox.store(validator, self._mine(checked.entries), checked.cursor)
+        result = Ingested(stored, checked.cursor, checked.refused)
         if result.cursor < before:
             self.tallies.cursor_resets += 1
             log.warning(
@@ -787,7 +828,7 @@ class SwarmTrainerWork:
             state.stored += result.stored.inserted
             state.refused += len(result.refused)
             for index, reason, detail in result.refused:
-                if reason.error_class != "ignore":  # stale items are nobody's fault
+                if self._blames(reason):
                     net.report(peer, reason, f"accepted item {index}: {detail}")
             if not batch.items or result.cursor == before:  # nothing new, or nothing we could pass
                 await trio.sleep(PULL_EMPTY_PAUSE_S)
@@ -796,7 +837,7 @@ class SwarmTrainerWork:
 
     def _announce_newest(self) -> None:
         """Gossip the newest manifest and provide the retained versions in the DHT (in the background)."""
-        if self._background is None or self.origin is None:
+        if self._background is None or self.origin is None or not self._announces():
             return
         self._background.start_soon(self._gossip_newest)
         net = self._net
@@ -816,7 +857,8 @@ class SwarmTrainerWork:
     async def _republish_forever(self) -> None:
         while True:
             await trio.sleep(REPUBLISH_S)
-            await self._gossip_newest()
+            if self._announces():
+                await self._gossip_newest()
 
     # --- status --------------------------------------------------------------------------------------
 

@@ -16,7 +16,8 @@ The life of a submission (spec/validation.md):
    before any ledger call. After the ledger write and `finish`, the verdict is gossiped on `verdicts`
    (ignores are not: nobody is at fault and nothing is recorded).
 4. Accepted: a contribution (tokens, flops = 2 · parameters · tokens) citing the sealed verdict, and an
-   entry in the accepted log that the run's trainer (only it) pulls with ACCEPTED (long poll, cursor).
+   entry in the accepted log that the run's trainers (the lead and its co-trainers, only they) pull with
+   ACCEPTED (long poll, cursor).
    Rejected for a
    slashable reason (`ledger.evidence.SLASHABLE_REASONS`): a slash of the run's `slash_gwei` (capped by
    the ledger's own maximum) whose evidence is the worker's signed submission and, for a bad proof, the
@@ -81,6 +82,7 @@ from protocol.envelope import Envelope, Opened
 from protocol.errors import Ignore, ProtocolError, Reason, Reject
 from protocol.ledger_messages import MAX_FAILING_CHUNKS, RecordContribution, Slash
 from protocol.messages import AcceptedBatch, AcceptedRequest, RolloutSubmission, SubmitAck, Verdict
+from protocol.runs import run_trainers
 from protocol.types import MIB
 
 log = logging.getLogger(__name__)
@@ -415,7 +417,8 @@ class SwarmValidatorWork:
         self._progress = trio.Event()  # a submission judged
         self._torch: trio.Lock | None = None
         self.setup: RunSetup | None = None
-        self.trainer: bytes | None = None  # the run's trainer, once its record is known: ACCEPTED serves it
+        # the run's trainers (lead and co-trainers), once its record is known: ACCEPTED serves them only
+        self.trainers: frozenset[bytes] = frozenset()
         self._dataset: dict[bytes, Task] = {}
         self._dataset_ids: list[bytes] = []
         self.engines: CheckpointEngines | None = None
@@ -451,7 +454,7 @@ class SwarmValidatorWork:
         self.cpu_s = self.cpu_full_s = 0.0
         self.verdicts_gossiped = self.verdicts_dropped = 0
         self.ledger_retries = 0  # judgements put back in the queue by a ledger failure
-        self.accepted_refused = 0  # ACCEPTED requests refused (not the trainer, a cursor out of range)
+        self.accepted_refused = 0  # ACCEPTED requests refused (not a trainer, a cursor out of range)
 
     # --- status --------------------------------------------------------------------------------------
 
@@ -552,7 +555,7 @@ class SwarmValidatorWork:
     async def prepare(self, setup: RunSetup) -> None:
         """Know the run and build the engines (loads the base architecture in a thread)."""
         self.setup = setup
-        self.trainer = setup.descriptor.trainer
+        self.trainers = frozenset(run_trainers(setup.descriptor))
         self._dataset = setup.dataset
         self._dataset_ids = setup.dataset_ids
         keep = setup.descriptor.async_level + 1
@@ -811,15 +814,16 @@ class SwarmValidatorWork:
     async def serve_accepted(self, peer: ID, opened: Opened) -> AcceptedBatch:
         """Accepted submissions after the puller's cursor; waits up to `wait_ms` for the first new one.
 
-        Only the run's trainer is served (anyone else could hold the protocol's few inbound streams with
-        long polls): others, and a request before the run is known, are refused with Ignore NOT_FOR_US.
+        Only the run's trainers are served, the lead and its co-trainers (anyone else could hold the
+        protocol's few inbound streams with long polls): others, and a request before the run is known, are
+        refused with Ignore NOT_FOR_US.
         """
         request = opened.message
         if not isinstance(request, AcceptedRequest) or request.run != self.run_id:
             raise Ignore(Reason.WRONG_RUN, "accepted submissions of another run")
-        if self.trainer is None or opened.sender != self.trainer:
+        if opened.sender not in self.trainers:
             self.accepted_refused += 1
-            raise Ignore(Reason.NOT_FOR_US, "accepted submissions are served to the run's trainer only")
+            raise Ignore(Reason.NOT_FOR_US, "accepted submissions are served to the run's trainers only")
         if not 0 <= request.after <= MAX_CURSOR:
             self.accepted_refused += 1
             raise Reject(Reason.OUT_OF_RANGE, f"cursor {request.after} is beyond any accepted index")
@@ -839,7 +843,7 @@ class SwarmValidatorWork:
         net.serve(ACCEPTED, self.serve_accepted)
         task_status.started()
         record = await net.wait_run_record()
-        self.trainer = record.descriptor.trainer
+        self.trainers = frozenset(run_trainers(record.descriptor))
         setup = await trio.to_thread.run_sync(load_run_setup, record.descriptor, self.base_checkpoint)
         await self.prepare(setup)
         self.follower = SwarmFollower(net, self.config, newest_only=False, serve=True)

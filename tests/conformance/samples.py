@@ -66,7 +66,8 @@ def every_message() -> list[Any]:
                         (1, 4, 9), 320, 12.5, 3.25)
     samples: list[Any] = [
         m.RunDescriptor(RUN, trainer.address, _digest("config"), _digest("base"), _digest("dataset"), "arithmetic",
-                        grpo_params(), 2, validator_policy(), NOW_MS - 10_000),
+                        grpo_params(), 2, validator_policy(), NOW_MS - 10_000,
+                        co_trainers=(vector_identity(3).address, vector_identity(4).address)),
         manifest(),
         m.ShardHave(RUN, 6, _digest("root-6"), bytes([0b10110000]), "http://127.0.0.1:8401"),
         rollout_submission(),

@@ -15,7 +15,7 @@ from node.dataplane.http_server import HttpServer, ServerConfig
 from node.diloco.holdings import Holdings
 from node.diloco.plan import build_plan, sign_plan
 from node.diloco.service import DilocoService
-from node.diloco.trainer import DilocoTrainerWork, TrainerSettings
+from node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
 from node.rl.diloco import lm_loss, pretraining_batches
 from node.rl.model import ModelConfig, build_model
 from protocol.messages import DilocoRun
@@ -59,7 +59,7 @@ def trainer_data(index: int, batches: int = 4, batch_size: int = 4) -> list[torc
 class LocalTrainer:
     identity: NodeIdentity
     holdings: Holdings
-    work: DilocoTrainerWork[torch.Tensor]
+    work: DilocoTrainerWork
     events: list[dict[str, Any]] = field(default_factory=list)
     endpoint: str = ""
     theta: dict[str, torch.Tensor] | None = None
@@ -82,8 +82,7 @@ def make_trainer(
     work = DilocoTrainerWork(
         holdings,
         model,
-        data,
-        lm_loss,
+        DataInnerRound(model, params_of(plan), data, lm_loss),
         settings=settings,
         emit=lambda event, **fields: events.append({"event": event, **fields}),
     )

@@ -114,7 +114,7 @@ def test_a_straggler_is_left_out_of_its_slow_round_and_everyone_agrees(tmp_path:
         data = trainer_data(i, batches=8)
         trainer = make_trainer(tmp_path, key, plan, envelope, data)
         if i == 2:  # one trainer is 2 s late in round 1: far past the others' collect timeout
-            trainer.work.loss_fn = straggling(lm_loss, data, 1, plan.inner_steps, 2.0)
+            trainer.work.inner.loss_fn = straggling(lm_loss, data, 1, plan.inner_steps, 2.0)  # type: ignore[attr-defined]
         trainers.append(trainer)
     trio.run(run_all, tmp_path, trainers)
     rounds = [rounds_of(t) for t in trainers]

@@ -69,6 +69,14 @@ def _record(
     return seal(identity, descriptor, run=run, seq=1, ts=created)
 
 
+def _with_co_trainers(co_trainers: tuple[bytes, ...]) -> bytes:
+    """A lead-signed run record whose co-trainer list breaks the descriptor rule."""
+    descriptor = dataclasses.replace(
+        dev_run_descriptor(RUN, TRAINER.address, created_ms=NOW_MS), co_trainers=co_trainers
+    )
+    return seal(TRAINER, descriptor, run=RUN, seq=1, ts=NOW_MS)
+
+
 def run_record_cases() -> Iterator[Vector]:
     key = run_record_key(RUN)
     good = _record()
@@ -113,6 +121,8 @@ def run_record_cases() -> Iterator[Vector]:
                 ),
             },
         ),
+        ("co-trainer-repeated", {"key": key, "value": _h(_with_co_trainers((OTHER.address, OTHER.address)))}),
+        ("co-trainer-is-lead", {"key": key, "value": _h(_with_co_trainers((TRAINER.address,)))}),
         ("not-a-descriptor", {"key": key, "value": _h(have)}),
         ("tampered-body", {"key": key, "value": _h(tampered)}),
         ("truncated", {"key": key, "value": _h(good[:-1])}),

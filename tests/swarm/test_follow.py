@@ -20,12 +20,13 @@ from node.dataplane.http_server import ServerConfig
 from node.dataplane.roles import OriginNode
 from node.devnet import free_port
 from node.p2p.gossip import Delivery
+from node.p2p.peers import PeerRecord
 from node.roles import Relay, Trainer, Worker
 from node.roles.base import RoleNet, RoleService
 from node.roles.bootstrap import Bootstrap
 from node.roles.trainer import IdleTrainerWork
 from node.runtime import NodeRuntime
-from node.swarm.follow import SwarmFollower
+from node.swarm.follow import SOURCE_ROLES, SwarmFollower, checkpoint_sources
 from node.swarm.relay import SwarmRelayWork
 from tests.p2p.helpers import node_config, replaced, wait_until
 
@@ -150,3 +151,23 @@ def test_a_checkpoint_reaches_a_worker_through_a_relay_found_in_the_dht(tmp_path
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def _peer(n: int, role: str, endpoint: str) -> PeerRecord:
+    return PeerRecord(f"peer-{n}", bytes([n]) * 20, role, endpoint, "test", 0.0)
+
+
+def test_only_the_lead_trainer_is_a_trainer_role_source() -> None:
+    """Co-trainers of a DiLoCo run provide role "trainer" too but serve no checkpoint of the run."""
+    lead, co_trainer = _peer(1, "trainer", "http://lead:1"), _peer(2, "trainer", "http://co:2")
+    relays = [_peer(3, "relay", "http://relay-a:3"), _peer(4, "relay", "http://relay-b:4")]
+    relays.append(_peer(5, "relay", ""))
+    found = {"trainer": [co_trainer, lead], "relay": relays}
+    sources = checkpoint_sources(found, lead.address)
+    assert sources == [
+        ("http://relay-a:3", SOURCE_ROLES["relay"]),
+        ("http://relay-b:4", SOURCE_ROLES["relay"]),  # a relay without an endpoint is skipped
+        ("http://lead:1", SOURCE_ROLES["trainer"]),
+    ]
+    assert checkpoint_sources({"trainer": [co_trainer]}, lead.address) == []  # the lead not found yet
+    assert checkpoint_sources(found, co_trainer.address)[-1] == ("http://co:2", SOURCE_ROLES["trainer"])

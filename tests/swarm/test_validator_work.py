@@ -740,7 +740,7 @@ def test_accepted_is_served_to_the_trainer_only(tmp_path):
         with pytest.raises(Ignore) as err:  # the run (so its trainer) is not known yet
             await work.serve_accepted(None, accepted_request(TRAINER, 0, 0))
         assert err.value.reason == Reason.NOT_FOR_US
-        work.trainer = TRAINER.address  # what the run record (or prepare) sets
+        work.trainers = frozenset({TRAINER.address})  # what the run record (or prepare) sets
         start = trio.current_time()
         with pytest.raises(Ignore) as err:  # anyone else: refused at once, no 30 s long poll held
             await work.serve_accepted(None, accepted_request(HONEST, 0, 30_000))
@@ -753,6 +753,28 @@ def test_accepted_is_served_to_the_trainer_only(tmp_path):
 
     trio.run(main)
     assert work.status()["accepted_refused"] == 3
+
+
+def test_accepted_is_served_to_the_co_trainers_the_descriptor_names(tmp_path, setup):
+    """A multi-trainer (DiLoCo) run: every trainer it names pulls the same log; anyone else is refused."""
+    co_trainer, stranger = T.identity("co-trainer"), T.identity("stranger")
+    descriptor = dataclasses.replace(setup.descriptor, co_trainers=(co_trainer.address,))
+    work = make_work(tmp_path, None)
+    index = _accept(work.store, _pending(work.store, 1))
+
+    async def main():
+        await work.prepare(RunSetup(descriptor, setup.tasks))
+        for trainer in (TRAINER, co_trainer):  # the lead and its co-trainer, each with its own cursor
+            batch = await work.serve_accepted(None, accepted_request(trainer, 0, 0))
+            assert [i.index for i in batch.items] == [index] and batch.newest == index
+        for other in (stranger, HONEST):  # a stranger, a worker of the run: refused as before
+            with pytest.raises(Ignore) as err:
+                await work.serve_accepted(None, accepted_request(other, 0, 0))
+            assert err.value.reason == Reason.NOT_FOR_US
+
+    trio.run(main)
+    assert work.trainers == {TRAINER.address, co_trainer.address}
+    assert work.status()["accepted_refused"] == 2
 
 
 def test_submit_refuses_unknown_versions_and_caps_each_worker(tmp_path, submissions):
