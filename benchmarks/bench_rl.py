@@ -16,6 +16,10 @@ Sections (each a function returning its own keys; `SECTIONS` runs them in order)
   on the same base, recipe and held-out set. Reported: held-out reward at equal trainer steps, wall time
   per trainer step, the fraction of it the trainer waited for rollouts, and validator CPU seconds per
   accepted rollout against worker CPU seconds to generate one (both measured inside the working thread).
+- diloco: the devnet again with `--diloco-trainers K` trainers of one run (DiLoCo, H =
+  `--diloco-inner-steps`), each taking steps/K GRPO steps, so the run trains on as many rollout batches
+  as the single-trainer devnet; reported: held-out reward of the outer weights and wall time, as ratios
+  against the single-trainer devnet.
 
 Progress goes to stderr; the last line on stdout is one JSON object (snake_case keys, ratios end in
 `_ratio`).
@@ -32,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -150,14 +155,13 @@ def sync_section(args: argparse.Namespace) -> dict[str, float | int]:
     }
 
 
-def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
-    if args.no_devnet:
-        return {}
+def run_devnet(steps: int, *extra: str) -> tuple[dict[str, Any], float]:
+    """One `swarmnode devnet --steps N` run in a temporary folder: its summary JSON and wall seconds."""
     with tempfile.TemporaryDirectory(prefix="bench-rl-devnet-") as tmp:
         summary_path = Path(tmp) / "summary.json"
         command = [
-            sys.executable, "-m", "node.cli_run", "devnet", "--steps", str(args.steps), "--no-live",
-            "--out", str(Path(tmp) / "run"), "--summary", str(summary_path),
+            sys.executable, "-m", "node.cli_run", "devnet", "--steps", str(steps), "--no-live",
+            "--out", str(Path(tmp) / "run"), "--summary", str(summary_path), *extra,
         ]  # fmt: skip
         _log(f"devnet: {' '.join(command[2:])}")
         started = time.perf_counter()
@@ -167,7 +171,13 @@ def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
             raise SystemExit(
                 f"devnet failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
             )
-        summary = json.loads(summary_path.read_text())
+        return json.loads(summary_path.read_text()), wall
+
+
+def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
+    if args.no_devnet:
+        return {}
+    summary, wall = run_devnet(args.steps)
     rewards = summary["rewards_per_step"]
     k = min(5, len(rewards))
     step_s = summary["step_s_mean"]
@@ -192,6 +202,31 @@ def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
     }
 
 
+def diloco_section(args: argparse.Namespace) -> dict[str, float | int]:
+    """K trainers of one run (DiLoCo), each taking steps/K GRPO steps: the same total of GRPO steps, so
+    the same number of rollout batches trained on, as the single-trainer devnet above."""
+    if args.no_devnet or args.diloco_trainers < 2:
+        return {}
+    k, h = args.diloco_trainers, args.diloco_inner_steps
+    per_trainer = max(h, args.steps // k)
+    summary, wall = run_devnet(
+        per_trainer, "--trainers", str(k), "--inner-steps", str(h),
+        "--outer-lr", str(args.diloco_outer_lr), "--outer-momentum", str(args.diloco_outer_momentum),
+    )  # fmt: skip
+    _log(
+        f"diloco devnet ({k} trainers x {per_trainer} steps, H={h}): held-out reward "
+        f"{summary['base_reward']:.3f} -> {summary['final_reward']:.3f} in {wall:.0f}s"
+    )
+    return {
+        "diloco_trainers": k,
+        "diloco_inner_steps": h,
+        "diloco_steps_per_trainer": per_trainer,
+        "diloco_final_eval_reward": round(summary["final_reward"], 4),
+        "diloco_final_vs_base_reward_ratio": round(summary["final_reward"] / summary["base_reward"], 4),
+        "diloco_wall_s": round(wall, 2),
+    }
+
+
 def comparison_section(args: argparse.Namespace, result: dict[str, float | int]) -> dict[str, float | int]:
     """Devnet against the synchronous baseline at equal trainer steps (both measured above)."""
     if "devnet_final_eval_reward" not in result:
@@ -201,10 +236,21 @@ def comparison_section(args: argparse.Namespace, result: dict[str, float | int])
             float(result["devnet_final_eval_reward"]) / float(result["final_eval_reward"]), 4
         ),
         "devnet_vs_sync_step_time_ratio": round(float(result["devnet_step_s"]) / float(result["step_s"]), 4),
-    }
+    } | (
+        {
+            "diloco_vs_devnet_final_reward_ratio": round(
+                float(result["diloco_final_eval_reward"]) / float(result["devnet_final_eval_reward"]), 4
+            ),
+            "diloco_vs_devnet_wall_ratio": round(
+                float(result["diloco_wall_s"]) / float(result["devnet_wall_s"]), 4
+            ),
+        }
+        if "diloco_final_eval_reward" in result
+        else {}
+    )
 
 
-SECTIONS: list[Section] = [sync_section, devnet_section]
+SECTIONS: list[Section] = [sync_section, devnet_section, diloco_section]
 
 
 def main() -> None:
@@ -222,7 +268,13 @@ def main() -> None:
         "--eval-every", type=int, default=10, help="held-out reward every N steps (0: end only)"
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (sync section)")
-    parser.add_argument("--no-devnet", action="store_true", help="skip the distributed devnet section")
+    parser.add_argument("--no-devnet", action="store_true", help="skip the distributed devnet sections")
+    parser.add_argument(
+        "--diloco-trainers", type=int, default=2, help="trainers of the DiLoCo devnet (< 2: skip it)"
+    )
+    parser.add_argument("--diloco-inner-steps", type=int, default=3, help="H of the DiLoCo devnet")
+    parser.add_argument("--diloco-outer-lr", type=float, default=0.7)
+    parser.add_argument("--diloco-outer-momentum", type=float, default=0.9)
     args = parser.parse_args()
     args.worker = args.worker or ["swarmnode-sync-worker"]
     torch.set_num_threads(args.threads)

@@ -148,6 +148,29 @@ def _trainer_summary(work: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _diloco_summary(trainers: list[NodeFacts], statuses: Mapping[str, Any]) -> dict[str, Any] | None:
+    """With several trainers (DiLoCo): per trainer its rounds, contributors per round and final θ."""
+    if len(trainers) < 2:
+        return None
+    per_trainer = {}
+    for node in trainers:
+        work = _work(statuses, node.name)
+        diloco = _mapping(work.get("diloco"))
+        per_trainer[node.name] = {
+            "lead": bool(diloco.get("lead")),
+            "rounds": _count(diloco.get("round")),
+            "contributors_per_round": [_count(n) for n in diloco.get("contributors_per_round") or []],
+            "theta": str(diloco.get("theta", "")),
+            "submissions_used": _count(work.get("submissions_used")),
+        }
+    thetas = {t["theta"] for t in per_trainer.values()}
+    return {
+        "trainers": per_trainer,
+        "same_final_theta": len(thetas) == 1 and "" not in thetas,
+        "submissions_used": sum(t["submissions_used"] for t in per_trainer.values()),
+    }
+
+
 def _node_summary(
     node: NodeFacts,
     verdicts: Mapping[str, Mapping[str, int]],
@@ -208,6 +231,7 @@ def build_summary(inputs: ReportInputs) -> dict[str, Any]:
         "final_reward": final,
         "reward_ratio": None if base is None or final is None else _ratio(final, base),
         **_trainer_summary(trainer_work),
+        "diloco": _diloco_summary(by_role.get("trainer", []), inputs.statuses),
         "validator_cpu_s_per_accepted": validator_per_accepted,
         "worker_cpu_s_per_accepted": worker_per_accepted,
         "verification_cost_ratio": (
@@ -287,6 +311,16 @@ def _headline_table(summary: Mapping[str, Any]) -> Table:
     table.add_row("trainer steps", f"{summary.get('steps', 0)} in {_fmt(summary.get('elapsed_s'), '.1f')} s")
     table.add_row("seconds per step", _fmt(summary.get("step_s_mean"), ".2f"))
     table.add_row("trainer wait fraction", _fmt(summary.get("trainer_wait_fraction"), ".1%"))
+    diloco = summary.get("diloco")
+    if diloco:
+        trainers = _mapping(diloco.get("trainers"))
+        lead = next((t for t in trainers.values() if _mapping(t).get("lead")), {})
+        per_round = "/".join(str(n) for n in _mapping(lead).get("contributors_per_round", []))
+        table.add_row(
+            "DiLoCo trainers",
+            f"{len(trainers)}, contributors per round {per_round or '-'}, "
+            f"same final θ: {'yes' if diloco.get('same_final_theta') else 'NO'}",
+        )
     cost = summary.get("verification_cost_ratio")
     table.add_row(
         "CPU s per accepted rollout",

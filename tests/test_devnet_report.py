@@ -317,3 +317,45 @@ def test_plot_is_a_png(tmp_path):
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 10_000
+
+
+# --- several trainers (DiLoCo) ----------------------------------------------------------------------
+
+
+def diloco_inputs(theta_2: str) -> ReportInputs:
+    """The fixture run with a second trainer; trainer-1 leads, both report their DiLoCo rounds."""
+    nodes = [*NODES, NodeFacts("trainer-2", "trainer", address(11), "", STAKE, STAKE)]
+    found = statuses()
+    found["trainer-1"]["work"]["diloco"] = {
+        "lead": True,
+        "round": 3,
+        "contributors_per_round": [2, 1, 2],
+        "theta": "aa" * 32,
+    }
+    found["trainer-2"] = {
+        "role": "trainer",
+        "work": {
+            "submissions_used": 5,
+            "diloco": {"lead": False, "round": 3, "contributors_per_round": [2, 2], "theta": theta_2},
+        },
+    }
+    return inputs(nodes=nodes, statuses=found)
+
+
+def test_several_trainers_are_summed_and_their_final_weights_compared():
+    summary = build_summary(diloco_inputs("aa" * 32))
+    diloco = summary["diloco"]
+    assert diloco["same_final_theta"] is True
+    assert diloco["trainers"]["trainer-1"]["contributors_per_round"] == [2, 1, 2]
+    assert diloco["trainers"]["trainer-2"]["submissions_used"] == 5
+    assert "contributors per round 2/1/2, same final θ: yes" in render(summary)
+
+
+def test_trainers_that_disagree_on_the_final_weights_are_flagged():
+    summary = build_summary(diloco_inputs("bb" * 32))
+    assert summary["diloco"]["same_final_theta"] is False
+    assert "same final θ: NO" in render(summary)
+
+
+def test_a_single_trainer_run_has_no_diloco_summary():
+    assert build_summary(inputs())["diloco"] is None

@@ -29,7 +29,7 @@ from node.config import LivenessSettings, NodeConfig
 from node.dataplane.http_server import HttpServer, ServerConfig
 from node.diloco.faults import straggling
 from node.diloco.holdings import Holdings
-from node.diloco.plan import build_plan, read_plan, sign_plan
+from node.diloco.plan import build_plan, checkpoint_digest, read_plan, sign_plan
 from node.diloco.role import DilocoTrainer, DilocoWork
 from node.diloco.service import DilocoService
 from node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
@@ -54,11 +54,15 @@ def _key(text: str) -> NodeIdentity:
 
 
 def run_plan(args: argparse.Namespace) -> None:
+    cfg, initial = ModelConfig(), None
+    if args.base_checkpoint:  # an RL run: θ_0 is the run's base checkpoint
+        cfg, initial = checkpoint_digest(Path(args.base_checkpoint))
     plan = build_plan(
         args.run,
         [parse_address(a) for a in args.trainer],
-        cfg=ModelConfig(),
+        cfg=cfg,
         model_seed=args.model_seed,
+        initial=initial,
         rounds=args.rounds,
         inner_steps=args.inner_steps,
         inner_lr=args.inner_lr,
@@ -201,6 +205,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--collect-timeout", type=float, default=30.0, help="seconds")
     p.add_argument("--vote-timeout", type=float, default=30.0, help="seconds")
     p.add_argument("--model-seed", type=int, default=0)
+    p.add_argument(
+        "--base-checkpoint",
+        help="an RL run's base checkpoint: θ_0 and the model come from it (--inner-lr must then be the "
+        "run's GRPO learning rate)",
+    )
     p.add_argument("--out", required=True)
 
     t = sub.add_parser("trainer", help="run one trainer of a DiLoCo run")

@@ -191,6 +191,8 @@ class DilocoTrainerWork:
             "rounds": self.plan.rounds,
             "finished": self.finished.is_set(),
             "verdicts": dict(self.verdicts),
+            "contributors_per_round": [len(h["contributors"]) for h in self.history],
+            "theta": self.history[-1]["theta"] if self.history else "",
             "history": self.history[-5:],
         }
 
