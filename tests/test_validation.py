@@ -324,3 +324,34 @@ def test_premature_eos_is_caught(setup, engine):
     with pytest.raises(Reject) as err:
         judge(_submission_from(base, setup, edit=cut_after_first_token), context(setup), base)
     assert err.value.reason == Reason.BAD_TERMINATION
+
+
+def test_an_eos_the_seeded_sampler_chose_is_never_unlikely(setup):
+    """Honest EOS tokens pass even when every EOS is 'unlikely' (threshold 1): the seeded choice is proof.
+
+    (A devnet run slashed an honest worker whose sampler drew EOS at P(EOS) < eos_min_prob.)
+    """
+    from node.rl.run import BASE_CHECKPOINT
+
+    base = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    descriptor, tasks = setup
+    strict = dataclasses.replace(descriptor, policy=dataclasses.replace(descriptor.policy, eos_min_prob=1.0))
+    sub = build_submission(
+        base, strict, {t.task_id: t for t in tasks}, [t.task_id for t in tasks], WORKER, 3, ROOT, 0
+    )
+    ended = [c for g in sub.groups for c in g.completions if c.ended_with_eos]
+    assert ended, "the trained base ends its answers with EOS"
+    assert judge(sub, context((strict, tasks)), base).tokens > 0
+
+
+def test_the_eos_threshold_guards_only_an_eos_the_sampler_did_not_choose():
+    from node.rl.sampling import SamplingCheck
+    from node.rl.tokenizer import EOS_ID
+    from node.rl.validation import eos_threshold
+
+    chosen = SamplingCheck(mismatches=(), max_gap=0.0)
+    not_chosen = SamplingCheck(mismatches=(2,), max_gap=3.0)
+    assert eos_threshold((5, 6, EOS_ID), chosen, 1e-3) == 0.0
+    assert eos_threshold((5, 6, EOS_ID), not_chosen, 1e-3) == 1e-3
+    assert eos_threshold((5, 6, 7), chosen, 1e-3) == 1e-3
+    assert eos_threshold((), chosen, 1e-3) == 1e-3

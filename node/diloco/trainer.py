@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 B = TypeVar("B")
 PeerSource = Callable[[], Mapping[bytes, str]]
 Emit = Callable[..., None]
-OnOuter = Callable[[int, dict[str, torch.Tensor]], Awaitable[None]]
+OnOuter = Callable[[int, dict[str, torch.Tensor], tuple[DilocoEntry, ...]], Awaitable[None]]
 MAX_MESSAGE_BYTES = DilocoOuterState.MAX_SIZE + ENVELOPE_OVERHEAD
 
 
@@ -148,9 +148,10 @@ def _nothing(event: str, **fields: Any) -> None:
 class DilocoTrainerWork:
     """The rounds of one trainer; `train(peers)` returns once the run's last round is done.
 
-    `inner` takes each round's inner steps; `on_outer(round, θ)`, when given, is awaited each time the
-    trainer holds new outer weights (the start, every round, a resync, a skipped round): an RL run
-    publishes them there as the checkpoint workers follow.
+    `inner` takes each round's inner steps; `on_outer(round, θ, contributors)`, when given, is awaited
+    each time the trainer holds new outer weights (the start, every round, a resync, a skipped round),
+    with the contributions the last round averaged: an RL run publishes θ there as the checkpoint
+    workers follow, and settles which of its rollouts were trained into the run.
     """
 
     def __init__(
@@ -226,7 +227,7 @@ class DilocoTrainerWork:
             self.round = held.state.message.round
             self.emit("restored", round=self.round, theta=held.state.message.theta.hex())
             if self.on_outer is not None:
-                await self.on_outer(self.round, self.outer.theta())
+                await self.on_outer(self.round, self.outer.theta(), held.state.message.contributors)
         else:
             theta0 = dict(self._like)
             if content_digest(theta0) != self.plan.initial_digest:
@@ -243,7 +244,7 @@ class DilocoTrainerWork:
             self.round, self.outer.state_dict(), theta=theta, parent=parent, contributors=contributors
         )
         if self.on_outer is not None:
-            await self.on_outer(self.round, self.outer.theta())
+            await self.on_outer(self.round, self.outer.theta(), contributors)
 
     # --- HTTP --------------------------------------------------------------------------------------
 

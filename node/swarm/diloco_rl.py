@@ -17,7 +17,10 @@ submissions they take must name) and so a co-trainer that sees a root other than
 visible. Version = outer round: workers generate with the outer weights after each sync.
 
 A trainer that restarts resumes from its last outer state (or a peer's newer one), releases the rows of
-the round it had not contributed yet, and takes them again: nothing accepted is lost or trained twice.
+the round it had not contributed yet, and takes them again. Each new outer state settles the rounds
+below it (`RolloutInbox.settle`): the rows of our contribution stay used when the round averaged it;
+rows of a contribution left out, or of a round abandoned for a newer outer state, go back to the pool.
+So nothing accepted is lost, and nothing is trained into the run twice.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from protocol.errors import ProtocolError, Reason
 from protocol.messages import (
     AcceptedBatch,
     CheckpointManifest,
+    DilocoEntry,
     ManifestRequest,
     ManifestResponse,
     RolloutSubmission,
@@ -325,9 +329,20 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
 
     # --- the rounds ----------------------------------------------------------------------------------
 
-    async def _on_outer(self, round: int, theta: dict[str, torch.Tensor]) -> None:
-        """New outer weights: they are the policy from now on, published as version `round`."""
-        trainer, _, _ = self._parts()
+    async def _on_outer(
+        self, round: int, theta: dict[str, torch.Tensor], contributors: tuple[DilocoEntry, ...]
+    ) -> None:
+        """New outer weights: the policy from now on, published as version `round`.
+
+        Rows our earlier rounds used but no averaged contribution carried go back to the pool.
+        """
+        trainer, inbox, _ = self._parts()
+        counted = any(e.trainer == self.identity.address for e in contributors)
+        inner_steps = self.plan.inner_steps
+        upto = round * inner_steps
+        released = inbox.settle(upto, upto - inner_steps if counted else upto)
+        if released:
+            log.info("released rollouts of uncounted rounds", extra={"round": round, "rows": released})
         await trio.to_thread.run_sync(load_trainable, trainer.engine.model, theta)
         latest = self.origin.catalog.latest_version if self.origin is not None else None
         if latest is None or round > latest:

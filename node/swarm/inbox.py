@@ -51,6 +51,10 @@ CREATE TABLE IF NOT EXISTS steps (
     train_s REAL NOT NULL,
     step_s REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS settled (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    below INTEGER NOT NULL
+);
 """
 # After SCHEMA (an inbox made before `step` existed gets the column first; its old rows keep NULL).
 ASSIGNMENT_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS rollouts_assignment ON rollouts (worker, step)"
@@ -215,6 +219,36 @@ class RolloutInbox:
                 "UPDATE rollouts SET dropped_step = NULL WHERE dropped_step >= ?", (step,)
             ).rowcount
             self._db.execute("DELETE FROM steps WHERE step >= ?", (step,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return released
+
+    def settled_below(self) -> int:
+        """Steps below this are final: what they used was trained into the run (multi-trainer runs)."""
+        row = self._db.execute("SELECT below FROM settled WHERE id = 0").fetchone()
+        return int(row[0]) if row else 0
+
+    def settle(self, upto: int, counted_from: int) -> int:
+        """Settle every step below `upto`; rows used by unsettled steps below `counted_from` go back.
+
+        A DiLoCo trainer calls it once it holds the outer weights of a round: steps in
+        [counted_from, upto) made the contribution that round counted; the earlier unsettled ones made
+        contributions no round counted (left out, or abandoned for a newer outer state), so their rows
+        were never trained into the run. Returns how many rows went back to the pool.
+        """
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            row = self._db.execute("SELECT below FROM settled WHERE id = 0").fetchone()
+            below = int(row[0]) if row else 0
+            released = 0
+            if upto > below:
+                released = self._db.execute(
+                    "UPDATE rollouts SET consumed_step = NULL WHERE consumed_step >= ? AND consumed_step < ?",
+                    (below, min(counted_from, upto)),
+                ).rowcount
+                self._db.execute("INSERT OR REPLACE INTO settled (id, below) VALUES (0, ?)", (upto,))
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")

@@ -345,7 +345,13 @@ def load_or_create_descriptor(
 ) -> RunDescriptor:
     """The run's descriptor as first published from this data dir, or a new devnet one (then stored)."""
     if path.exists():
-        descriptor = decode(RunDescriptor, path.read_bytes())
+        try:
+            descriptor = decode(RunDescriptor, path.read_bytes())
+        except ProtocolError as exc:
+            raise RunMismatch(
+                f"{path} cannot be read as a run descriptor ({exc}): written by an older swarmnode, or "
+                "damaged. Move it (and the data dir's trainer state) away to start a new run."
+            ) from exc
         if descriptor.run != run or descriptor.trainer != trainer or descriptor.co_trainers != co_trainers:
             raise RunMismatch(
                 f"{path} describes run {descriptor.run!r} of trainer 0x{descriptor.trainer.hex()} "

@@ -235,6 +235,22 @@ def test_inbox_release_from_makes_rows_of_unsaved_steps_pending_again(inbox: Rol
     assert inbox.used_per_worker() == {WORKER.address: 2}
 
 
+def test_inbox_settle_gives_back_only_rows_of_rounds_no_average_counted(inbox: RolloutInbox) -> None:
+    """A DiLoCo trainer with H = 2: round 0 counted, round 1 left out, round 2 counted."""
+    inbox.store(VALIDATOR.address, [entry(i) for i in range(1, 8)], cursor=7)
+    ids = [r.id for r in inbox.pending()]
+    for step, row in enumerate(ids[:6]):
+        inbox.consume([row], step)
+    assert inbox.settle(2, counted_from=0) == 0  # round 0's steps 0, 1 were averaged in
+    assert inbox.settled_below() == 2
+    assert inbox.settle(4, counted_from=4) == 2  # round 1 was left out: steps 2, 3 give theirs back
+    assert [r.id for r in inbox.pending()] == [ids[2], ids[3], ids[6]]
+    assert inbox.settle(6, counted_from=4) == 0  # round 2 counted
+    assert inbox.settle(4, counted_from=0) == 0  # settling is never undone
+    assert inbox.settled_below() == 6
+    assert inbox.counts()["used"] == 4
+
+
 # --- verifying pulled items -----------------------------------------------------------------------------
 
 
@@ -443,6 +459,16 @@ def test_the_descriptor_is_created_once_and_reused(tmp_path: Path) -> None:
     assert first == again and first.run == RUN and first.task_kind == "arithmetic"
     with pytest.raises(RunMismatch):
         load_or_create_descriptor(path, RUN, OTHER_WORKER.address, BASE_CHECKPOINT)
+    with pytest.raises(RunMismatch, match="co-trainers"):
+        load_or_create_descriptor(path, RUN, TRAINER.address, BASE_CHECKPOINT, (OTHER_WORKER.address,))
+
+
+def test_an_unreadable_stored_descriptor_is_refused_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "run_descriptor.bin"
+    path.write_bytes(encode(small_descriptor())[:-3])
+    with pytest.raises(RunMismatch, match="older swarmnode, or damaged"):
+        load_or_create_descriptor(path, RUN, TRAINER.address, BASE_CHECKPOINT)
+    assert path.read_bytes() == encode(small_descriptor())[:-3]  # left for the operator to move
 
 
 def test_a_killed_trainer_resumes_without_losing_or_reusing_an_accepted_rollout(
