@@ -314,7 +314,7 @@ def _headline_table(summary: Mapping[str, Any]) -> Table:
     diloco = summary.get("diloco")
     if diloco:
         trainers = _mapping(diloco.get("trainers"))
-        lead = next((t for t in trainers.values() if _mapping(t).get("lead")), {})
+        lead: Any = next((t for t in trainers.values() if _mapping(t).get("lead")), {})
         per_round = "/".join(str(n) for n in _mapping(lead).get("contributors_per_round", []))
         table.add_row(
             "DiLoCo trainers",

@@ -2,7 +2,8 @@
 
 Each handler takes a vector's `input` and returns what our implementation produces; a vector passes when
 that equals its `expect`. Verdicts are `{"verdict": "accept" | "reject" | "ignore", "reason": code}`.
-Byte strings are `0x` hex; an entry is `[trainer, digest]`.
+Byte strings are `0x` hex; an entry is `[trainer, digest]`; messages given as bodies (not envelopes) are
+their canonical encoding. `{"error": "out-of-range"}` marks an input outside a function's domain.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol import diloco as rules
+from protocol.codec import decode
 from protocol.errors import ProtocolError
-from protocol.messages import DilocoEntry, DilocoRun
+from protocol.messages import DilocoEntry, DilocoRun, RunDescriptor
+from protocol.runs import run_trainers
+
+OUT_OF_RANGE = "out-of-range"  # as node.conformance: the input is outside the function's domain
 
 
 def _hex(text: str) -> bytes:
@@ -147,6 +152,25 @@ def check_route_case(inp: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def check_owner_case(inp: dict[str, Any]) -> dict[str, Any]:
+    trainers = [_hex(t) for t in inp["trainers"]]
+    try:
+        owner = rules.rollout_owner(_hex(inp["digest"]), trainers)
+    except ValueError:
+        return {"error": OUT_OF_RANGE}
+    return {"owner": _h(owner), "index": trainers.index(owner)}
+
+
+def check_rl_plan_case(inp: dict[str, Any]) -> dict[str, Any]:
+    def run() -> dict[str, Any]:
+        plan = decode(DilocoRun, _hex(inp["plan"]))
+        descriptor = decode(RunDescriptor, _hex(inp["descriptor"]))
+        rules.check_rl_plan(plan, descriptor)
+        return {"trainers": [_h(t) for t in run_trainers(descriptor)]}
+
+    return _verdict(run)
+
+
 DILOCO_HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "diloco-run": check_run_case,
     "diloco-contribution": check_contribution_case,
@@ -156,4 +180,6 @@ DILOCO_HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "diloco-lineage": check_lineage_case,
     "diloco-join": check_join_case,
     "diloco-route": check_route_case,
+    "diloco-owner": check_owner_case,
+    "diloco-rl-plan": check_rl_plan_case,
 }

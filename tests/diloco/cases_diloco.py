@@ -1,5 +1,6 @@
 """Conformance cases for DiLoCo between trainers: the run, contributions, votes, outer states, the
-contributor-set rule, lineage and join choice, HTTP routes.
+contributor-set rule, lineage and join choice, HTTP routes; for RL runs with several trainers, the
+rollout split and the plan's fit with the run descriptor.
 
 `python -m tests.diloco.cases_diloco` writes spec/vectors/diloco/*.json; tests/diloco/test_vectors.py
 fails when the committed files and these cases disagree, and replays the files through
@@ -8,6 +9,7 @@ node.diloco.conformance. Invalid cases outnumber valid ones: the reasons are the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,13 @@ from node.diloco.conformance import (
     check_join_case,
     check_lineage_case,
     check_outer_case,
+    check_owner_case,
+    check_rl_plan_case,
     check_route_case,
     check_run_case,
     check_vote_case,
 )
+from protocol.codec import encode
 from protocol.diloco import (
     ZERO_DIGEST,
     contribution_namespace,
@@ -42,9 +47,11 @@ from protocol.messages import (
     DilocoOuterState,
     DilocoRun,
     DilocoVote,
+    RunDescriptor,
     ShardInfo,
 )
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
+from tests.conformance.samples import grpo_params, validator_policy
 from tests.vector_files import VectorFiles
 
 OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "diloco"
@@ -391,6 +398,83 @@ def route_cases() -> Iterator[Vector]:
         yield _case(f"route/{name}", "diloco-route", {"target": target, "max_wait_s": 30}, check_route_case)
 
 
+# --- RL runs with several trainers ---------------------------------------------------------------
+
+# In descriptor order (lead first), which is not address order: the split follows the order given.
+RL_TRAINERS = tuple(vector_identity(n).address for n in (5, 6, 7, 8))
+
+
+def owner_cases() -> Iterator[Vector]:
+    def case(name: str, digest: bytes, trainers: tuple[bytes, ...]) -> Vector:
+        inp = {"digest": _h(digest), "trainers": [_h(t) for t in trainers]}
+        return _case(f"owner/{name}", "diloco-owner", inp, check_owner_case)
+
+    t = RL_TRAINERS
+    for n in range(1, 5):
+        for i in range(3):
+            yield case(f"submission-{i}-of-{n}-trainers", _d(f"submission-{i}"), t[:n])
+    yield case("zero-digest", bytes(32), t[:3])
+    high = bytes([0x80]) + bytes(31)  # 2^63: 2 mod 3 (read as signed, -2^63 would give 1 or -2)
+    yield case("high-bit-set", high, t[:3])
+    ones = bytes([0xFF] * 8) + bytes(24)  # 2^64 - 1: 0 mod 3, 3 mod 4 (read as signed, -1)
+    yield case("all-ones-prefix-of-3", ones, t[:3])
+    yield case("all-ones-prefix-of-4", ones, t[:4])
+    one = bytes(7) + b"\x01" + bytes(24)  # big-endian 1 (little-endian 2^56, 0 mod 4)
+    yield case("big-endian", one, t[:4])
+    yield case("only-the-first-8-bytes", bytes(8) + bytes([0xFF] * 24), t[:3])
+    yield case("order-as-given", _d("submission-1"), t[:2])
+    yield case("order-as-given-reversed", _d("submission-1"), t[1::-1])
+    yield case("no-trainers", _d("submission-1"), ())
+
+
+def _descriptor(**changes: Any) -> RunDescriptor:
+    fields: dict[str, Any] = dict(
+        run=RUN,
+        trainer=RL_TRAINERS[0],
+        model_config_hash=CONFIG,
+        base_checkpoint_hash=_d("base"),
+        dataset_hash=_d("dataset"),
+        task_kind="arithmetic",
+        grpo=grpo_params(),
+        async_level=2,
+        policy=validator_policy(),
+        created_ms=NOW_MS - 10_000,
+        co_trainers=RL_TRAINERS[1:3],
+    )
+    fields.update(changes)
+    return RunDescriptor(**fields)
+
+
+def rl_plan_cases() -> Iterator[Vector]:
+    lr = grpo_params().learning_rate
+
+    def plan(*trainers: bytes, **changes: Any) -> DilocoRun:
+        return _plan(**{"trainers": tuple(sorted(trainers)), "inner_lr": lr, **changes})
+
+    def case(name: str, plan: DilocoRun, descriptor: RunDescriptor) -> Vector:
+        inp = {"plan": _h(encode(plan)), "descriptor": _h(encode(descriptor))}
+        return _case(f"rl-plan/{name}", "diloco-rl-plan", inp, check_rl_plan_case)
+
+    lead, co1, co2, other = RL_TRAINERS
+    three = plan(lead, co1, co2)
+    yield case("valid", three, _descriptor())
+    yield case("valid-one-co-trainer", plan(lead, co1), _descriptor(co_trainers=(co1,)))
+    yield case("valid-lead-alone", plan(lead), _descriptor(co_trainers=()))
+    yield case("invalid-other-run", plan(lead, co1, co2, run="other-run"), _descriptor())
+    yield case("invalid-trainer-set-mismatch", plan(lead, co1, other), _descriptor())
+    yield case("invalid-missing-co-trainer", plan(lead, co1), _descriptor())
+    yield case("invalid-extra-trainer", plan(lead, co1, co2, other), _descriptor())
+    yield case("invalid-without-the-lead", plan(co1, co2), _descriptor())
+    yield case(
+        "invalid-descriptor-repeats-a-co-trainer", plan(lead, co1), _descriptor(co_trainers=(co1, co1))
+    )
+    yield case("invalid-other-model-hash", plan(lead, co1, co2, model_config_hash=_d("other")), _descriptor())
+    yield case("invalid-inner-lr-differs", plan(lead, co1, co2, inner_lr=2 * lr), _descriptor())
+    yield case(
+        "invalid-inner-lr-one-ulp-off", plan(lead, co1, co2, inner_lr=math.nextafter(lr, 1.0)), _descriptor()
+    )
+
+
 SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
     "diloco-run": run_cases,
     "diloco-contribution": contribution_cases,
@@ -400,6 +484,8 @@ SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
     "diloco-lineage": lineage_cases,
     "diloco-join": join_cases,
     "diloco-route": route_cases,
+    "diloco-owner": owner_cases,
+    "diloco-rl-plan": rl_plan_cases,
 }
 
 

@@ -66,11 +66,26 @@ def test_the_contributor_set_rule_on_its_named_cases() -> None:
     assert authors("equivocating-author-dropped") == 2
 
 
+def test_the_rl_run_rules_on_their_named_cases() -> None:
+    by_name = _by_name()
+    assert by_name["owner/high-bit-set"]["index"] == 2  # 2^63 mod 3, read unsigned
+    assert by_name["owner/all-ones-prefix-of-4"]["index"] == 3
+    assert by_name["owner/big-endian"]["index"] == 1
+    assert by_name["owner/order-as-given"]["owner"] != by_name["owner/order-as-given-reversed"]["owner"]
+    assert by_name["owner/no-trainers"] == {"error": "out-of-range"}
+    assert by_name["rl-plan/valid"]["verdict"] == "accept"
+    assert by_name["rl-plan/invalid-other-run"] == {"verdict": "reject", "reason": 204}
+    for name in ("trainer-set-mismatch", "missing-co-trainer", "other-model-hash", "inner-lr-one-ulp-off"):
+        assert by_name[f"rl-plan/invalid-{name}"] == {"verdict": "reject", "reason": 600}, name
+
+
 def test_every_handler_kind_has_cases_and_invalid_cases_abound() -> None:
     cases = [c for s in SUITES for c in SUITES[s]()]
     assert {c["kind"] for c in cases} == set(DILOCO_HANDLERS)
     messages = [
-        c for c in cases if c["kind"] in ("diloco-run", "diloco-contribution", "diloco-vote", "diloco-outer")
+        c
+        for c in cases
+        if c["kind"] in ("diloco-run", "diloco-contribution", "diloco-vote", "diloco-outer", "diloco-rl-plan")
     ]
     refused = [c for c in messages if c["expect"]["verdict"] != "accept"]
     assert len(refused) > 2 * (len(messages) - len(refused))
