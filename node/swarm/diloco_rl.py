@@ -166,7 +166,12 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         super().__init__(config, identity, base_checkpoint=base_checkpoint, optim=optim, ledger=ledger)
         work = config.work
         self.lead = bytes.fromhex(work.diloco_lead.removeprefix("0x"))
-        self.plan, plan_envelope = read_plan(Path(work.diloco_plan), self.lead)
+        try:
+            self.plan, plan_envelope = read_plan(Path(work.diloco_plan), self.lead)
+        except (ProtocolError, OSError) as exc:
+            raise RunMismatch(
+                f"{work.diloco_plan} is not a DiLoCo plan signed by the lead {work.diloco_lead}: {exc}"
+            ) from exc
         if self.plan.run != config.run:
             raise RunMismatch(
                 f"the DiLoCo plan is for run {self.plan.run!r}, this node's run is {config.run!r}"

@@ -244,10 +244,12 @@ class RolloutInbox:
             below = int(row[0]) if row else 0
             released = 0
             if upto > below:
+                uncounted = (below, min(counted_from, upto))
                 released = self._db.execute(
                     "UPDATE rollouts SET consumed_step = NULL WHERE consumed_step >= ? AND consumed_step < ?",
-                    (below, min(counted_from, upto)),
+                    uncounted,
                 ).rowcount
+                self._db.execute("DELETE FROM steps WHERE step >= ? AND step < ?", uncounted)
                 self._db.execute("INSERT OR REPLACE INTO settled (id, below) VALUES (0, ?)", (upto,))
             self._db.execute("COMMIT")
         except BaseException:

@@ -725,6 +725,7 @@ class SwarmTrainerWork:
                 now_ms=wall_ms(),
             )
         )
+        await trio.lowlevel.checkpoint_if_cancelled()  # shutting down: the inbox may be closed by now
         stored = inbox.store(validator, self._mine(checked.entries), checked.cursor)
         result = Ingested(stored, checked.cursor, checked.refused)
         if result.cursor < before:
@@ -826,7 +827,8 @@ class SwarmTrainerWork:
                 state.errors += 1
                 self.tallies.pull_errors += 1
                 log.exception("handling a pulled batch failed", extra={"validator": "0x" + validator.hex()})
-                net.report(peer, Reason.RULE_VIOLATION, f"accepted batch could not be handled: {exc}")
+                if not isinstance(exc, sqlite3.Error | OSError):  # our storage failing: not its fault
+                    net.report(peer, Reason.RULE_VIOLATION, f"accepted batch could not be handled: {exc}")
                 await trio.sleep(pause)
                 pause = min(pause * 2, PULL_BACKOFF_S[1])
                 continue

@@ -241,10 +241,12 @@ def test_inbox_settle_gives_back_only_rows_of_rounds_no_average_counted(inbox: R
     ids = [r.id for r in inbox.pending()]
     for step, row in enumerate(ids[:6]):
         inbox.consume([row], step)
+        inbox.record_step(StepRecord(step, 1, 4, 2, 0.5, 0.1, 0.2, 0.3))
     assert inbox.settle(2, counted_from=0) == 0  # round 0's steps 0, 1 were averaged in
     assert inbox.settled_below() == 2
     assert inbox.settle(4, counted_from=4) == 2  # round 1 was left out: steps 2, 3 give theirs back
     assert [r.id for r in inbox.pending()] == [ids[2], ids[3], ids[6]]
+    assert [r.step for r in inbox.steps()] == [0, 1, 4, 5]  # the left-out steps trained nothing in
     assert inbox.settle(6, counted_from=4) == 0  # round 2 counted
     assert inbox.settle(4, counted_from=0) == 0  # settling is never undone
     assert inbox.settled_below() == 6
