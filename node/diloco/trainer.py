@@ -77,7 +77,7 @@ class TrainerSettings:
 class InnerRound(Protocol):
     """A trainer's H inner steps of one round: what it trains on is its own business (data, rollouts)."""
 
-    async def __call__(self, round: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    async def __call__(self, round_index: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Start from the outer weights θ_r, take the round's inner steps, return the trained weights."""
         ...
 
@@ -97,8 +97,8 @@ class DataInnerRound(Generic[B]):
         self.loss_fn = loss_fn
         self.inner_steps = params.inner_steps
 
-    async def __call__(self, round: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        batches = round_batches(self.data, round, self.inner_steps)
+    async def __call__(self, round_index: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        batches = round_batches(self.data, round_index, self.inner_steps)
         return await trio.to_thread.run_sync(self.inner.run_round, theta, batches, self.loss_fn)
 
     def statistics(self) -> dict[str, Any]:

@@ -89,21 +89,23 @@ class RolloutInnerRound:
         self.last_losses: list[float] = []
         self.rounds = 0
 
-    async def __call__(self, round: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    async def __call__(self, round_index: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         work = self.work
         trainer, inbox, descriptor = work._parts()
         inner_steps = work.plan.inner_steps
-        first = round * inner_steps
+        first = round_index * inner_steps
         released = inbox.release_from(first)  # an earlier, uncontributed attempt at this round
         if released:
-            log.info("released rollouts of an unfinished round", extra={"round": round, "rows": released})
+            log.info(
+                "released rollouts of an unfinished round", extra={"round": round_index, "rows": released}
+            )
         await trio.to_thread.run_sync(load_trainable, trainer.engine.model, theta)
         need = work.config.work.min_batch_groups or descriptor.grpo.prompts_per_step
         losses: list[float] = []
         for h in range(inner_steps):
             step = first + h
             started = time.perf_counter()
-            batch = await work._wait_for_batch(step, need, version=round)
+            batch = await work._wait_for_batch(step, need, version=round_index)
             waited = time.perf_counter() - started
             ids = [row.id for row in batch.take]
             groups = await trio.to_thread.run_sync(groups_of, inbox.submissions(ids))
@@ -126,12 +128,12 @@ class RolloutInnerRound:
             log.info(
                 "inner step",
                 extra={
-                    "round": round,
+                    "round": round_index,
                     "step": step,
                     "submissions": len(ids),
                     "signal_groups": stats.groups_used,
-                    "mean_reward": round_(stats.mean_reward),
-                    "wait_s": round_(waited, 2),
+                    "mean_reward": round(stats.mean_reward, 4),
+                    "wait_s": round(waited, 2),
                 },
             )
         self.last_losses = losses
@@ -144,10 +146,6 @@ class RolloutInnerRound:
             "rounds": self.rounds,
             "last_round_mean_loss": sum(last) / len(last) if last else float("nan"),
         }
-
-
-def round_(value: float, digits: int = 4) -> float:
-    return round(value, digits)
 
 
 class DilocoSwarmTrainerWork(SwarmTrainerWork):
