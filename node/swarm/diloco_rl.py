@@ -195,6 +195,8 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         self.not_mine = 0  # verified items that are another trainer's share
         self.lead_roots: dict[int, bytes] = {}  # co-trainer: version → root of the lead's manifest
         self.manifests_refused = 0
+        self.roots_compared: set[int] = set()  # co-trainer: versions both we and the lead published
+        self.root_forks: list[int] = []  # ... whose roots differed
         self._roots_changed = trio.Event()
         self._events: list[dict[str, Any]] = []
 
@@ -282,7 +284,24 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
                 del self.lead_roots[old]
             self._roots_changed.set()
             self._roots_changed = trio.Event()
+            self._compare_root(manifest.version)
         return True
+
+    def _compare_root(self, version: int) -> None:
+        """A co-trainer's own publication of `version` against the lead's: the same outer weights give the
+        same root (same shard size), so a difference means we left the run's lineage (or shard_mb differs)."""
+        if self.is_lead or version in self.roots_compared or self.origin is None:
+            return
+        own, lead = self.origin.catalog.get(version), self.lead_roots.get(version)
+        if own is None or lead is None:
+            return
+        self.roots_compared.add(version)
+        if own.manifest.merkle_root != lead:
+            self.root_forks.append(version)
+            log.warning(
+                "our outer weights differ from the lead's checkpoint (a fork, or another shard_mb)",
+                extra={"version": version},
+            )
 
     async def _before_check(self, batch: AcceptedBatch) -> None:
         """A co-trainer first learns the lead's manifest of every version the batch names.
@@ -350,6 +369,7 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         latest = self.origin.catalog.latest_version if self.origin is not None else None
         if latest is None or round > latest:
             await self._publish(round)
+        self._compare_root(round)
 
     def _emit(self, event: str, **fields: Any) -> None:
         self._events.append({"event": event, **fields})
@@ -385,6 +405,8 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
             "not_mine": self.not_mine,
             "lead_versions": sorted(self.lead_roots),
             "manifests_refused": self.manifests_refused,
+            "roots_agreed": len(self.roots_compared) - len(self.root_forks),
+            "root_forks": self.root_forks[-HISTORY_KEPT:],
             "events": self._events[-HISTORY_KEPT:],
             **diloco,
         }

@@ -313,6 +313,25 @@ def test_a_co_trainer_takes_the_leads_manifests_and_keeps_the_versions_a_step_ma
     assert co.status()["diloco"]["lead_versions"] == [2, 3, 4, 5]
 
 
+def test_a_co_trainer_compares_its_own_outer_weights_with_the_leads_checkpoints(tmp_path: Path) -> None:
+    from node.dataplane.roles import OriginNode
+    from protocol.codec import decode
+    from protocol.envelope import Envelope
+
+    co = make_work(tmp_path, CO)
+    co.origin = OriginNode(tmp_path / "own", CO, RUN)
+    for version, tag in ((3, 0), (4, 1)):  # v3 as the lead published it, v4 from other weights
+        envelope = sealed_manifest(version, signer=CO, tag=tag)
+        manifest = decode(CheckpointManifest, decode(Envelope, envelope).body)
+        co.origin.catalog.add(manifest, envelope, {0})
+    for version in (3, 4):
+        assert co._take_lead_manifest(sealed_manifest(version))
+    status = co.status()["diloco"]
+    assert (status["roots_agreed"], status["root_forks"]) == (1, [4])
+    co._compare_root(4)  # compared once
+    assert co.root_forks == [4]
+
+
 def test_a_co_trainer_prunes_by_the_runs_async_level_once_it_knows_the_run(tmp_path: Path) -> None:
     co = make_work(tmp_path, CO)
     co.descriptor = descriptor(async_level=0)
