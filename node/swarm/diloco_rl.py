@@ -26,7 +26,6 @@ So nothing accepted is lost, and nothing is trained into the run twice.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -55,8 +54,8 @@ from node.rl.trainer import GrpoTrainer, OptimizerParams
 from node.roles.base import RoleNet, RoleService
 from node.roles.trainer import MANIFEST, Trainer
 from node.swarm.common import RunMismatch
-from node.swarm.inbox import InboxEntry, RolloutInbox, StepRecord
-from node.swarm.trainer import SwarmTrainerWork, groups_of, load_or_create_descriptor, submission_of
+from node.swarm.inbox import InboxEntry, RolloutInbox
+from node.swarm.trainer import SwarmTrainerWork, load_or_create_descriptor, submission_of
 from protocol.codec import encode
 from protocol.diloco import check_rl_plan, rollout_owner
 from protocol.errors import ProtocolError, Reason
@@ -104,36 +103,17 @@ class RolloutInnerRound:
         losses: list[float] = []
         for h in range(inner_steps):
             step = first + h
-            started = time.perf_counter()
-            batch = await work._wait_for_batch(step, need, version=round_index)
-            waited = time.perf_counter() - started
-            ids = [row.id for row in batch.take]
-            groups = await trio.to_thread.run_sync(groups_of, inbox.submissions(ids))
-            inbox.consume(ids, step)
-            began = time.perf_counter()
-            stats = await trio.to_thread.run_sync(trainer.step, groups)
+            record, stats = await work._train_step(step, need, version=round_index)
             losses.append(stats.loss)
-            inbox.record_step(
-                StepRecord(
-                    step=step,
-                    submissions=len(ids),
-                    groups=len(groups),
-                    signal_groups=stats.groups_used,
-                    mean_reward=stats.mean_reward,
-                    wait_s=waited,
-                    train_s=time.perf_counter() - began,
-                    step_s=time.perf_counter() - started,
-                )
-            )
             log.info(
                 "inner step",
                 extra={
                     "round": round_index,
                     "step": step,
-                    "submissions": len(ids),
+                    "submissions": record.submissions,
                     "signal_groups": stats.groups_used,
                     "mean_reward": round(stats.mean_reward, 4),
-                    "wait_s": round(waited, 2),
+                    "wait_s": round(record.wait_s, 2),
                 },
             )
         self.last_losses = losses

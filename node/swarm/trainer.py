@@ -59,7 +59,7 @@ from node.rl.engine import TransformersEngine
 from node.rl.model import ModelConfig, load_checkpoint, model_config_hash, state_dict_of
 from node.rl.rollouts import unpack_logprobs
 from node.rl.run import BASE_CHECKPOINT, devnet_optimizer, devnet_run
-from node.rl.trainer import GrpoTrainer, OptimizerParams, signal_groups
+from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats, signal_groups
 from node.roles.base import RoleNet
 from node.swarm.common import ACCEPTED, RunMismatch, load_run_setup, set_threads
 from node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
@@ -627,25 +627,8 @@ class SwarmTrainerWork:
         while not self._finished():
             step = trainer.step_count
             started = time.perf_counter()
-            plan = await self._wait_for_batch(step, need)
-            waited = time.perf_counter() - started
-            ids = [row.id for row in plan.take]
-            envelopes = inbox.submissions(ids)
-            groups = await trio.to_thread.run_sync(groups_of, envelopes)
-            inbox.consume(ids, step)
-            began = time.perf_counter()
-            stats = await trio.to_thread.run_sync(trainer.step, groups)
-            record = StepRecord(
-                step=step,
-                submissions=len(ids),
-                groups=len(groups),
-                signal_groups=stats.groups_used,
-                mean_reward=stats.mean_reward,
-                wait_s=waited,
-                train_s=time.perf_counter() - began,
-                step_s=time.perf_counter() - started,
-            )
-            inbox.record_step(record)  # before the save: a resume that drops this step drops its record
+            record, stats = await self._train_step(step, need)
+            began = started + record.step_s - record.train_s  # when the GRPO step itself began
             await trio.to_thread.run_sync(self._save, trainer)
             trained = time.perf_counter() - began
             await self._publish(trainer.step_count)
@@ -654,17 +637,46 @@ class SwarmTrainerWork:
                 "trained step",
                 extra={
                     "step": step,
-                    "submissions": len(ids),
-                    "groups": len(groups),
+                    "submissions": record.submissions,
+                    "groups": record.groups,
                     "signal_groups": stats.groups_used,
                     "mean_reward": round(stats.mean_reward, 4),
                     "loss": round(stats.loss, 5),
-                    "wait_s": round(waited, 2),
+                    "wait_s": round(record.wait_s, 2),
                     "train_s": round(trained, 2),
                 },
             )
         self.done = True
         log.info("training done; still serving", extra={"step": trainer.step_count})
+
+    async def _train_step(
+        self, step: int, need: int, *, version: int | None = None
+    ) -> tuple[StepRecord, StepStats]:
+        """Wait for a batch, mark its rows used by `step`, take the GRPO step, record it.
+
+        The record goes in before any save: a resume that drops this step drops its record too.
+        """
+        trainer, inbox, _ = self._parts()
+        started = time.perf_counter()
+        plan = await self._wait_for_batch(step, need, version=version)
+        waited = time.perf_counter() - started
+        ids = [row.id for row in plan.take]
+        groups = await trio.to_thread.run_sync(groups_of, inbox.submissions(ids))
+        inbox.consume(ids, step)
+        began = time.perf_counter()
+        stats = await trio.to_thread.run_sync(trainer.step, groups)
+        record = StepRecord(
+            step=step,
+            submissions=len(ids),
+            groups=len(groups),
+            signal_groups=stats.groups_used,
+            mean_reward=stats.mean_reward,
+            wait_s=waited,
+            train_s=time.perf_counter() - began,
+            step_s=time.perf_counter() - started,
+        )
+        inbox.record_step(record)
+        return record, stats
 
     def _save(self, trainer: GrpoTrainer) -> None:
         trainer.save(self.trainer_dir)
