@@ -19,6 +19,8 @@ class Reason(IntEnum):
     WRONG_RUN = 204
     NOT_FOR_US = 205
     CLOCK_SKEW = 206
+    JUDGE_FAULT = 207  # the validator failed to judge an item (its fault, or an engine's): quarantined
+    BUSY = 208  # the peer's share of a protocol's slots or of a queue is full: try again later
     # 4xx: malformed bytes
     UNDECODABLE = 400
     TRAILING_BYTES = 401
@@ -35,6 +37,8 @@ class Reason(IntEnum):
     # 5xx: authentication
     BAD_SIGNATURE = 500
     WRONG_SENDER = 501
+    UNAUTHORISED = 502  # authentic, but the signer has no authority for this topic or request
+    BANNED = 503  # the peer is banned: nothing it sends is read
     # 6xx: well-formed and authentic, but breaks a protocol rule (later layers: stake, proofs, tasks)
     RULE_VIOLATION = 600
     NOT_STAKED = 601
@@ -45,6 +49,8 @@ class Reason(IntEnum):
     BAD_SAMPLING = 606
     UNKNOWN_CHECKPOINT = 607
     BAD_HASH = 608
+    MALFORMED_ROLLOUT = 609  # a field outside what the run allows (vocabulary, lengths, byte sizes, ranges)
+    ASSIGNMENT_REUSED = 610  # a second, different submission for one (run, worker, step) assignment
     # 7xx: ledger operations refused by the state machine (spec/ledger.md)
     UNKNOWN_NODE = 701
     ALREADY_REGISTERED = 702
