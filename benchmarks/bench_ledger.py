@@ -58,10 +58,10 @@ def bench_signed_log(directory: Path, entries: int) -> dict[str, float]:
     ]
     start = time.perf_counter()
     for envelope in envelopes:
-        log.append_envelope(envelope)
+        log.append_envelope(envelope, validator)
     append_s = time.perf_counter() - start
     rows = [
-        (i, sha256(data), decode(LedgerEntry, data).epoch, data) for i, data in enumerate(log.iter_entries())
+        (i, sha256(data), decode(LedgerEntry, data).epoch, bytes(65), data) for i, data in enumerate(log.iter_entries())
     ]
     total = log.size()
     log.close()
@@ -82,12 +82,12 @@ def bench_signed_log(directory: Path, entries: int) -> dict[str, float]:
     start = time.perf_counter()
     for row in rows[-entries:]:
         raw.execute("BEGIN IMMEDIATE")
-        raw.execute("INSERT INTO entries (idx, hash, epoch, data) VALUES (?, ?, ?, ?)", row)
+        raw.execute("INSERT INTO entries (idx, hash, epoch, seal, data) VALUES (?, ?, ?, ?, ?)", row)
         raw.execute("COMMIT")
     raw_s = time.perf_counter() - start
     raw.close()
 
-    entry_bytes = sum(len(r[3]) for r in rows) / len(rows)
+    entry_bytes = sum(len(r[4]) for r in rows) / len(rows)
     return {
         "signed_log_entries": entries,
         "signed_log_entry_bytes": round(entry_bytes),

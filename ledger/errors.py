@@ -115,6 +115,10 @@ class CorruptLog(LedgerError):
         self.index = index
 
 
+class TruncatedLog(CorruptLog):
+    """A stored log with fewer entries than its signed head counts; `index` is the first missing entry."""
+
+
 class BackendError(LedgerError):
     """The backend failed for a reason outside the state machine (RPC down, transaction dropped)."""
 

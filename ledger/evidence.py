@@ -19,9 +19,18 @@ from protocol.errors import Reason, Reject
 from protocol.ledger_messages import RecordContribution, Slash
 from protocol.messages import RolloutSubmission, Verdict
 
-# Rejections whose verdict anyone holding the checkpoint and the run descriptor can recompute.
+# Rejections whose verdict anyone holding the checkpoint and the run descriptor can recompute. A malformed
+# rollout (a field outside what the run allows, e.g. a token id beyond the vocabulary) is read off the
+# signed submission and the descriptor alone.
 SLASHABLE_REASONS = frozenset(
-    {Reason.BAD_ASSIGNMENT, Reason.BAD_REWARD, Reason.BAD_TERMINATION, Reason.BAD_PROOF, Reason.BAD_SAMPLING}
+    {
+        Reason.BAD_ASSIGNMENT,
+        Reason.BAD_REWARD,
+        Reason.BAD_TERMINATION,
+        Reason.BAD_PROOF,
+        Reason.BAD_SAMPLING,
+        Reason.MALFORMED_ROLLOUT,
+    }
 )
 
 

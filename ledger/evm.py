@@ -16,11 +16,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_typing import ChecksumAddress, HexAddress, HexStr
 from web3 import Web3
 
-from crypto.hashing import sha256
+from crypto.hashing import keccak256, sha256
 from crypto.identity import NodeIdentity, format_address
 from ledger.artifact import load_artifact
 from ledger.errors import (
@@ -41,7 +42,7 @@ from ledger.errors import (
     WrongRole,
 )
 from ledger.evidence import check_slash_evidence, check_verdict
-from ledger.state import filter_contributions, filter_slashes
+from ledger.state import assignment_of, describe_assignment, filter_contributions, filter_slashes
 from ledger.types import (
     ROLES,
     WEI_PER_GWEI,
@@ -89,6 +90,7 @@ REVERT_CODES: dict[str, type[LedgerError]] = {
     "still_unbonding": StillUnbonding,
     "nothing_to_withdraw": NothingToWithdraw,
     "duplicate_contribution": DuplicateContribution,
+    "duplicate_assignment": DuplicateContribution,
     "duplicate_slash": DuplicateSlash,
     "invalid_evidence": InvalidEvidence,
     "malformed": MalformedOperation,
@@ -108,6 +110,12 @@ def revert_code(exc: BaseException) -> str | None:
 def _is_replay(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(s in text for s in ("nonce too low", "already known", "invalid transaction nonce"))
+
+
+def assignment_key(op: RecordContribution) -> bytes:
+    """The contract's `assignments` key of a contribution: keccak256(abi_encode(run, worker, step))."""
+    encoded = abi_encode(["string", "address", "uint64"], [op.run, format_address(op.worker), op.step])
+    return keccak256(encoded)
 
 
 def _address(value: str) -> bytes:
@@ -197,7 +205,7 @@ class EvmLedger:
 
     # --- transactions --------------------------------------------------------------------------
 
-    def _refusal(self, exc: BaseException, what: str, sender: bytes) -> LedgerError:
+    def _refusal(self, exc: BaseException, what: str, sender: bytes, about: str = "") -> LedgerError:
         code = revert_code(exc)
         if code is None:
             if any(s in str(exc).lower() for s in ("insufficient funds", "cannot afford")):
@@ -213,18 +221,25 @@ class EvmLedger:
                 f"now epoch {self.current_epoch()})"
             )
         return REVERT_CODES[code](
-            f"the contract refused {what} from {format_address(sender)}: {code}{context}"
+            f"the contract refused {what}{about} from {format_address(sender)}: {code}{context}"
         )
 
     def sign_transaction(
-        self, identity: NodeIdentity, call: Any, *, what: str, value_wei: int = 0, extra_gas: int = 0
+        self,
+        identity: NodeIdentity,
+        call: Any,
+        *,
+        what: str,
+        value_wei: int = 0,
+        extra_gas: int = 0,
+        about: str = "",
     ) -> bytes:
         """Preflight with `eth_call` (a revert → typed error, nothing sent), then sign with explicit gas."""
         sender = ChecksumAddress(HexAddress(HexStr(identity.checksum_address)))
         try:
             call.call({"from": sender, "value": value_wei})
         except Exception as exc:  # providers raise different types for a revert
-            raise self._refusal(exc, what, identity.address) from None
+            raise self._refusal(exc, what, identity.address, about) from None
         tx = call.build_transaction(
             {
                 "from": sender,
@@ -261,8 +276,11 @@ class EvmLedger:
         value_wei: int = 0,
         extra_gas: int = 0,
         offchain_check: Callable[[], None] | None = None,
+        about: str = "",
     ) -> Receipt:
-        raw = self.sign_transaction(identity, call, what=what, value_wei=value_wei, extra_gas=extra_gas)
+        raw = self.sign_transaction(
+            identity, call, what=what, value_wei=value_wei, extra_gas=extra_gas, about=about
+        )
         if offchain_check is not None:
             offchain_check()
         return self.send_raw_transaction(raw, what=what, sender=identity.address)
@@ -311,7 +329,10 @@ class EvmLedger:
         def verdict_check() -> None:
             check_verdict(op, identity.address)
 
-        return self._transact(identity, call, "record_contribution", offchain_check=verdict_check)
+        about = f" of assignment ({describe_assignment(assignment_of(op))})"
+        return self._transact(
+            identity, call, "record_contribution", offchain_check=verdict_check, about=about
+        )
 
     def slash(self, identity: NodeIdentity, op: Slash) -> Receipt:
         _validate(op)

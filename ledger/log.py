@@ -1,27 +1,43 @@
-"""The signed log's pure core: genesis, entry chaining, operation authentication, replay.
+"""The signed log's pure core: genesis, entry chaining, operation authentication, seals, heads, replay.
 
 No SQLite here: `SignedLog` feeds entry bytes through `apply_entry` whether it is appending, opening its
 own file or auditing a copy, so every copy of a log derives the same state, head hash and tree head.
+
+An author signs its operation before it knows where the operation will land; the index, parent and
+epoch of the entry are the host's. So at append time the author also signs the entry itself (its
+**seal**), and the **signed head** (entry count and last entry hash) that is rewritten with every append:
+an edited entry fails its own seal (blame lands on it, not on its successor), and a log missing its last
+entries no longer matches the head its last author signed.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from crypto.hashing import sha256
-from crypto.identity import NodeIdentity
+from crypto.hashing import keccak256, sha256
+from crypto.identity import NodeIdentity, format_address
 from crypto.signing import InvalidSignature, recover_address
 from ledger.accumulator import MerkleAccumulator
-from ledger.errors import BadSignature, CorruptLog, MalformedOperation, ReplayedOperation, WrongLedger
+from ledger.errors import (
+    BadSignature,
+    CorruptLog,
+    MalformedOperation,
+    ReplayedOperation,
+    TruncatedLog,
+    WrongLedger,
+)
 from ledger.state import LedgerState, Operation, process_operation
 from ledger.types import Params
-from protocol.codec import decode, encode, registry
+from protocol.codec import Size, decode, encode, registry
 from protocol.envelope import ENVELOPE_VERSION, Envelope, seal, signing_digest
 from protocol.errors import Reject
 from protocol.ledger_messages import LEDGER_OPERATIONS, LedgerEntry, LedgerGenesis
 
 OPERATION_TYPES = registry(*LEDGER_OPERATIONS)
+SEAL_DOMAIN = b"swarmnode/ledger-entry-seal/v1"
+HEAD_DOMAIN = b"swarmnode/ledger-head/v1"
 
 
 # --- genesis ---------------------------------------------------------------------------------------
@@ -105,6 +121,88 @@ def authenticate(data: bytes, ledger_id: str, *, check_signature: bool = True) -
     return AuthenticatedOp(envelope.sender, envelope.seq, op)
 
 
+# --- seals and the signed head ------------------------------------------------------------------------
+
+
+def _lp(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+def seal_digest(ledger_id: str, index: int, entry_hash: bytes) -> bytes:
+    """What an entry's author signs when it is appended: this entry, at this index, of this ledger."""
+    return keccak256(_lp(SEAL_DOMAIN) + _lp(ledger_id.encode()) + struct.pack(">Q", index) + entry_hash)
+
+
+def head_digest(ledger_id: str, size: int, head: bytes) -> bytes:
+    """What the last entry's author signs as the log's head: `size` entries, the last one hashing to `head`.
+
+    Another domain than the seal's: an entry's seal must never pass for the head of a log that ends there.
+    """
+    return keccak256(_lp(HEAD_DOMAIN) + _lp(ledger_id.encode()) + struct.pack(">Q", size) + head)
+
+
+def seal_entry(identity: NodeIdentity, ledger_id: str, index: int, entry_hash: bytes) -> bytes:
+    return identity.sign(seal_digest(ledger_id, index, entry_hash))
+
+
+@dataclass(frozen=True)
+class SignedHead:
+    """The log's latest entry count and last entry hash, signed by that entry's author (stored beside it)."""
+
+    MAX_SIZE: ClassVar[int] = 256
+
+    size: int
+    head: Annotated[bytes, Size(32)]
+    signer: Annotated[bytes, Size(20)]
+    sig: Annotated[bytes, Size(65)]
+
+
+def sign_head(identity: NodeIdentity, ledger_id: str, size: int, head: bytes) -> SignedHead:
+    return SignedHead(size, head, identity.address, identity.sign(head_digest(ledger_id, size, head)))
+
+
+def _recovers_to(digest: bytes, sig: bytes, signer: bytes) -> bool:
+    try:
+        return recover_address(digest, sig) == signer
+    except InvalidSignature:
+        return False
+
+
+def check_head(log: LogState, head: SignedHead | None, *, check_signature: bool = True) -> None:
+    """The replayed log must end exactly where its signed head says; CorruptLog names the first bad entry.
+
+    More entries counted than stored is a truncation (`TruncatedLog`, naming the first missing index).
+    """
+    if head is None:
+        if log.size:
+            raise CorruptLog(None, f"no signed head for {log.size} entries: the log may have been truncated")
+        return
+    if head.size > log.size:
+        raise TruncatedLog(
+            log.size,
+            f"the log was truncated: its signed head counts {head.size} entries, {log.size} remain "
+            f"(entries {log.size}..{head.size - 1} are missing)",
+        )
+    if head.size < log.size:
+        raise CorruptLog(
+            head.size,
+            f"entries {head.size}..{log.size - 1} lie beyond the signed head of {head.size} entries",
+        )
+    last = log.size - 1
+    if head.head != log.head:
+        raise CorruptLog(last, f"entry {last} is not the last entry the signed head names")
+    if head.signer != log.last_author:
+        raise CorruptLog(
+            last,
+            f"the head is signed by {format_address(head.signer)}, not by entry {last}'s author "
+            f"{format_address(log.last_author)}",
+        )
+    if check_signature and not _recovers_to(
+        head_digest(log.genesis.ledger_id, head.size, head.head), head.sig, head.signer
+    ):
+        raise CorruptLog(last, f"the signed head of entry {last} does not carry its author's signature")
+
+
 # --- log state and replay --------------------------------------------------------------------------
 
 
@@ -124,6 +222,7 @@ class LogState:
     head: bytes
     size: int = 0
     last_epoch: int = 0
+    last_author: bytes = b""  # who appended (and sealed) the last entry: the head's signer
     nonces: dict[bytes, int] = field(default_factory=dict)  # highest seq used per author
     tree: MerkleAccumulator = field(default_factory=MerkleAccumulator)
     checkpoints: list[Checkpoint] = field(default_factory=list)  # closed epochs, ascending
@@ -153,11 +252,21 @@ class AppliedEntry:
     closed: Checkpoint | None  # the checkpoint this entry closed by opening a later epoch
 
 
-def apply_entry(log: LogState, data: bytes, *, check_signatures: bool = True) -> AppliedEntry:
+def apply_entry(
+    log: LogState,
+    data: bytes,
+    *,
+    seal: bytes | None = None,
+    stored_epoch: int | None = None,
+    check_signatures: bool = True,
+) -> AppliedEntry:
     """Check one entry against the log and apply it; on any error the log state is unchanged.
 
-    `check_signatures=False` skips signature recovery (the op's and its evidence's) for replaying a log
-    this node wrote itself; every other rule, and the hash chain, are still enforced.
+    `seal` is the author's signature over the entry (`seal_digest`); a stored log always passes it, only
+    tests that build a state from bare entries leave it out. `check_signatures=False` skips signature
+    recovery (the op's, the seal's and the evidence's) for replaying a log this node wrote itself; every
+    other rule, and the hash chain, are still enforced. `stored_epoch` is the epoch a store keeps beside
+    the entry (for range queries); it must agree with the entry's own.
     """
     try:
         entry = decode(LedgerEntry, data)
@@ -167,7 +276,19 @@ def apply_entry(log: LogState, data: bytes, *, check_signatures: bool = True) ->
         raise CorruptLog(log.size, f"entry claims index {entry.index}")
     if entry.prev_hash != log.head:
         raise CorruptLog(log.size, "prev_hash does not match the previous entry's hash")
+    if stored_epoch is not None and stored_epoch != entry.epoch:
+        raise CorruptLog(log.size, f"the epoch column says {stored_epoch}, the entry says {entry.epoch}")
     auth = authenticate(entry.op, log.genesis.ledger_id, check_signature=check_signatures)
+    entry_hash = sha256(data)
+    if (
+        seal is not None
+        and check_signatures
+        and not _recovers_to(seal_digest(log.genesis.ledger_id, log.size, entry_hash), seal, auth.sender)
+    ):
+        raise BadSignature(
+            f"entry {log.size} (epoch {entry.epoch}) is not sealed by its author "
+            f"{format_address(auth.sender)}: it was changed after it was appended, or appended without them"
+        )
     if auth.seq <= log.nonces.get(auth.sender, -1):
         raise ReplayedOperation(
             f"nonce {auth.seq} of 0x{auth.sender.hex()} was already used (highest {log.nonces[auth.sender]})"
@@ -181,7 +302,6 @@ def apply_entry(log: LogState, data: bytes, *, check_signatures: bool = True) ->
         log.ledger, auth.sender, auth.op, entry.epoch, verify_evidence=check_signatures
     )
     # From here on nothing can fail: commit the log-level effects.
-    entry_hash = sha256(data)
     if closed is not None:
         log.checkpoints.append(closed)
     log.nonces[auth.sender] = auth.seq
@@ -189,6 +309,7 @@ def apply_entry(log: LogState, data: bytes, *, check_signatures: bool = True) ->
     log.head = entry_hash
     log.size += 1
     log.last_epoch = entry.epoch
+    log.last_author = auth.sender
     return AppliedEntry(entry.index, entry_hash, entry.epoch, auth.sender, auth.op, result, closed)
 
 

@@ -1,10 +1,12 @@
 """SignedLog: the embedded ledger backend, an append-only signed log in one SQLite file.
 
 Durability: WAL journal, `synchronous=FULL` (each commit fsyncs the WAL), one `BEGIN IMMEDIATE`
-transaction per append; an append returns (is acknowledged) only after its commit, so a crash loses no
-acknowledged entry. The state is never stored, only derived by replaying entries through `ledger.log`,
-so a copy of the file is audited by replaying it (`verify`). Several processes may append to one file:
-the immediate transaction serialises them and each catches up on entries it has not seen before its own.
+transaction per append holding the entry, its author's seal and the new signed head; an append returns
+(is acknowledged) only after its commit, so a crash loses no acknowledged entry and never leaves an
+entry without its head (or a head without its entry). The state is never stored, only derived by
+replaying entries through `ledger.log`, so a copy of the file is audited by replaying it (`verify`).
+Several processes may append to one file: the immediate transaction serialises them and each catches up
+on entries it has not seen before its own.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from pathlib import Path
 from crypto.hashing import sha256
 from crypto.identity import NodeIdentity
 from crypto.merkle import inclusion_proof, is_included, merkle_root
-from ledger.errors import BackendError, CorruptLog, LedgerError, MalformedOperation
+from ledger.errors import BackendError, CorruptLog, LedgerError, MalformedOperation, TruncatedLog
 from ledger.log import (
     AppliedEntry,
     Checkpoint,
     LogState,
+    SignedHead,
     apply_entry,
+    check_head,
     checkpoint_at,
     epoch_at,
     genesis_hash,
@@ -31,6 +35,8 @@ from ledger.log import (
     make_genesis,
     new_log_state,
     next_nonce,
+    seal_entry,
+    sign_head,
     sign_operation,
 )
 from ledger.state import (
@@ -59,10 +65,11 @@ from protocol.ledger_messages import (
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (idx INTEGER PRIMARY KEY, hash BLOB NOT NULL, epoch INTEGER NOT NULL,
-                                    data BLOB NOT NULL);
+                                    seal BLOB NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS checkpoints (epoch INTEGER PRIMARY KEY, size INTEGER NOT NULL, root BLOB NOT NULL);
 """
-FORMAT_VERSION = b"swarmnode-signed-log/1"
+FORMAT_VERSION = b"swarmnode-signed-log/2"  # /2: entries carry their author's seal, meta the signed head
+ROWS = "SELECT idx, CAST(hash AS BLOB), epoch, CAST(seal AS BLOB), CAST(data AS BLOB) FROM entries"
 
 
 @dataclass(frozen=True)
@@ -86,10 +93,15 @@ class VerifyReport:
     root: bytes
     checkpoints: int
     error: LedgerError | None
+    signed_head: SignedHead | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def truncated(self) -> bool:
+        return isinstance(self.error, TruncatedLog)
 
     @property
     def first_bad(self) -> int | None:
@@ -122,6 +134,16 @@ def _read_genesis(conn: sqlite3.Connection) -> LedgerGenesis:
         return decode(LedgerGenesis, rows["genesis"])
     except (KeyError, Reject) as exc:
         raise CorruptLog(None, f"genesis record is missing or malformed: {exc}") from None
+
+
+def _read_head(conn: sqlite3.Connection) -> SignedHead | None:
+    row = conn.execute("SELECT CAST(value AS BLOB) FROM meta WHERE key = 'head'").fetchone()
+    if row is None:
+        return None
+    try:
+        return decode(SignedHead, row[0])
+    except Reject as exc:
+        raise CorruptLog(None, f"the signed head is malformed: {exc.detail}") from None
 
 
 class SignedLog:
@@ -191,7 +213,11 @@ class SignedLog:
             conn.close()
             raise
         ledger = cls(conn, new_log_state(genesis), epochs=epochs, now_ms=now_ms)
-        ledger._catch_up(check_signatures=audit)
+        try:
+            ledger._catch_up(check_signatures=audit)
+        except BaseException:
+            conn.close()
+            raise
         return ledger
 
     def close(self) -> None:
@@ -237,16 +263,18 @@ class SignedLog:
         except Reject as exc:  # the codec validates every field before signing
             raise MalformedOperation(exc.detail) from None
 
-    def append_envelope(self, op_envelope: bytes) -> AppliedEntry:
-        """Append an operation signed by anyone; durable when this returns. Refusals change nothing."""
-        return self._append(lambda: op_envelope)
+    def append_envelope(self, op_envelope: bytes, author: NodeIdentity) -> AppliedEntry:
+        """Append an operation its author signed beforehand (offline, in a batch); the author's key seals
+        the entry and signs the new head, so a key that did not sign the operation cannot append it
+        (`BadSignature`). Durable when this returns. Refusals change nothing."""
+        return self._append(lambda: op_envelope, author)
 
     def submit(self, identity: NodeIdentity, op: Operation) -> Receipt:
         """Sign `op` at the author's next nonce (known only after catching up) and append it."""
-        applied = self._append(lambda: self.sign(identity, op))
+        applied = self._append(lambda: self.sign(identity, op), identity)
         return Receipt(applied.index, applied.entry_hash, applied.epoch)
 
-    def _append(self, make_envelope: Callable[[], bytes]) -> AppliedEntry:
+    def _append(self, make_envelope: Callable[[], bytes], author: NodeIdentity) -> AppliedEntry:
         try:
             self._conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -254,15 +282,18 @@ class SignedLog:
         try:
             self._catch_up_locked(check_signatures=False)
             data = make_entry(self._log, make_envelope(), self.current_epoch())
-            applied = apply_entry(self._log, data)
+            seal = seal_entry(author, self.ledger_id, self._log.size, sha256(data))
+            applied = apply_entry(self._log, data, seal=seal)
+            head = sign_head(author, self.ledger_id, self._log.size, applied.entry_hash)
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
         try:
             self._conn.execute(
-                "INSERT INTO entries (idx, hash, epoch, data) VALUES (?, ?, ?, ?)",
-                (applied.index, applied.entry_hash, applied.epoch, data),
+                "INSERT INTO entries (idx, hash, epoch, seal, data) VALUES (?, ?, ?, ?, ?)",
+                (applied.index, applied.entry_hash, applied.epoch, seal, data),
             )
+            self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('head', ?)", (encode(head),))
             if applied.closed is not None:
                 c = applied.closed
                 self._conn.execute("INSERT INTO checkpoints VALUES (?, ?, ?)", (c.epoch, c.size, c.root))
@@ -384,30 +415,34 @@ class SignedLog:
             self._conn.execute("COMMIT")
 
     def _catch_up_locked(self, *, check_signatures: bool) -> None:
-        """Apply entries another process (or an earlier session) appended since our last look."""
-        rows = self._conn.execute(
-            "SELECT idx, CAST(hash AS BLOB), CAST(data AS BLOB) FROM entries WHERE idx >= ? ORDER BY idx",
-            (self._log.size,),
-        )
+        """Apply entries another process (or an earlier session) appended since our last look, then
+        hold them to the signed head read in the same transaction: a truncated file is refused here,
+        before an append could sign a new head over the loss."""
+        rows = self._conn.execute(f"{ROWS} WHERE idx >= ? ORDER BY idx", (self._log.size,))
         for row in rows:
             replay_row(self._log, row, check_signatures=check_signatures)
+        check_head(self._log, _read_head(self._conn), check_signature=check_signatures)
 
     def _reload(self) -> None:
         self._log = new_log_state(self._log.genesis)
         self._catch_up(check_signatures=False)
 
 
-def replay_row(log: LogState, row: tuple[object, object, object], *, check_signatures: bool) -> AppliedEntry:
+def replay_row(
+    log: LogState, row: tuple[object, object, object, object, object], *, check_signatures: bool
+) -> AppliedEntry:
     """Apply one stored row, or raise CorruptLog naming it; the log state is unchanged on error."""
-    idx, stored_hash, data = row
+    idx, stored_hash, epoch, seal, data = row
     if idx != log.size:
         raise CorruptLog(log.size, f"entry {log.size} is missing (next stored is {idx})")
-    if not isinstance(data, bytes) or not isinstance(stored_hash, bytes):
-        raise CorruptLog(log.size, "entry or hash column is not a blob")
+    if not (isinstance(data, bytes) and isinstance(stored_hash, bytes) and isinstance(seal, bytes)):
+        raise CorruptLog(log.size, "entry, hash or seal column is not a blob")
+    if not isinstance(epoch, int):
+        raise CorruptLog(log.size, "epoch column is not an integer")
     if sha256(data) != stored_hash:
         raise CorruptLog(log.size, "stored hash column does not match the entry bytes")
     try:
-        return apply_entry(log, data, check_signatures=check_signatures)
+        return apply_entry(log, data, seal=seal, stored_epoch=epoch, check_signatures=check_signatures)
     except CorruptLog:
         raise
     except LedgerError as exc:
@@ -430,14 +465,19 @@ def verify_log(path: Path) -> VerifyReport:
             return VerifyReport(0, b"", b"", 0, exc)
         log = new_log_state(genesis)
         error: LedgerError | None = None
-        for row in conn.execute(
-            "SELECT idx, CAST(hash AS BLOB), CAST(data AS BLOB) FROM entries ORDER BY idx"
-        ):
+        head: SignedHead | None = None
+        for row in conn.execute(f"{ROWS} ORDER BY idx"):
             try:
                 replay_row(log, row, check_signatures=True)
             except CorruptLog as exc:
                 error = exc
                 break
+        if error is None:  # the end of the log: is it where its last author signed it ended?
+            try:
+                head = _read_head(conn)
+                check_head(log, head, check_signature=True)
+            except CorruptLog as exc:
+                error = exc
         stored = [
             Checkpoint(e, s, bytes(r))
             for e, s, r in conn.execute(
@@ -449,7 +489,7 @@ def verify_log(path: Path) -> VerifyReport:
                 None,
                 f"stored checkpoints differ from the replayed ones ({len(stored)} vs {len(log.checkpoints)})",
             )
-        return VerifyReport(log.size, log.head, log.tree.root(), len(log.checkpoints), error)
+        return VerifyReport(log.size, log.head, log.tree.root(), len(log.checkpoints), error, head)
     finally:
         conn.close()
 

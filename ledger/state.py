@@ -37,6 +37,8 @@ from protocol.ledger_messages import (
 )
 
 Operation = RegisterNode | StakeDeposit | StakeUnbond | StakeWithdraw | RecordContribution | Slash
+Assignment = tuple[str, bytes, int]  # (run, worker, step): what one credit pays for, once
+STEP_COUNTER_BITS = 32  # step = checkpoint_version << 32 | counter (protocol/messages.py)
 
 
 @dataclass
@@ -54,6 +56,7 @@ class LedgerState:
     nodes: dict[bytes, NodeState] = field(default_factory=dict)  # insertion order = registration order
     contributions: list[ContributionRecord] = field(default_factory=list)
     contributed: set[bytes] = field(default_factory=set)  # rollout digests already credited
+    assignments: set[Assignment] = field(default_factory=set)  # (run, worker, step) already credited
     slashes: list[SlashRecord] = field(default_factory=list)
     slashed: set[bytes] = field(default_factory=set)  # submission digests already slashed
 
@@ -83,6 +86,18 @@ def get_node(state: LedgerState, address: bytes, who: str = "node") -> NodeState
     if node is None:
         raise UnknownNode(f"{who} {short(address)} is not registered")
     return node
+
+
+def assignment_of(op: RecordContribution) -> Assignment:
+    """The assignment a contribution pays for. Credit is per assignment, never per envelope: a worker
+    that seals one assignment twice (two digests) and sends each to another validator is paid once."""
+    return (op.run, op.worker, op.step)
+
+
+def describe_assignment(assignment: Assignment) -> str:
+    run, worker, step = assignment
+    version, counter = step >> STEP_COUNTER_BITS, step & ((1 << STEP_COUNTER_BITS) - 1)
+    return f"run {run!r}, worker {short(worker)}, step {step} (version {version}, counter {counter})"
 
 
 def check_epoch(state: LedgerState, epoch: int) -> None:
@@ -178,6 +193,11 @@ def check_contribution(state: LedgerState, author: bytes, op: RecordContribution
         )
     if op.rollout_digest in state.contributed:
         raise DuplicateContribution(f"submission {op.rollout_digest.hex()} was already credited")
+    assignment = assignment_of(op)
+    if assignment in state.assignments:
+        raise DuplicateContribution(
+            f"assignment ({describe_assignment(assignment)}) was already credited"
+        )
 
 
 def process_contribution(
@@ -205,6 +225,7 @@ def apply_contribution(
     )
     state.contributions.append(record)
     state.contributed.add(op.rollout_digest)
+    state.assignments.add(assignment_of(op))
     state.epoch = epoch
     return record
 

@@ -99,17 +99,27 @@ def verdict_envelope(
     return seal(validator, verdict, run=run, seq=seq, ts=0)
 
 
+def assignment_step(version: int, counter: int) -> int:
+    """The step of an assignment: checkpoint version in the high 32 bits, the worker's counter below."""
+    return version << 32 | counter
+
+
 def contribution(
     validator: NodeIdentity,
     worker: NodeIdentity,
     *,
     nonce: int = 0,
     run: str = "run-1",
-    step: int = 1,
+    step: int | None = None,
     tokens: int = 100,
     flops: int = 10**12,
 ) -> RecordContribution:
-    """A valid contribution for the worker's `nonce`-th submission, with the validator's signed verdict."""
+    """A valid contribution for the worker's `nonce`-th submission, with the validator's signed verdict.
+
+    Each nonce is its own assignment (version 1, counter `nonce`) unless `step` names one, so two calls
+    with one `step` and two nonces are one assignment sealed twice.
+    """
+    step = assignment_step(1, nonce) if step is None else step
     submission = submission_envelope(worker, run=run, step=step, nonce=nonce)
     verdict = verdict_envelope(
         validator, submission, worker.address, run=run, step=step, tokens=tokens, seq=nonce

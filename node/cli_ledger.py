@@ -423,6 +423,7 @@ def ledger_verify(ledger_spec: str, contract: str | None, as_json: bool) -> None
     if not Path(target).exists():
         raise click.ClickException(f"no signed log at {target}")
     report = verify_log(Path(target))
+    head = report.signed_head
     document = {
         "ok": report.ok,
         "entries": report.entries,
@@ -430,15 +431,20 @@ def ledger_verify(ledger_spec: str, contract: str | None, as_json: bool) -> None
         "merkle_root": report.root,
         "checkpoints": report.checkpoints,
         "first_bad_entry": report.first_bad,
+        "truncated": report.truncated,
+        "signed_head": None if head is None else {"entries": head.size, "head": head.head, "signer": head.signer},
         "error": None if report.error is None else str(report.error),
     }
     if as_json:
         emit_json(document)
     elif report.ok:
+        signer = "" if head is None else f", head signed by {format_address(head.signer)}"
         click.echo(
             f"ok: {report.entries} entries, head 0x{report.head.hex()}, merkle root 0x{report.root.hex()}, "
-            f"{report.checkpoints} epoch checkpoints"
+            f"{report.checkpoints} epoch checkpoints{signer}"
         )
+    if report.truncated:
+        raise click.ClickException(f"log is truncated: {report.error}")
     if not report.ok:
         raise click.ClickException(f"log is corrupt: {report.error}")
 

@@ -20,6 +20,7 @@ WEI_PER_GWEI: constant(uint256) = 10 ** 9
 MAX_CHUNKS: constant(uint256) = 64
 PAGE: constant(uint256) = 32
 BAD_PROOF: constant(uint16) = 605
+MALFORMED_ROLLOUT: constant(uint16) = 609
 
 struct Node:
     addr: address
@@ -102,6 +103,8 @@ node_count: public(uint256)
 contributions: HashMap[uint256, Contribution]
 contribution_count: public(uint256)
 contributed: public(HashMap[bytes32, bool])
+# keccak256(abi_encode(run, worker, step)) of every credited assignment: one credit per assignment
+assignments: public(HashMap[bytes32, bool])
 slash_records: HashMap[uint256, SlashRecord]
 slash_count: public(uint256)
 slashed: public(HashMap[bytes32, bool])
@@ -259,11 +262,14 @@ def record_contribution(run: String[64], step: uint64, worker: address, tokens: 
     assert not self.nodes[worker].ejected, "ejected"
     assert self.nodes[worker].bonded >= self._required(worker), "insufficient_stake"
     assert not self.contributed[rollout_digest], "duplicate_contribution"
+    assignment: bytes32 = keccak256(abi_encode(run, worker, step))
+    assert not self.assignments[assignment], "duplicate_assignment"
     index: uint256 = self.contribution_count
     self.contributions[index] = Contribution(
         run=run, step=step, worker=worker, validator=msg.sender, tokens=tokens, flops=flops,
         rollout_digest=rollout_digest, verdict_digest=verdict_digest, epoch=self._epoch())
     self.contributed[rollout_digest] = True
+    self.assignments[assignment] = True
     self.contribution_count = index + 1
     log ContributionRecorded(index=index, worker=worker, validator=msg.sender, rollout_digest=rollout_digest)
 
@@ -275,7 +281,7 @@ def slash(run: String[64], worker: address, amount_gwei: uint256, submission_dig
     assert self.nodes[worker].role != 0, "unknown_node"
     assert amount_gwei >= 1 and amount_gwei <= SLASH_AMOUNT, "invalid_amount"
     assert not self.slashed[submission_digest], "duplicate_slash"
-    assert reason_code >= 602 and reason_code <= 606, "invalid_evidence"
+    assert (reason_code >= 602 and reason_code <= 606) or reason_code == MALFORMED_ROLLOUT, "invalid_evidence"
     for i: uint256 in range(1, MAX_CHUNKS):
         if i >= len(failing_chunks):
             break

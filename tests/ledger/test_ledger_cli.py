@@ -183,6 +183,25 @@ def test_verify_names_the_first_bad_entry(env: dict[str, str], tmp_path: Path) -
     assert report["first_bad_entry"] == 2 and not report["ok"]
 
 
+def test_verify_reports_a_deleted_last_entry_as_truncation(env: dict[str, str], tmp_path: Path) -> None:
+    setup_ledger(env, tmp_path)
+    ok = json.loads(run(env, "ledger", "verify", "--json"))
+    assert ok["ok"] and ok["signed_head"] == {
+        "entries": 4,
+        "head": ok["head"],
+        "signer": W1.checksum_address,  # the last entry is W1's deposit
+    }
+    assert f"head signed by {W1.checksum_address}" in run(env, "ledger", "verify")
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        conn.execute("DELETE FROM entries WHERE idx = 3")
+    out = run(env, "ledger", "verify", code=1)
+    assert "log is truncated" in out and "entries 3..3 are missing" in out
+    report = json.loads(
+        CliRunner().invoke(main, ["ledger", "verify", "--json"], env=env).output.splitlines()[0]
+    )
+    assert report["truncated"] and report["first_bad_entry"] == 3 and report["entries"] == 3
+
+
 @pytest.mark.parametrize(
     ("text", "gwei"),
     [

@@ -29,6 +29,7 @@ PARAMS = Params(
     epoch_seconds=1_000,
 )
 NAMES = ("val", "val2", "w1", "w2", "relay", "stranger")
+ASSIGNMENT = T.assignment_step(1, 7)
 ID = {name: T.identity(name) for name in NAMES}
 
 
@@ -216,6 +217,21 @@ VECTORS: dict[str, list[Step]] = {
         ),
         contribute("val", "w1", 55),
     ],
+    "assignment_paid_once": [
+        *SETUP,
+        register("val2", "validator"),
+        deposit("val2", 1_000),
+        contribute("val", "w1", 10, step=ASSIGNMENT),
+        # the same assignment sealed a second time (another digest), sent to another validator
+        contribute("val2", "w1", 11, step=ASSIGNMENT, expect=E.DuplicateContribution),
+        # ... or to the same validator
+        contribute("val", "w1", 12, step=ASSIGNMENT, expect=E.DuplicateContribution),
+        contribute("val", "w1", 13, step=ASSIGNMENT + 1),  # the worker's next counter
+        contribute("val2", "w1", 14, step=T.assignment_step(2, 0)),  # counter 0 of the next version
+        contribute("val2", "w1", 15, step=T.assignment_step(2, 0), expect=E.DuplicateContribution),
+        contribute("val", "w2", 16, step=ASSIGNMENT),  # another worker's assignment
+        contribute("val", "w1", 17, step=ASSIGNMENT, run="run-2"),  # the same step in another run
+    ],
     "slash_evidence": [
         *SETUP,
         slash("val", "w1", 0, amount=401, expect=E.InvalidAmount),
@@ -235,6 +251,10 @@ VECTORS: dict[str, list[Step]] = {
         slash("val", "w1", 1, amount=150),
         slash("val", "w1", 1, expect=E.DuplicateSlash),
         slash("val", "w1", 3, failing_chunks=(), reason=Reason.BAD_SAMPLING, amount=1),
+        slash("val", "w1", 4, failing_chunks=(), reason=Reason.MALFORMED_ROLLOUT, amount=1),
+        # 607 and 610 (between and beside the slashable codes) are not slashable on either backend
+        slash("val", "w1", 5, reason=Reason.UNKNOWN_CHECKPOINT, expect=E.InvalidEvidence),
+        slash("val", "w1", 5, reason=Reason.ASSIGNMENT_REUSED, expect=E.InvalidEvidence),
     ],
     "slash_unbonding_and_eject": [
         *SETUP,

@@ -10,6 +10,7 @@ from crypto.hashing import sha256
 from ledger import errors as E
 from ledger import testing as T
 from ledger.artifact import ARTIFACT, COMPILER_VERSION, EVM_VERSION, SOURCE, compile_contract, load_artifact
+from ledger.evm import assignment_key
 from ledger.types import WEI_PER_GWEI, Params
 
 PARAMS = Params(
@@ -119,3 +120,29 @@ def test_the_contract_trusts_the_validator_for_evidence(harness) -> None:
     call.call({"from": VAL.checksum_address})  # would be accepted: the validator is accountable for it
     with pytest.raises(Exception, match="wrong_role"):
         call.call({"from": W1.checksum_address})
+
+
+def test_the_contract_pays_an_assignment_once(harness) -> None:
+    """On chain, not only in the client: a hand-made transaction for a credited assignment reverts."""
+    ledger = harness.ledger
+    step = T.assignment_step(3, 9)
+    first = T.contribution(VAL, W1, nonce=700, step=step)
+    resealed = T.contribution(VAL, W1, nonce=701, step=step)  # the same assignment, another digest
+    assert first.rollout_digest != resealed.rollout_digest
+    assert not ledger.contract.functions.assignments(assignment_key(first)).call()
+    ledger.record_contribution(VAL, first)
+    assert ledger.contract.functions.assignments(assignment_key(first)).call()
+    assert assignment_key(resealed) == assignment_key(first)
+    with pytest.raises(E.DuplicateContribution, match=r"assignment \(run 'run-1', .*version 3, counter 9\)"):
+        ledger.record_contribution(VAL, resealed)
+    call = ledger.contract.functions.record_contribution(
+        resealed.run,
+        resealed.step,
+        W1.checksum_address,
+        resealed.tokens,
+        resealed.flops,
+        resealed.rollout_digest,
+        sha256(resealed.verdict),
+    )
+    with pytest.raises(Exception, match="duplicate_assignment"):
+        call.call({"from": VAL.checksum_address})

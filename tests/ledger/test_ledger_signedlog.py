@@ -7,13 +7,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from crypto.hashing import sha256
 from crypto.merkle import is_included, merkle_root
 from ledger import errors as E
 from ledger import testing as T
 from ledger.accumulator import MerkleAccumulator
-from ledger.log import apply_entry, new_log_state
+from ledger.log import apply_entry, new_log_state, seal_entry, sign_head
 from ledger.signedlog import SignedLog, verify_log
 from ledger.types import Params
 from protocol.codec import decode, encode
@@ -71,7 +73,7 @@ def test_forged_signature_is_refused_and_changes_nothing(harness) -> None:
     forged = encode(replace(envelope, sig=bytes(sig)))
     before = harness.fingerprint()
     with pytest.raises(E.BadSignature):
-        harness.ledger.append_envelope(forged)
+        harness.ledger.append_envelope(forged, W1)
     assert harness.fingerprint() == before
 
 
@@ -82,20 +84,20 @@ def test_operation_claiming_another_sender_is_refused(harness) -> None:
     claimed = encode(replace(mine, sender=W1.address))
     before = harness.fingerprint()
     with pytest.raises(E.BadSignature, match="signed by another key"):
-        harness.ledger.append_envelope(claimed)
+        harness.ledger.append_envelope(claimed, W2)
     assert harness.fingerprint() == before
 
 
 def test_replayed_operation_is_refused(harness) -> None:
     populate(harness)
     first = harness.ledger.sign(W1, StakeDeposit(5))
-    harness.ledger.append_envelope(first)
+    harness.ledger.append_envelope(first, W1)
     before = harness.fingerprint()
     with pytest.raises(E.ReplayedOperation):
-        harness.ledger.append_envelope(first)
+        harness.ledger.append_envelope(first, W1)
     stale = seal(W1, StakeDeposit(6), run=harness.ledger.ledger_id, seq=0, ts=0)  # nonce 0 long used
     with pytest.raises(E.ReplayedOperation):
-        harness.ledger.append_envelope(stale)
+        harness.ledger.append_envelope(stale, W1)
     assert harness.fingerprint() == before
 
 
@@ -103,12 +105,12 @@ def test_operation_for_another_ledger_or_not_an_operation(harness) -> None:
     populate(harness)
     before = harness.fingerprint()
     with pytest.raises(E.WrongLedger):
-        harness.ledger.append_envelope(seal(W1, StakeDeposit(5), run="other-ledger", seq=99, ts=0))
+        harness.ledger.append_envelope(seal(W1, StakeDeposit(5), run="other-ledger", seq=99, ts=0), W1)
     submission = T.submission_envelope(W1, run=harness.ledger.ledger_id, nonce=99)
     with pytest.raises(E.MalformedOperation, match="not a ledger operation"):
-        harness.ledger.append_envelope(submission)
+        harness.ledger.append_envelope(submission, W1)
     with pytest.raises(E.MalformedOperation):
-        harness.ledger.append_envelope(b"\x93\x01\x02")
+        harness.ledger.append_envelope(b"\x93\x01\x02", W1)
     assert harness.fingerprint() == before
 
 
@@ -118,9 +120,9 @@ def test_gaps_in_nonces_are_allowed_but_order_is_not(harness) -> None:
     nonce = harness.ledger.nonce_of(W1.address)
     later = seal(W1, StakeDeposit(7), run=harness.ledger.ledger_id, seq=nonce + 5, ts=0)
     earlier = seal(W1, StakeDeposit(8), run=harness.ledger.ledger_id, seq=nonce + 2, ts=0)
-    harness.ledger.append_envelope(later)
+    harness.ledger.append_envelope(later, W1)
     with pytest.raises(E.ReplayedOperation):
-        harness.ledger.append_envelope(earlier)
+        harness.ledger.append_envelope(earlier, W1)
 
 
 def test_entry_epoch_never_goes_back(harness, tmp_path: Path) -> None:
@@ -279,7 +281,8 @@ def test_verify_catches_a_well_chained_but_invalid_operation(harness, tmp_path: 
     bad_op = encode(replace(decode(Envelope, bad_op), sender=W1.address))  # claims W1
     entry = encode(LedgerEntry(index=log.size, prev_hash=log.head, epoch=0, op=bad_op))
     harness.ledger.close()
-    tamper(path, "INSERT INTO entries VALUES (?, ?, ?, ?)", log.size, sha256(entry), 0, entry)
+    sealed = seal_entry(W2, "test", log.size, sha256(entry))
+    tamper(path, "INSERT INTO entries VALUES (?, ?, ?, ?, ?)", log.size, sha256(entry), 0, sealed, entry)
     report = verify_log(path)
     assert report.first_bad == log.size and "BadSignature" in str(report.error)
     with pytest.raises(E.CorruptLog):
@@ -344,3 +347,170 @@ def test_verify_reports_garbage_files_instead_of_crashing(tmp_path: Path) -> Non
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()
     assert not verify_log(empty).ok
+
+
+# --- audit: truncation, edited entries, reorders (the seal and the signed head) ------------------------
+
+
+def copy_of(path: Path, name: str) -> Path:
+    """A fresh byte-for-byte copy of a closed log to tamper with."""
+    target = path.with_name(name)
+    target.unlink(missing_ok=True)
+    with sqlite3.connect(path) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+    return target
+
+
+def stored_entries(path: Path) -> list[LedgerEntry]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT data FROM entries ORDER BY idx")
+        return [decode(LedgerEntry, bytes(d)) for (d,) in rows]
+
+
+def rewrite(path: Path, entries: list[LedgerEntry], start: int) -> None:
+    """What a host that edits history does: re-chain every entry from `start` (index, parent, hash and
+    epoch columns all consistent), keeping each stored seal since it cannot forge its authors' keys."""
+    head = sha256(encode(entries[start - 1])) if start else None
+    with sqlite3.connect(path) as conn:
+        if head is None:
+            genesis = conn.execute("SELECT value FROM meta WHERE key = 'genesis'").fetchone()[0]
+            head = sha256(bytes(genesis))
+        for index in range(start, len(entries)):
+            entry = replace(entries[index], index=index, prev_hash=head)
+            data = encode(entry)
+            conn.execute(
+                "UPDATE entries SET data = ?, hash = ?, epoch = ? WHERE idx = ?",
+                (data, sha256(data), entry.epoch, index),
+            )
+            head = sha256(data)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_verify_reports_truncation_naming_the_first_missing_entry(harness, tmp_path: Path, k: int) -> None:
+    populate(harness)
+    size = harness.ledger.size()
+    harness.ledger.close()
+    path = tmp_path / "ledger.db"
+    tamper(path, "DELETE FROM entries WHERE idx >= ?", size - k)
+    report = verify_log(path)
+    assert report.truncated and isinstance(report.error, E.TruncatedLog)
+    assert report.first_bad == size - k, report.error
+    assert f"counts {size} entries, {size - k} remain" in str(report.error)
+    with pytest.raises(E.TruncatedLog):  # and the node will not append over the loss
+        SignedLog.open(path, epochs=harness.clock)
+    harness.ledger = SignedLog.create(tmp_path / "other.db", PARAMS)  # for the fixture's close
+
+
+def test_verify_refuses_a_head_it_cannot_attribute(harness, tmp_path: Path) -> None:
+    """Truncating and re-signing the head with another key, or dropping the head, is caught."""
+    populate(harness)
+    size, ledger_id = harness.ledger.size(), harness.ledger.ledger_id
+    harness.ledger.close()
+    path = tmp_path / "ledger.db"
+    cut = copy_of(path, "cut.db")
+    tamper(cut, "DELETE FROM entries WHERE idx = ?", size - 1)
+    entries = stored_entries(cut)
+    forged = sign_head(W2, ledger_id, size - 1, sha256(encode(entries[-1])))  # W2 wrote no entry there
+    tamper(cut, "UPDATE meta SET value = ? WHERE key = 'head'", encode(forged))
+    report = verify_log(cut)
+    assert report.first_bad == size - 2 and "not by entry" in str(report.error)
+    headless = copy_of(path, "headless.db")
+    tamper(headless, "DELETE FROM meta WHERE key = 'head'")
+    report = verify_log(headless)
+    assert not report.ok and report.first_bad is None and "no signed head" in str(report.error)
+    harness.ledger = SignedLog.open(path, epochs=harness.clock)
+
+
+@pytest.mark.parametrize("index", [0, 7, 13, -1])
+def test_an_edited_epoch_is_blamed_on_its_own_entry(harness, tmp_path: Path, index: int) -> None:
+    """Re-stamping an entry's epoch and re-chaining everything after it: the entry's seal breaks."""
+    populate(harness)
+    harness.ledger.close()
+    path = tmp_path / "ledger.db"
+    entries = stored_entries(path)
+    index %= len(entries)
+    later = entries[index].epoch + 1 if index == len(entries) - 1 else entries[index + 1].epoch
+    edited = [*entries[:index], replace(entries[index], epoch=later), *entries[index + 1 :]]
+    if edited[index] == entries[index]:  # the next entry shares its epoch: move both forward
+        edited = [*entries[:index], *(replace(e, epoch=e.epoch + 1) for e in entries[index:])]
+    rewrite(path, edited, index)
+    report = verify_log(path)
+    assert report.first_bad == index, report.error
+    assert f"entry {index} (epoch {edited[index].epoch}) is not sealed by its author" in str(report.error)
+    harness.ledger = SignedLog.create(tmp_path / "other.db", PARAMS)
+
+
+def test_the_epoch_column_must_agree_with_the_entry(harness, tmp_path: Path) -> None:
+    populate(harness)
+    harness.ledger.close()
+    path = tmp_path / "ledger.db"
+    tamper(path, "UPDATE entries SET epoch = epoch + 5 WHERE idx = 9")
+    report = verify_log(path)
+    assert report.first_bad == 9 and "epoch column" in str(report.error)
+    harness.ledger = SignedLog.create(tmp_path / "other.db", PARAMS)
+
+
+def test_reordered_and_rechained_entries_are_blamed_on_the_first_moved(harness, tmp_path: Path) -> None:
+    populate(harness)
+    harness.ledger.close()
+    path = tmp_path / "ledger.db"
+    entries = stored_entries(path)
+    with sqlite3.connect(path) as conn:  # move each seal with its entry, as a careful forger would
+        seals = [bytes(s) for (s,) in conn.execute("SELECT seal FROM entries ORDER BY idx")]
+        conn.execute("UPDATE entries SET seal = ? WHERE idx = 8", (seals[9],))
+        conn.execute("UPDATE entries SET seal = ? WHERE idx = 9", (seals[8],))
+    rewrite(path, [*entries[:8], entries[9], entries[8], *entries[10:]], 8)
+    report = verify_log(path)
+    assert report.first_bad == 8 and "not sealed by its author" in str(report.error)
+    harness.ledger = SignedLog.create(tmp_path / "other.db", PARAMS)
+
+
+def test_only_the_author_can_append_its_operation(harness) -> None:
+    populate(harness)
+    envelope = harness.ledger.sign(W1, StakeDeposit(5))
+    before = harness.fingerprint()
+    with pytest.raises(E.BadSignature, match="not sealed by its author"):
+        harness.ledger.append_envelope(envelope, W2)
+    assert harness.fingerprint() == before
+    harness.ledger.append_envelope(envelope, W1)
+    assert harness.ledger.stake(W1.address).bonded_gwei == 2_505
+
+
+TAMPERS = st.one_of(
+    st.tuples(st.just("truncate"), st.integers(1, 5)),
+    st.tuples(st.just("edit"), st.integers(0, 21)),
+    st.tuples(st.just("swap"), st.integers(0, 20)),
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tampering=TAMPERS)
+def test_verify_names_the_tampered_entry(pristine: Path, tampering) -> None:
+    """Whatever a host cuts, re-stamps or reorders (re-chaining all the rest), verify names that entry."""
+    kind, at = tampering
+    path = copy_of(pristine, "tampered.db")
+    entries = stored_entries(path)
+    size = len(entries)
+    if kind == "truncate":
+        tamper(path, "DELETE FROM entries WHERE idx >= ?", size - at)
+        expected = size - at
+    elif kind == "edit":
+        rewrite(path, [*entries[:at], *(replace(e, epoch=e.epoch + 1) for e in entries[at:])], at)
+        expected = at
+    else:
+        rewrite(path, [*entries[:at], entries[at + 1], entries[at], *entries[at + 2 :]], at)
+        expected = at
+    report = verify_log(path)
+    assert report.first_bad == expected, (tampering, report.error)
+    assert report.truncated == (kind == "truncate")
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One honest 22-entry log over three epochs, copied before each tampering."""
+    directory = tmp_path_factory.mktemp("pristine")
+    h = T.SignedHarness.create(directory, PARAMS)
+    populate(h, epochs=3, per_epoch=5)
+    assert h.ledger.size() == 22
+    h.close()
+    return directory / "ledger.db"

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from functools import cache
+
+import pytest
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ledger import errors as E
 from ledger import testing as T
+from ledger.evidence import SLASHABLE_REASONS, check_slash_form
 from ledger.state import LedgerState, is_eligible, process_operation, required_stake
 from ledger.types import Params
+from protocol.errors import Reason
 from protocol.ledger_messages import RegisterNode, StakeDeposit, StakeUnbond, StakeWithdraw
 
 PARAMS = Params(
@@ -26,8 +31,11 @@ ROLE = {"v1": "validator", "v2": "validator", "w1": "worker", "w2": "worker", "w
 
 
 @cache
-def contribution(validator: str, worker: str, nonce: int):
-    return T.contribution(ID[validator], ID[worker], nonce=nonce)
+def contribution(validator: str, worker: str, nonce: int, counter: int | None = None):
+    """`counter` None: the nonce's own assignment; else the worker's assignment (1, counter), so two
+    nonces with one counter are one assignment sealed twice."""
+    step = None if counter is None else T.assignment_step(1, counter)
+    return T.contribution(ID[validator], ID[worker], nonce=nonce, step=step)
 
 
 @cache
@@ -42,7 +50,9 @@ operations = st.one_of(
     st.tuples(st.just("deposit"), names, st.integers(1, 400)),
     st.tuples(st.just("unbond"), names, st.integers(1, 400)),
     st.tuples(st.just("withdraw"), names, st.just(0)),
-    st.tuples(st.just("contribute"), validators, st.tuples(names, st.integers(0, 5))),
+    st.tuples(
+        st.just("contribute"), validators, st.tuples(names, st.integers(0, 5), st.integers(0, 2))
+    ),
     st.tuples(st.just("slash"), validators, st.tuples(names, st.integers(0, 5), st.integers(1, 200))),
     st.tuples(st.just("tick"), names, st.integers(0, 3)),
     st.tuples(st.just("withdraw"), names, st.just(0)),
@@ -100,6 +110,8 @@ def test_invariants_hold_and_refusals_change_nothing(ops) -> None:
             assert node.bonded_gwei >= required_stake(PARAMS, node)
     digests = [c.rollout_digest for c in state.contributions]
     assert len(digests) == len(set(digests))  # never credited twice
+    assignments = [(c.run, c.worker, c.step) for c in state.contributions]
+    assert len(assignments) == len(set(assignments))  # each assignment paid once
     for record in state.contributions:
         assert state.nodes[record.validator].info.role == "validator"
         assert state.nodes[record.worker].info.role == "worker"
@@ -135,3 +147,57 @@ def test_ejection_moves_remaining_stake_to_unbonding() -> None:
         100,
         5 + PARAMS.unbonding_delay_epochs,
     )
+
+
+def staked_state() -> LedgerState:
+    state = LedgerState(PARAMS)
+    for who in ("v1", "v2", "w1", "w2"):
+        process_operation(state, ID[who].address, RegisterNode(ROLE[who], T.compute(), "p"), 0)
+        process_operation(state, ID[who].address, StakeDeposit(400), 0)
+    return state
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(("v1", "v2")), st.sampled_from(("w1", "w2")), st.integers(0, 9),
+                  st.integers(0, 3)),
+        max_size=12,
+    )
+)
+def test_an_assignment_is_credited_exactly_once(submissions) -> None:
+    """Any validators, any resealings: the first submission of each (run, worker, step) is paid, no other."""
+    state = staked_state()
+    paid: set[tuple[str, int]] = set()
+    for validator, worker, nonce, counter in submissions:
+        op = contribution(validator, worker, nonce, counter)
+        before = state.copy()
+        try:
+            process_operation(state, ID[validator].address, op, 1)
+        except E.DuplicateContribution as exc:
+            assert (worker, counter) in paid and state == before
+            assert "already credited" in exc.detail
+            continue
+        assert (worker, counter) not in paid
+        paid.add((worker, counter))
+    assert len(state.contributions) == len(paid)
+
+
+def test_a_resealed_assignment_is_refused_naming_it() -> None:
+    state = staked_state()
+    step = T.assignment_step(4, 2)
+    process_operation(state, ID["v1"].address, T.contribution(ID["v1"], ID["w1"], nonce=1, step=step), 1)
+    again = T.contribution(ID["v2"], ID["w1"], nonce=2, step=step)
+    named = f"run 'run-1', worker 0x{ID['w1'].address.hex()}, step {step} (version 4, counter 2)"
+    with pytest.raises(E.DuplicateContribution, match=re.escape(named)):
+        process_operation(state, ID["v2"].address, again, 1)
+
+
+def test_a_malformed_rollout_is_slashable() -> None:
+    """609 is recomputable from the signed submission and the run descriptor: it may be slashed."""
+    assert Reason.MALFORMED_ROLLOUT in SLASHABLE_REASONS
+    op = T.slash(ID["w1"], 100, nonce=3, failing_chunks=(), reason=Reason.MALFORMED_ROLLOUT)
+    check_slash_form(op)
+    state = staked_state()
+    record = process_operation(state, ID["v1"].address, op, 1)
+    assert record.reason_code == 609 and record.taken_gwei == 100
