@@ -31,6 +31,7 @@ class ClientConfig:
     chunk_size: int = 1 * MIB
     max_head_bytes: int = 16 * KIB
     max_idle_per_endpoint: int = 16
+    local_address: str | None = None  # source IP for outgoing connections (a multi-homed node; tests)
 
 
 class _Retry(Exception):
@@ -201,7 +202,9 @@ class HttpClient:
             return idle.pop(), True
         with trio.move_on_after(self.config.connect_timeout) as scope:
             try:
-                stream = await trio.open_tcp_stream(ep.host, ep.port)
+                stream = await trio.open_tcp_stream(
+                    ep.host, ep.port, local_address=self.config.local_address
+                )
             except OSError as exc:
                 raise ConnectFailed(ep.url(), str(exc)) from None
         if scope.cancelled_caught:

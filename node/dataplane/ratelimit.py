@@ -1,8 +1,22 @@
-"""A token bucket for upload bandwidth: emulates a node's uplink on loopback and caps a relay's share."""
+"""Rationing for the HTTP data plane: upload bandwidth, and slots counted per client address.
+
+Addresses are what a remote peer cannot mint for free in bulk, so caps count per address: an IPv4 address,
+or an IPv6 /64 (the block one subscriber is handed; its 2^64 addresses cost nothing more). A `Slots` table
+bounds both the total and each address's share, and admits or refuses at once: nothing ever queues for a
+slot, so refusing costs no memory beyond the open connection itself.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
 import trio
+
+# Loopback peers are this host's own processes (a devnet, a local relay): uncapped per address by default.
+LOOPBACK_NETWORKS = ("127.0.0.0/8", "::1/128")
+IPV6_PREFIX = 64  # one IPv6 subscriber holds a /64: count it as one address
 
 
 class TokenBucket:
@@ -33,3 +47,78 @@ class TokenBucket:
                 self._refill()
             self._tokens -= need
             return need
+
+
+def address_key(host: str) -> str:
+    """The unit a per-address cap counts: the IPv4 address, or the IPv6 /64 (IPv4-mapped IPv6 is IPv4).
+
+    A host that is not an IP literal (a Unix socket path, a test double) is its own key.
+    """
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, IPV6_PREFIX), strict=False))
+    return str(ip)
+
+
+def in_networks(host: str, networks: Iterable[str]) -> bool:
+    """Whether `host` (an IP literal; IPv4-mapped IPv6 counts as IPv4) lies in any of `networks`."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in ipaddress.ip_network(net, strict=False) for net in networks)
+
+
+@dataclass
+class Slots:
+    """At most `total` slots held, and at most `per_key` by one key unless the caller says it is exempt.
+
+    `try_acquire` never waits: it answers at once whether the slot was taken, and a refusal changes
+    nothing. Every `acquire` must be paired with one `release` of the same key.
+    """
+
+    total: int
+    per_key: int
+    held: dict[str, int] = field(default_factory=dict)
+    in_use: int = 0
+
+    def __post_init__(self) -> None:
+        if self.total < 1 or self.per_key < 1:
+            raise ValueError("slot caps must be at least 1")
+
+    def count(self, key: str) -> int:
+        return self.held.get(key, 0)
+
+    def key_full(self, key: str, exempt: bool = False) -> bool:
+        return not exempt and self.count(key) >= self.per_key
+
+    def full(self) -> bool:
+        return self.in_use >= self.total
+
+    def try_acquire(self, key: str, exempt: bool = False) -> bool:
+        if self.full() or self.key_full(key, exempt):
+            return False
+        self.acquire(key)
+        return True
+
+    def acquire(self, key: str) -> None:
+        """Take a slot without checking the caps (the caller made room, e.g. by evicting)."""
+        self.held[key] = self.count(key) + 1
+        self.in_use += 1
+
+    def release(self, key: str) -> None:
+        left = self.count(key) - 1
+        if left < 0:
+            raise RuntimeError(f"release of a slot {key!r} does not hold")
+        if left:
+            self.held[key] = left
+        else:
+            del self.held[key]  # the table holds only keys with a slot: bounded by `total`
+        self.in_use -= 1

@@ -233,12 +233,14 @@ def test_a_client_that_stops_reading_is_dropped(tmp_path):
     run_with_server(tmp_path, test, ServerConfig(write_timeout=0.3))
 
 
-def test_connections_past_the_limit_get_503(tmp_path):
+def test_connections_past_the_limit_get_503_when_every_slot_is_serving(tmp_path):
     async def test(server, client, url, port):
         holders = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+        for stream in holders:  # each is mid-request (its handler sleeps): not evictable
+            await stream.send_all(b"GET /slow-head HTTP/1.1\r\nhost: x\r\n\r\n")
         await trio.sleep(0.1)
         reply = await _raw(port, b"GET /file HTTP/1.1\r\nhost: x\r\n\r\n")
-        assert reply.startswith(b"HTTP/1.1 503")
+        assert reply.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in reply
         assert server.stats.rejected_busy == 1
         for stream in holders:
             await stream.aclose()
