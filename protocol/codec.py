@@ -193,7 +193,7 @@ def _check_value(spec: FieldSpec, value: Any, where: str) -> Any:
             raise _malformed(Reason.OVERSIZED, where, f"more than {spec.max_len} items")
         assert spec.item is not None
         item = spec.item
-        if item.kind == "int" and all(type(v) is int for v in value):
+        if item.kind == "int" and set(map(type, value)) <= {int}:
             # Fast path for token ids and chunk indices: one pass, no per-item error context needed.
             if value and not (item.lo <= min(value) and max(value) <= item.hi):
                 bad = next(i for i, v in enumerate(value) if not item.lo <= v <= item.hi)
@@ -205,7 +205,7 @@ def _check_value(spec: FieldSpec, value: Any, where: str) -> Any:
         if isinstance(value, spec.message_cls):
             validate(value)
             return value
-        return _from_pairs(spec.message_cls, value, where)
+        raise _malformed(Reason.WRONG_FIELD_TYPE, where, f"expected {spec.message_cls.__name__}, got {type(value).__name__}")
     raise AssertionError(kind)
 
 
@@ -216,54 +216,269 @@ def validate(message: Any) -> None:
         _check_value(spec, getattr(message, spec.name), f"{name}.{spec.name}")
 
 
-def _from_pairs(cls: type[M], pairs: Any, where: str) -> M:
-    """Build a message from the (key, value) pairs the unpacker produced, strictly in wire order."""
-    if type(pairs) is not list or not all(type(p) is tuple and len(p) == 2 for p in pairs):
-        raise _malformed(Reason.WRONG_FIELD_TYPE, where, "expected a map")
-    specs = schema(cls)
-    expected = [s.name for s in specs]
-    keys = [k for k, _ in pairs]
-    for key in keys:
-        if key not in expected:
-            raise _malformed(Reason.UNKNOWN_FIELD, where, f"unknown field {key!r}")
-    if len(set(keys)) != len(keys):
-        raise _malformed(Reason.NON_CANONICAL, where, "duplicate field")
-    missing = [n for n in expected if n not in keys]
-    if missing:
-        raise _malformed(Reason.MISSING_FIELD, where, f"missing field(s) {', '.join(missing)}")
-    if keys != expected:
-        raise _malformed(Reason.FIELD_ORDER, where, f"fields out of order: {keys}")
-    values = {s.name: _check_value(s, v, f"{where}.{s.name}") for s, (_, v) in zip(specs, pairs, strict=True)}
-    return cls(**values)
-
-
 # --- decoding ------------------------------------------------------------------------------------
+#
+# Decoding is guided by the schema: the reader peeks at each value's msgpack type byte and declared
+# length before msgpack builds anything, so a value of the wrong kind, a container longer than its
+# field allows or a string over its cap is refused having allocated nothing. Only a tuple of scalars
+# is built by msgpack in one call (C speed for token ids), and then with hooks that stop at the first
+# nested container. Memory is bounded by the decoded message plus one field's worth of garbage; the
+# first fault in wire order is the one reported (spec/wire.md, "Decoding limits").
 
-def _unpack(data: bytes) -> Any:
-    try:
-        return msgpack.unpackb(
-            data,
+MAX_KEY_LEN = 64  # a map key longer than any field name is an unknown field, refused unread
+
+_FAMILY: tuple[str, ...] = tuple(
+    "int" if b <= 0x7F or b >= 0xE0 or 0xCC <= b <= 0xD3
+    else "map" if 0x80 <= b <= 0x8F or b in (0xDE, 0xDF)
+    else "array" if 0x90 <= b <= 0x9F or b in (0xDC, 0xDD)
+    else "str" if 0xA0 <= b <= 0xBF or 0xD9 <= b <= 0xDB
+    else "bin" if 0xC4 <= b <= 0xC6
+    else "nil" if b == 0xC0
+    else "bool" if b in (0xC2, 0xC3)
+    else "float" if b in (0xCA, 0xCB)
+    else "ext"  # ext types and the never-used 0xc1: not in this dialect
+    for b in range(256)
+)
+_KIND_FAMILY = {
+    "int": "int", "bool": "bool", "float": "float", "str": "str", "bytes": "bin", "tuple": "array", "message": "map",
+}
+_WIDTH = {0xD9: 1, 0xC4: 1, 0xDA: 2, 0xC5: 2, 0xDC: 2, 0xDE: 2, 0xDB: 4, 0xC6: 4, 0xDD: 4, 0xDF: 4}
+
+
+def _canonical_header_size(family: str, n: int) -> int:
+    """Bytes of the shortest header for a str, bin, array or map of n items/bytes."""
+    if family == "str" and n < 32 or family in ("array", "map") and n < 16:
+        return 1
+    if family in ("str", "bin") and n < 256:
+        return 2
+    return 3 if n < 65536 else 5
+
+
+@dataclass(frozen=True)
+class UnpackLimits:
+    """msgpack's own per-object caps, the largest the schema tree of one message type allows."""
+
+    max_str_len: int
+    max_bin_len: int
+    max_array_len: int
+    max_map_len: int
+
+
+@functools.cache
+def unpack_limits(cls: type) -> UnpackLimits:
+    """Derive msgpack's structural limits from a message class's schema (and its nested messages)."""
+    strs, bins, arrays, maps = [MAX_KEY_LEN], [0], [0], [len(schema(cls))]
+
+    def visit(spec: FieldSpec) -> None:
+        if spec.kind == "str":
+            strs.append(spec.max_len or 0)
+        elif spec.kind == "bytes":
+            bins.append(spec.max_len or 0)
+        elif spec.kind == "tuple":
+            assert spec.item is not None
+            arrays.append(spec.max_len or 0)
+            visit(spec.item)
+        elif spec.kind == "message":
+            limits = unpack_limits(spec.message_cls)  # type: ignore[arg-type]
+            strs.append(limits.max_str_len)
+            bins.append(limits.max_bin_len)
+            arrays.append(limits.max_array_len)
+            maps.append(limits.max_map_len)
+
+    for spec in schema(cls):
+        visit(spec)
+    return UnpackLimits(max(strs), max(bins), max(arrays), max(maps))
+
+
+def _check_framing(data: bytes) -> None:
+    """The buffer must be one msgpack object and nothing after it (truncation, a bad type byte,
+    nesting deeper than msgpack's stack, trailing bytes), checked by skipping it in C: nothing is built."""
+    skipper = msgpack.Unpacker(None, max_buffer_size=max(len(data), 1))
+    skipper.feed(data)
+    skipper.skip()
+    rest = len(data) - skipper.tell()
+    if rest:
+        raise Reject(Reason.TRAILING_BYTES, f"{rest} bytes after the message")
+
+
+class _Nested(Exception):
+    """A container inside a tuple of scalars: msgpack is stopped as soon as it completes one."""
+
+
+class _FlatGuard:
+    """msgpack's container hooks while a tuple of scalars is unpacked in one call. A separate object
+    from the reader so the unpacker holding these hooks holds no cycle back to its own buffer."""
+
+    def __init__(self) -> None:
+        self.containers = 0
+
+    def on_array(self, value: Any) -> Any:
+        self.containers += 1
+        if self.containers > 1:  # the outer tuple is the only array allowed to complete
+            raise _Nested
+        return value
+
+    def on_map(self, pairs: Any) -> Any:
+        raise _Nested  # maps are only ever read field by field, never built by msgpack
+
+
+class _Reader:
+    """Walks one buffer in wire order under a message schema, refusing each fault before allocating."""
+
+    def __init__(self, data: bytes, limits: UnpackLimits) -> None:
+        self.data = data
+        self.end = len(data)
+        self.guard = _FlatGuard()
+        self.unpacker = msgpack.Unpacker(
+            None,
             raw=False,
-            use_list=True,
+            use_list=False,
             strict_map_key=True,
-            object_pairs_hook=list,
             max_ext_len=0,
+            max_buffer_size=max(self.end, 1),
+            max_str_len=limits.max_str_len,
+            max_bin_len=limits.max_bin_len,
+            max_array_len=limits.max_array_len,
+            max_map_len=limits.max_map_len,
+            list_hook=self.guard.on_array,
+            object_pairs_hook=self.guard.on_map,
         )
-    except msgpack.ExtraData as exc:
-        raise Reject(Reason.TRAILING_BYTES, f"{len(exc.extra)} bytes after the message") from None
-    except (ValueError, TypeError, OverflowError, msgpack.UnpackException, RecursionError) as exc:
-        # UnicodeDecodeError and msgpack's FormatError/StackError are ValueError subclasses.
-        raise Reject(Reason.UNDECODABLE, f"not canonical msgpack: {type(exc).__name__}") from None
+        self.unpacker.feed(data)
+
+    def _peek(self) -> tuple[int, str]:
+        pos = self.unpacker.tell()
+        if pos >= self.end:
+            raise Reject(Reason.UNDECODABLE, "not canonical msgpack: truncated")
+        family = _FAMILY[self.data[pos]]
+        if family == "ext":
+            raise Reject(Reason.UNDECODABLE, f"not canonical msgpack: type byte 0x{self.data[pos]:02x}")
+        return pos, family
+
+    def _length(self, pos: int) -> int:
+        """The declared length of the str, bin, array or map whose header starts at pos."""
+        first = self.data[pos]
+        width = _WIDTH.get(first)
+        if width is None:  # fix forms
+            return first & (0x1F if 0xA0 <= first <= 0xBF else 0x0F)
+        if pos + 1 + width > self.end:
+            raise Reject(Reason.UNDECODABLE, "not canonical msgpack: truncated header")
+        return int.from_bytes(self.data[pos + 1 : pos + 1 + width], "big")
+
+    def _canonical(self, pos: int, where: str, ok: bool) -> None:
+        if not ok:
+            raise Reject(Reason.NON_CANONICAL, f"{where}: not in canonical form (at byte {pos})")
+
+    def message(self, cls: type[M], where: str) -> M:
+        pos, family = self._peek()
+        if family != "map":
+            raise _malformed(Reason.WRONG_FIELD_TYPE, where, f"expected a map, got {family}")
+        n = self.unpacker.read_map_header()
+        self._canonical(pos, where, self.unpacker.tell() - pos == _canonical_header_size("map", n))
+        specs = schema(cls)
+        values: dict[str, Any] = {}
+        for i in range(n):
+            key = self._key(where)
+            if i < len(specs) and key == specs[i].name:
+                values[key] = self.value(specs[i], f"{where}.{key}")
+            else:
+                self._key_fault(specs, where, [s.name for s in specs[:i]] + [key], n - i - 1)
+        if n < len(specs):
+            missing = ", ".join(s.name for s in specs[n:])
+            raise _malformed(Reason.MISSING_FIELD, where, f"missing field(s) {missing}")
+        return cls(**values)
+
+    def _key(self, where: str) -> str:
+        pos, family = self._peek()
+        if family == "bin":
+            raise _malformed(Reason.UNKNOWN_FIELD, where, "unknown field (a bin key)")
+        if family != "str":
+            raise Reject(Reason.UNDECODABLE, f"not canonical msgpack: {where} has a {family} map key")
+        n = self._length(pos)
+        if n > MAX_KEY_LEN:
+            raise _malformed(Reason.UNKNOWN_FIELD, where, f"unknown field (a key of {n} bytes)")
+        key = self.unpacker.unpack()
+        self._canonical(pos, where, self.unpacker.tell() - pos == _canonical_header_size("str", n) + n)
+        return key  # type: ignore[no-any-return]
+
+    def _key_fault(self, specs: tuple[FieldSpec, ...], where: str, keys: list[str], remaining: int) -> None:
+        """Name what is wrong with a map whose keys left the schema's order; reads at most one key more
+        than the schema has fields, skipping values unbuilt. Precedence: unknown, duplicate, missing, order."""
+        names = [s.name for s in specs]
+        while True:
+            if keys[-1] not in names:
+                raise _malformed(Reason.UNKNOWN_FIELD, where, f"unknown field {keys[-1]!r}")
+            if remaining == 0 or len(keys) > len(names):
+                break
+            self.unpacker.skip()
+            keys.append(self._key(where))
+            remaining -= 1
+        if len(set(keys)) != len(keys):
+            raise _malformed(Reason.NON_CANONICAL, where, "duplicate field")
+        missing = [n for n in names if n not in keys]
+        if missing:
+            raise _malformed(Reason.MISSING_FIELD, where, f"missing field(s) {', '.join(missing)}")
+        raise _malformed(Reason.FIELD_ORDER, where, f"fields out of order: {keys}")
+
+    def value(self, spec: FieldSpec, where: str) -> Any:
+        pos, family = self._peek()
+        kind = spec.kind
+        if family != _KIND_FAMILY[kind]:
+            raise _malformed(Reason.WRONG_FIELD_TYPE, where, f"expected {kind}, got {family}")
+        if kind == "message":
+            return self.message(spec.message_cls, where)  # type: ignore[arg-type]
+        if kind == "tuple":
+            return self._tuple(spec, pos, where)
+        if kind in ("str", "bytes"):
+            n = self._length(pos)
+            if spec.size is not None and n != spec.size:
+                raise _malformed(Reason.OUT_OF_RANGE, where, f"must be {spec.size} bytes, got {n}")
+            if n > (spec.max_len or 0):
+                raise _malformed(Reason.OVERSIZED, where, f"longer than {spec.max_len} bytes")
+            value = _check_value(spec, self.unpacker.unpack(), where)
+            self._canonical(pos, where, self.unpacker.tell() - pos == _canonical_header_size(family, n) + n)
+            return value
+        value = _check_value(spec, self.unpacker.unpack(), where)
+        self._canonical(pos, where, self.data[pos : self.unpacker.tell()] == msgpack.packb(value))
+        return value
+
+    def _tuple(self, spec: FieldSpec, pos: int, where: str) -> tuple[Any, ...]:
+        assert spec.item is not None
+        n = self._length(pos)
+        if n > (spec.max_len or 0):
+            raise _malformed(Reason.OVERSIZED, where, f"more than {spec.max_len} items")
+        if spec.item.kind in ("message", "tuple"):
+            self.unpacker.read_array_header()
+            self._canonical(pos, where, self.unpacker.tell() - pos == _canonical_header_size("array", n))
+            return tuple(self.value(spec.item, f"{where}[{i}]") for i in range(n))
+        self.guard.containers = 0
+        try:
+            raw = self.unpacker.unpack()
+        except _Nested:
+            raise _malformed(Reason.WRONG_FIELD_TYPE, where, f"expected {spec.item.kind} items, got a container")
+        value = _check_value(spec, raw, where)
+        packed = msgpack.packb(value, use_bin_type=True)
+        self._canonical(pos, where, self.data[pos : self.unpacker.tell()] == packed)
+        return value  # type: ignore[no-any-return]
 
 
 def decode(cls: type[M], data: bytes, *, max_size: int | None = None) -> M:
-    """Decode canonical bytes into `cls`, or raise Reject. Total: no other exception escapes."""
+    """Decode canonical bytes into `cls`, or raise Reject. Total: no other exception escapes.
+
+    Order: the type's size cap; the framing (one whole msgpack object, nothing after it) checked
+    without building anything; then the schema-guided walk (each value's type and declared length
+    before it is built, its range, its canonical form), then trailing bytes.
+    """
     cap = max_size if max_size is not None else getattr(cls, "MAX_SIZE", None)
     if cap is not None and len(data) > cap:
         raise Reject(Reason.OVERSIZED, f"{cls.__name__} of {len(data)} bytes exceeds the cap of {cap}")
-    message = _from_pairs(cls, _unpack(data), cls.__name__)
-    if msgpack.packb(to_wire(message), use_bin_type=True) != data:
-        raise Reject(Reason.NON_CANONICAL, f"{cls.__name__} is not in canonical form")
+    try:
+        _check_framing(data)
+        reader = _Reader(data, unpack_limits(cls))
+        message = reader.message(cls, cls.__name__)
+    except (ValueError, TypeError, OverflowError, msgpack.UnpackException, RecursionError) as exc:
+        # UnicodeDecodeError and msgpack's FormatError/StackError are ValueError subclasses; OutOfData
+        # (truncation) is an UnpackException.
+        raise Reject(Reason.UNDECODABLE, f"not canonical msgpack: {type(exc).__name__}") from None
     return message
 
 

@@ -8,14 +8,17 @@ Replays are caught by (sender, seq) in a sliding window, so gossip reordering is
 
 from __future__ import annotations
 
+import hashlib
+import os
 import struct
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
 from crypto.identity import NodeIdentity
 from crypto.signing import InvalidSignature, recover_address
-from crypto.hashing import keccak256, sha256
+from crypto.hashing import keccak256_parts, sha256
 from protocol.codec import MaxLen, Size, decode, encode
 from protocol.errors import Ignore, Reason, Reject
 from protocol.messages import MESSAGE_TYPES
@@ -26,6 +29,8 @@ ENVELOPE_OVERHEAD = 512  # bytes an envelope adds around its body, generously
 MAX_ENVELOPE_SIZE = 18 * MIB + ENVELOPE_OVERHEAD
 MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
 REPLAY_WINDOW = 1024
+MAX_REPLAY_SENDERS = 65_536  # senders a ReplayWindow tracks at once (~27 MiB at most, measured)
+REPLAY_FLOOR_BUCKETS = 4096  # timestamp floors kept for evicted, still-fresh senders
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,12 @@ def _lp(data: bytes) -> bytes:
 
 
 def signing_digest(message_type: str, run: str, sender: bytes, seq: int, ts: int, body: bytes) -> bytes:
-    """keccak256(lp(domain) || lp(run) || sender || u64 seq || u64 ts || lp(body))."""
-    payload = _lp(domain(message_type)) + _lp(run.encode()) + sender + struct.pack(">QQ", seq, ts) + _lp(body)
-    return keccak256(payload)
+    """keccak256(lp(domain) || lp(run) || sender || u64 seq || u64 ts || lp(body)).
+
+    Hashed in two parts so a body of up to 18 MiB is never copied into a preimage buffer.
+    """
+    head = _lp(domain(message_type)) + _lp(run.encode()) + sender + struct.pack(">QQI", seq, ts, len(body))
+    return keccak256_parts(head, body)
 
 
 def seal(identity: NodeIdentity, message: Any, *, run: str, seq: int, ts: int) -> bytes:
@@ -71,38 +79,122 @@ def envelope_digest(envelope_bytes: bytes) -> bytes:
     return sha256(envelope_bytes)
 
 
+@dataclass(slots=True)
+class SenderWindow:
+    """One sender's replay state: the highest accepted seq, a bitmap of accepted seqs below it
+    (bit k set: seq `highest - k` was accepted), the newest accepted timestamp, and the floor of its
+    bucket when it was (re)admitted: messages at or below it may have been forgotten with an earlier state."""
+
+    highest: int
+    bits: int
+    newest_ts: int
+    floor_ts: int
+
+
 @dataclass
 class ReplayWindow:
-    """Per-sender sliding window of accepted sequence numbers.
+    """Per-sender sliding window of accepted sequence numbers, bounded in senders and in time.
 
     A seq at or below `highest - window` is stale; one already seen within the window is a replay.
-    State is explicit so callers can persist it and tests can construct it.
+    Pure state: time arrives as arguments (`ts` of the message, `now_ms` of the receiver).
+
+    Bounds (spec/wire.md, "Replay protection"):
+    - Expiry. A sender whose newest accepted `ts` is older than `now_ms - expiry_ms` is forgotten.
+      Nothing replayable is lost: every message it had accepted has `ts <= newest_ts < now - expiry`,
+      so from then on the clock check (|now - ts| <= MAX_CLOCK_SKEW_MS = expiry_ms) refuses a replay.
+      The window keeps the highest `now_ms` it was given (`clock_ms`) and refuses any
+      `ts < clock_ms - expiry_ms`, so the argument holds even if the caller's clock steps back.
+    - Size. At most `max_senders` are tracked; past that the least recently accepted is evicted.
+      If it was still fresh, its newest `ts` becomes the floor of its bucket (a keyed hash of the
+      sender): a sender of that bucket admitted afterwards is refused for `ts <= floor` (the floor is
+      captured when it is admitted, so a later sybil eviction never touches a tracked sender). Safety is kept; under
+      an identity flood an honest newcomer may be refused until its bucket's floor is in the past
+      (at most 2 x MAX_CLOCK_SKEW_MS), never a replay accepted.
+    Memory: about 420 bytes per tracked sender (measured; the seen set is one window-bit integer)
+    plus 8 bytes per bucket.
     """
 
     window: int = REPLAY_WINDOW
-    highest: dict[bytes, int] = field(default_factory=dict)
-    seen: dict[bytes, set[int]] = field(default_factory=dict)
+    max_senders: int = MAX_REPLAY_SENDERS
+    expiry_ms: int = MAX_CLOCK_SKEW_MS
+    buckets: int = REPLAY_FLOOR_BUCKETS
+    salt: bytes = field(default_factory=lambda: os.urandom(16))
+    senders: OrderedDict[bytes, SenderWindow] = field(default_factory=OrderedDict)
+    floors: list[int] = field(default_factory=list)
+    clock_ms: int = 0
+    expired: int = 0
+    evicted_fresh: int = 0
 
-    def check(self, sender: bytes, seq: int) -> None:
-        """Raise Ignore if (sender, seq) is a replay or too old; changes nothing."""
-        top = self.highest.get(sender)
-        if top is None:
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.max_senders < 1 or self.buckets < 1:
+            raise ValueError("a replay window needs window, max_senders and buckets >= 1")
+        if not self.floors:
+            self.floors = [-1] * self.buckets
+
+    def _bucket(self, sender: bytes) -> int:
+        digest = hashlib.blake2b(sender, key=self.salt, digest_size=8).digest()
+        return int.from_bytes(digest, "big") % self.buckets
+
+    def check(self, sender: bytes, seq: int, *, ts: int, now_ms: int) -> None:
+        """Raise Ignore if (sender, seq) is a replay, too old, or may be a replay of forgotten state;
+        changes nothing."""
+        horizon = max(self.clock_ms, now_ms) - self.expiry_ms
+        if ts < horizon:
+            raise Ignore(Reason.REPLAYED_SEQ, f"ts {ts} is older than the replay horizon {horizon}")
+        state = self.senders.get(sender)
+        floor = self.floors[self._bucket(sender)] if state is None else state.floor_ts
+        if ts <= floor:
+            raise Ignore(Reason.REPLAYED_SEQ, f"ts {ts} is at or below a forgotten sender's newest ts {floor}")
+        if state is None:
             return
-        if seq <= top - self.window:
-            raise Ignore(Reason.REPLAYED_SEQ, f"seq {seq} is older than the replay window (highest {top})")
-        if seq in self.seen.get(sender, ()):
+        if seq <= state.highest - self.window:
+            raise Ignore(Reason.REPLAYED_SEQ, f"seq {seq} is older than the replay window (highest {state.highest})")
+        if seq <= state.highest and state.bits >> (state.highest - seq) & 1:
             raise Ignore(Reason.REPLAYED_SEQ, f"seq {seq} from {sender.hex()} was already accepted")
 
-    def record(self, sender: bytes, seq: int) -> None:
-        top = max(seq, self.highest.get(sender, seq))
-        self.highest[sender] = top
-        seen = self.seen.setdefault(sender, set())
-        seen.add(seq)
-        if len(seen) > self.window:
-            seen.difference_update({s for s in seen if s <= top - self.window})
+    def record(self, sender: bytes, seq: int, *, ts: int, now_ms: int) -> None:
+        """Remember an accepted (sender, seq, ts); expires and evicts to stay within the bounds."""
+        self.clock_ms = max(self.clock_ms, now_ms)
+        self._expire()
+        state = self.senders.pop(sender, None)
+        if state is None:
+            while len(self.senders) >= self.max_senders:
+                self._evict_oldest()
+            state = SenderWindow(seq, 1, ts, self.floors[self._bucket(sender)])
+        elif seq > state.highest:
+            shift = seq - state.highest
+            state.bits = ((state.bits << shift) | 1) & ((1 << self.window) - 1) if shift < self.window else 1
+            state.highest = seq
+        else:
+            state.bits |= 1 << (state.highest - seq)
+        state.newest_ts = max(state.newest_ts, ts)
+        self.senders[sender] = state  # most recently accepted last
+
+    def _expire(self) -> None:
+        horizon = self.clock_ms - self.expiry_ms
+        while self.senders:
+            oldest = next(iter(self.senders.values()))
+            if oldest.newest_ts >= horizon:
+                break
+            self.senders.popitem(last=False)
+            self.expired += 1
+
+    def _evict_oldest(self) -> None:
+        sender, state = self.senders.popitem(last=False)
+        if state.newest_ts >= self.clock_ms - self.expiry_ms:
+            bucket = self._bucket(sender)
+            self.floors[bucket] = max(self.floors[bucket], state.newest_ts)
+            self.evicted_fresh += 1
+        else:
+            self.expired += 1
 
     def statistics(self) -> dict[str, int]:
-        return {"senders": len(self.highest), "tracked_seqs": sum(len(s) for s in self.seen.values())}
+        return {
+            "senders": len(self.senders),
+            "tracked_seqs": sum(s.bits.bit_count() for s in self.senders.values()),
+            "expired": self.expired,
+            "evicted_fresh": self.evicted_fresh,
+        }
 
 
 @dataclass(frozen=True)
@@ -128,6 +220,10 @@ def open_envelope(
 ) -> Opened:
     """Decode and verify an envelope, cheapest checks first; raise Reject or Ignore with the reason.
 
+    Order (spec/wire.md): size cap, envelope header, body cap, run, signature, clock, replay, and
+    only then the body is decoded. A stale or replayed message is ignored before its body costs
+    anything and before a malformed body could be blamed on a signer who may not have sent it now.
+
     `run=None` accepts any run (the run descriptor bootstrap); `replay=None` skips replay tracking
     (for re-verifying stored evidence). The replay window is updated only when every check passed.
     """
@@ -150,10 +246,11 @@ def open_envelope(
         raise Reject(Reason.BAD_SIGNATURE, str(exc)) from None
     if signer != envelope.sender:
         raise Reject(Reason.BAD_SIGNATURE, "signature does not match the sender")
-    message = decode(cls, envelope.body)
     if abs(now_ms - envelope.ts) > MAX_CLOCK_SKEW_MS:
         raise Ignore(Reason.CLOCK_SKEW, f"timestamp {envelope.ts} is {now_ms - envelope.ts} ms from now")
     if replay is not None:
-        replay.check(envelope.sender, envelope.seq)
-        replay.record(envelope.sender, envelope.seq)
+        replay.check(envelope.sender, envelope.seq, ts=envelope.ts, now_ms=now_ms)
+    message = decode(cls, envelope.body)
+    if replay is not None:
+        replay.record(envelope.sender, envelope.seq, ts=envelope.ts, now_ms=now_ms)
     return Opened(envelope, message)

@@ -62,3 +62,56 @@ class KeyedBuckets:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+
+class StreamSlots:
+    """Concurrent admissions for one protocol: at most `per_peer` for any one key and `total` overall.
+
+    Counting per peer as well as in total is what keeps one peer from taking every slot: a peer over
+    its share is refused while others are still admitted. Pure bookkeeping, no I/O; a key with no
+    slot in use is forgotten, so memory is bounded by `total`.
+    """
+
+    def __init__(self, total: int, per_peer: int) -> None:
+        if total < 1 or per_peer < 1:
+            raise ValueError("stream slots need total >= 1 and per_peer >= 1")
+        self.total = total
+        self.per_peer = per_peer
+        self._held: dict[object, int] = {}
+        self._in_use = 0
+        self.refused_peer = 0
+        self.refused_total = 0
+
+    def try_acquire(self, key: object) -> bool:
+        """Take a slot for `key` if its share and the total allow; never blocks."""
+        held = self._held.get(key, 0)
+        if held >= self.per_peer:
+            self.refused_peer += 1
+            return False
+        if self._in_use >= self.total:
+            self.refused_total += 1
+            return False
+        self._held[key] = held + 1
+        self._in_use += 1
+        return True
+
+    def release(self, key: object) -> None:
+        held = self._held.get(key, 0)
+        if held <= 0:
+            raise RuntimeError(f"release of a slot {key!r} does not hold")
+        if held == 1:
+            del self._held[key]
+        else:
+            self._held[key] = held - 1
+        self._in_use -= 1
+
+    def held(self, key: object) -> int:
+        return self._held.get(key, 0)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "in_use": self._in_use,
+            "peers": len(self._held),
+            "refused_peer": self.refused_peer,
+            "refused_total": self.refused_total,
+        }

@@ -2,8 +2,16 @@
 
 Frame: `u32 big-endian length || envelope bytes`. The length is checked against the protocol's cap
 *before* anything is read, so a peer cannot make us buffer more than one message worth of bytes; every
-read and write runs under a deadline, so a peer that opens a stream and goes quiet costs us at most
-`read_timeout` seconds and a stalled-peer penalty (py-libp2p itself puts no timeout on stream I/O).
+read and write runs under a deadline (py-libp2p itself puts no timeout on stream I/O).
+
+Inbound admission, in order (spec/wire.md, "Request/response limits"): a banned peer's stream is
+reset; an `admit` predicate (role, stake) may refuse the peer; a stream slot is taken, at most
+`max_per_peer` per peer and `max_streams` in total per protocol, so one peer never holds them all;
+the request frame must arrive within `read_timeout + length / min_read_rate` (the length prefix
+within `read_timeout`), so a slow-loris sender is cut and its slot freed; the envelope is opened
+(size, header, signature, clock, replay, then the body); only then is a serving slot (`max_inbound`
+in total) taken for the handler. Refusals reset the stream without charging the peer and are
+counted in `statistics()`.
 
 A stream carries exactly one request and one response, then closes. Faults are typed: `Reject` from the
 envelope or the handler charges the peer through the `PeerGuard`; `Ignore` drops the stream without
@@ -27,6 +35,7 @@ from libp2p.peer.id import ID
 from crypto.identity import NodeIdentity
 from node.p2p.clock import SeqCounter, wall_ms
 from node.p2p.host import TRANSPORT_ERRORS
+from node.p2p.ratelimit import StreamSlots
 from node.p2p.scoring import Fault, PeerGuard
 from protocol.envelope import ENVELOPE_OVERHEAD, Opened, ReplayWindow, open_envelope, seal
 from protocol.errors import Ignore, ProtocolError, Reject
@@ -34,6 +43,12 @@ from protocol.errors import Ignore, ProtocolError, Reject
 log = logging.getLogger(__name__)
 
 LENGTH_PREFIX = struct.Struct(">I")
+READ_TIMEOUT_S = 5.0  # the length prefix must arrive within this; the body within it plus length / rate
+MIN_READ_RATE = 256 * 1024  # bytes/s a request body must arrive at, at least (cuts slow-loris senders)
+WRITE_TIMEOUT_S = 5.0
+MAX_INBOUND_PER_PROTOCOL = 32  # requests being handled at once, per protocol (after authentication)
+MAX_PER_PEER = 2  # streams one peer may hold open at once on one protocol (reading or being served)
+STREAMS_PER_SERVING_SLOT = 2  # max_streams defaults to this x max_inbound (frames being read + served)
 STREAM_ERRORS: tuple[type[BaseException], ...] = (EOFError, *TRANSPORT_ERRORS)
 
 
@@ -74,6 +89,20 @@ async def read_frame(stream: ByteStream, *, max_size: int) -> bytes:
     return await read_exact(stream, length)
 
 
+async def read_request_frame(stream: ByteStream, *, max_size: int, grace: float, min_rate: float) -> bytes:
+    """One frame from an untrusted peer, or FrameError / EOFError / trio.TooSlowError: the length
+    prefix within `grace` seconds of the call, the whole frame by `grace + length / min_rate`."""
+    deadline = trio.current_time() + grace
+    with trio.fail_at(deadline):
+        (length,) = LENGTH_PREFIX.unpack(await read_exact(stream, LENGTH_PREFIX.size))
+    if length > max_size:
+        raise FrameError(f"frame of {length} bytes exceeds the cap of {max_size}")
+    if length == 0:
+        raise FrameError("empty frame")
+    with trio.fail_at(deadline + length / min_rate):
+        return await read_exact(stream, length)
+
+
 async def write_frame(stream: ByteStream, data: bytes) -> None:
     await stream.write(LENGTH_PREFIX.pack(len(data)) + data)
 
@@ -86,9 +115,9 @@ class ProtocolSpec:
     request: type
     response: type
     timeout: float = 10.0
-    max_inbound: int | None = (
-        None  # concurrent inbound streams; None: ReqRespSettings.max_inbound_per_protocol
-    )
+    max_inbound: int | None = None  # requests handled at once; None: ReqRespSettings.max_inbound_per_protocol
+    max_per_peer: int | None = None  # streams per peer at once; None: ReqRespSettings.max_per_peer
+    max_streams: int | None = None  # streams at once in total; None: STREAMS_PER_SERVING_SLOT x max_inbound
 
     @property
     def request_cap(self) -> int:
@@ -133,9 +162,24 @@ class BadResponse(RequestFailed):
 
 @dataclass(frozen=True)
 class ReqRespSettings:
-    read_timeout: float = 5.0  # a whole request frame must arrive within this
-    write_timeout: float = 5.0
-    max_inbound_per_protocol: int = 32  # concurrent inbound streams; excess streams are reset
+    read_timeout: float = READ_TIMEOUT_S  # the length prefix within this; the body by this + length / rate
+    min_read_rate: float = MIN_READ_RATE
+    write_timeout: float = WRITE_TIMEOUT_S
+    max_inbound_per_protocol: int = MAX_INBOUND_PER_PROTOCOL
+    max_per_peer: int = MAX_PER_PEER
+
+
+Admit = Callable[[ID], bool]
+"""Whether a peer may use a protocol at all (its role, its stake), asked before it takes any slot."""
+
+
+@dataclass
+class _Inbound:
+    """What one served protocol holds: its slots and the optional admission predicate."""
+
+    streams: StreamSlots
+    serving: trio.CapacityLimiter
+    admit: Admit | None
 
 
 async def abort(stream: INetStream) -> None:
@@ -172,44 +216,70 @@ class RequestResponse:
         self.replay = ReplayWindow()
         self.stats: Counter[str] = Counter()
         self._specs: dict[str, ProtocolSpec] = {}
+        self._inbound: dict[str, _Inbound] = {}
 
     def seal(self, message: Any) -> bytes:
         return seal(self.identity, message, run=self.run_id, seq=self.seq.next(), ts=self.now_ms())
 
-    def serve(self, spec: ProtocolSpec, handler: Handler) -> None:
-        """Register `handler` for inbound requests of `spec` (replaces an earlier handler)."""
-        limiter = trio.CapacityLimiter(spec.max_inbound or self.settings.max_inbound_per_protocol)
+    def serve(self, spec: ProtocolSpec, handler: Handler, *, admit: Admit | None = None) -> None:
+        """Register `handler` for inbound requests of `spec` (replaces an earlier handler); `admit`,
+        when given, refuses a peer before it takes a slot."""
+        serving = spec.max_inbound or self.settings.max_inbound_per_protocol
+        inbound = _Inbound(
+            StreamSlots(
+                total=spec.max_streams or STREAMS_PER_SERVING_SLOT * serving,
+                per_peer=spec.max_per_peer or self.settings.max_per_peer,
+            ),
+            trio.CapacityLimiter(serving),
+            admit,
+        )
         self._specs[spec.protocol] = spec
+        self._inbound[spec.protocol] = inbound
 
         async def on_stream(stream: INetStream) -> None:
-            await self._serve_one(stream, spec, handler, limiter)
+            await self._serve_one(stream, spec, handler, inbound)
 
         self.host.set_stream_handler(TProtocol(spec.protocol), on_stream)
 
-    async def _serve_one(
-        self, stream: INetStream, spec: ProtocolSpec, handler: Handler, limiter: trio.CapacityLimiter
-    ) -> None:
+    async def _serve_one(self, stream: INetStream, spec: ProtocolSpec, handler: Handler, inbound: _Inbound) -> None:
         peer = stream.muxed_conn.peer_id
         key = spec.protocol
         if self.guard.is_banned(peer):
             self.stats[f"{key}:refused_banned"] += 1
             await abort(stream)
             return
-        try:
-            limiter.acquire_nowait()
-        except trio.WouldBlock:
-            self.stats[f"{key}:refused_busy"] += 1
+        if inbound.admit is not None and not inbound.admit(peer):
+            self.stats[f"{key}:refused_unadmitted"] += 1
+            await abort(stream)
+            return
+        if not inbound.streams.try_acquire(peer):
+            over_share = inbound.streams.held(peer) >= inbound.streams.per_peer
+            self.stats[f"{key}:refused_peer_busy" if over_share else f"{key}:refused_busy"] += 1
             await abort(stream)
             return
         try:
-            with trio.fail_after(self.settings.read_timeout):
-                data = await read_frame(stream, max_size=spec.request_cap)
+            data = await read_request_frame(
+                stream,
+                max_size=spec.request_cap,
+                grace=self.settings.read_timeout,
+                min_rate=self.settings.min_read_rate,
+            )
             opened = open_envelope(
                 data, run=self.run_id, now_ms=self.now_ms(), replay=self.replay, expect=spec.request
             )
-            response = await handler(peer, opened)
-            with trio.fail_after(self.settings.write_timeout):
-                await write_frame(stream, self.seal(response))
+            del data
+            try:
+                inbound.serving.acquire_nowait()
+            except trio.WouldBlock:
+                self.stats[f"{key}:refused_serving_busy"] += 1
+                await abort(stream)
+                return
+            try:
+                response = await handler(peer, opened)
+                with trio.fail_after(self.settings.write_timeout):
+                    await write_frame(stream, self.seal(response))
+            finally:
+                inbound.serving.release()
             self.stats[f"{key}:served"] += 1
             self.on_activity(peer)
             await stream.close()
@@ -226,9 +296,7 @@ class RequestResponse:
             await abort(stream)
         except trio.TooSlowError:
             self.stats[f"{key}:stalled"] += 1
-            self.guard.report(
-                peer, Fault.STALLED, f"no complete request within {self.settings.read_timeout}s"
-            )
+            self.guard.report(peer, Fault.STALLED, "request frame or response write missed its deadline")
             await abort(stream)
         except STREAM_ERRORS:
             self.stats[f"{key}:transport_error"] += 1
@@ -238,7 +306,7 @@ class RequestResponse:
             log.exception("request handler failed", extra={"protocol": spec.protocol, "peer": str(peer)})
             await abort(stream)
         finally:
-            limiter.release()
+            inbound.streams.release(peer)
 
     async def request(
         self, peer: ID, spec: ProtocolSpec, message: Any, *, sealed: bytes | None = None
@@ -298,4 +366,9 @@ class RequestResponse:
         return opened
 
     def statistics(self) -> dict[str, int]:
-        return dict(self.stats)
+        """Counters per protocol (served, refused_*, rejected, stalled, ...) and the slots in use now."""
+        stats = dict(self.stats)
+        for key, inbound in self._inbound.items():
+            stats[f"{key}:streams_in_use"] = inbound.streams.statistics()["in_use"]
+            stats[f"{key}:serving_in_use"] = inbound.serving.borrowed_tokens
+        return stats

@@ -15,7 +15,11 @@ from protocol import ids
 from protocol.messages import AcceptedBatch, AcceptedRequest, RunDescriptor
 
 # The trainer pulls accepted submissions from each validator with this (long poll, cursor).
-ACCEPTED = ProtocolSpec(ids.ACCEPTED, AcceptedRequest, AcceptedBatch, timeout=45.0, max_inbound=4)
+# Long polls hold a serving slot up to 30 s: room for every trainer of a run (a lead and up to 15
+# co-trainers) and two streams each; others are refused before their frame is read (`admit`).
+ACCEPTED = ProtocolSpec(
+    ids.ACCEPTED, AcceptedRequest, AcceptedBatch, timeout=45.0, max_inbound=32, max_per_peer=2
+)
 
 CONTRACT_ENV = "SWARMNODE_CONTRACT"
 

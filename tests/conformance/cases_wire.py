@@ -8,6 +8,7 @@ Invalid cases outnumber valid ones on purpose: the reasons are the contract.
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,6 +120,40 @@ def codec_cases() -> Iterator[Vector]:
     nested = to_wire(next(x for x in every_message() if isinstance(x, m.RunDescriptor)))
     nested["grpo"] = {**nested["grpo"], "surprise": 1}
     yield _codec("invalid/unknown-nested-field", "run_descriptor", _pack(nested), _reject(Reason.UNKNOWN_FIELD))
+    yield from _structure_cases(wire, good)
+
+
+def _structure_cases(wire: dict[str, Any], good: bytes) -> Iterator[Vector]:
+    """Frames a decoder must refuse from a type byte or a declared length, before building the value."""
+    yield _codec("invalid/array-of-empty-maps", "verdict", b"\xdc\x10\x00" + b"\x80" * 4096,
+                 _reject(Reason.WRONG_FIELD_TYPE))
+    yield _codec("invalid/declared-array-beyond-input", "verdict", b"\xdd\xff\xff\xff\xff\x80",
+                 _reject(Reason.UNDECODABLE))
+    yield _codec("invalid/declared-bin-beyond-input", "verdict", b"\xc6\xff\xff\xff\xff", _reject(Reason.UNDECODABLE))
+    yield _codec("invalid/nesting-beyond-stack", "verdict", b"\x91" * 5000 + b"\xc0", _reject(Reason.UNDECODABLE))
+    yield _codec("invalid/container-for-int", "verdict", _pack({**wire, "step": [[]] * 16}),
+                 _reject(Reason.WRONG_FIELD_TYPE))
+    yield _codec("invalid/map-for-str", "verdict", _pack({**wire, "detail": {"a": 1}}), _reject(Reason.WRONG_FIELD_TYPE))
+    yield _codec("invalid/array-in-int-tuple", "verdict", _pack({**wire, "failing_chunks": [1, [2], 3]}),
+                 _reject(Reason.WRONG_FIELD_TYPE))
+    yield _codec("invalid/map-in-int-tuple", "verdict", _pack({**wire, "failing_chunks": [{}]}),
+                 _reject(Reason.WRONG_FIELD_TYPE))
+    yield _codec("invalid/declared-items-over-cap", "verdict",
+                 good.replace(b"\xaefailing_chunks\x93", b"\xaefailing_chunks\xdd\xff\xff\xff\xff", 1),
+                 _reject(Reason.UNDECODABLE))  # framing first: the input ends long before 2^32 items
+    yield _codec("invalid/long-key", "verdict", _pack({**wire, "k" * 100: 1}), _reject(Reason.UNKNOWN_FIELD))
+    yield _codec("invalid/bin-key", "verdict", _pack({b"run": wire["run"]}), _reject(Reason.UNKNOWN_FIELD))
+    yield _codec("invalid/int-key", "verdict", _pack({1: wire["run"]}), _reject(Reason.UNDECODABLE))
+    yield _codec("invalid/more-keys-than-fields", "ping",
+                 b"\x83" + (b"\xa5nonce\xc4\x08" + b"\x00" * 8) * 3, _reject(Reason.NON_CANONICAL))
+    map16 = b"\xde\x00" + bytes([good[0] & 0x0F]) + good[1:]
+    yield _codec("invalid/map16-for-small-map", "verdict", map16, _reject(Reason.NON_CANONICAL))
+    step_pos = good.index(b"\xa4step") + 5
+    int16 = _pack({**wire, "step": 300})
+    int16 = int16[:step_pos] + b"\xd1" + int16[step_pos + 1 :]  # 300 as int16: the size of uint16, not canonical
+    yield _codec("invalid/int16-for-uint16", "verdict", int16, _reject(Reason.NON_CANONICAL))
+    float32 = good.replace(b"\xcb" + struct.pack(">d", 12.5), b"\xca" + struct.pack(">f", 12.5), 1)
+    yield _codec("invalid/float32", "verdict", float32, _reject(Reason.NON_CANONICAL))
 
 
 # --- envelope ------------------------------------------------------------------------------------
@@ -187,6 +222,13 @@ def envelope_cases() -> Iterator[Vector]:
     digest = signing_digest("ping", RUN, alice.address, 6, NOW_MS, bad_body)
     malformed = encode(Envelope(1, "ping", RUN, alice.address, 6, NOW_MS, bad_body, alice.sign(digest)))
     yield _env("invalid/signed-malformed-body", malformed, _reject(Reason.OUT_OF_RANGE))
+    # the clock and the replay window are checked before the body is decoded
+    yield _env("invalid/stale-malformed-body", malformed, _reject(Reason.CLOCK_SKEW), now_ms=NOW_MS + 10 * 60 * 1000)
+    digest = signing_digest("ping", RUN, alice.address, 100, NOW_MS, bad_body)
+    replayed_bad = encode(Envelope(1, "ping", RUN, alice.address, 100, NOW_MS, bad_body, alice.sign(digest)))
+    yield _env("invalid/replayed-seq-malformed-body", replayed_bad, _reject(Reason.REPLAYED_SEQ), before=[good])
+    structure = _pack({"v": 1, "type": [{}] * 64})
+    yield _env("invalid/container-for-header-field", structure, _reject(Reason.WRONG_FIELD_TYPE))
 
 
 def _decode_env(data: bytes) -> Envelope:
