@@ -187,9 +187,10 @@ def check_seed(inp: dict[str, Any]) -> dict[str, Any]:
     from node.rl.sampling import derive_seed
 
     try:
-        return {"seed": derive_seed(inp["run"], _hex(inp["worker"]), _hex(inp["task_id"]), inp["index"])}
+        seed = derive_seed(inp["run"], _hex(inp["worker"]), inp["step"], _hex(inp["task_id"]), inp["index"])
     except ValueError:
         return {"error": OUT_OF_RANGE}
+    return {"seed": seed}
 
 
 def check_sampling(inp: dict[str, Any]) -> dict[str, Any]:
@@ -265,10 +266,12 @@ def _checkpoint_engine(sha256_hex: str) -> TransformersEngine:
 
 
 def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
-    """A validator's verdict on one signed RolloutSubmission, checks 1-6 of spec/validation.md."""
+    """A validator's verdict on one signed RolloutSubmission, checks 1-6 of spec/validation.md, through the
+    total judge (`judge_total`): the model config is the held checkpoint's, which the descriptor names."""
     from node.rl.engine import InferenceEngine
+    from node.rl.model import model_config_hash
     from node.rl.run import dataset_hash
-    from node.rl.validation import BadProof, ValidationContext, validate_submission
+    from node.rl.validation import Accepted, BadProof, ValidationContext, judge_total
 
     descriptor = decode(RunDescriptor, _hex(inp["descriptor"]))
     tasks = [_task(t) for t in inp["dataset"]]
@@ -276,6 +279,13 @@ def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("the dataset is not the one the descriptor's dataset_hash names")
     held = {c["version"]: c for c in inp["checkpoints"]}
     eligible = {_hex(a) for a in inp["eligible"]}
+
+    def engine_for(version: int) -> InferenceEngine:
+        return _checkpoint_engine(_hex(held[version]["sha256"]).hex())
+
+    model = engine_for(min(held)).config
+    if model_config_hash(model) != descriptor.model_config_hash:
+        raise ValueError("the held checkpoint's model config is not the one the descriptor names")
     ctx = ValidationContext(
         descriptor,
         {t.task_id: t for t in tasks},
@@ -283,11 +293,8 @@ def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
         inp["newest_version"],
         {version: _hex(c["root"]) for version, c in held.items()},
         lambda worker: worker in eligible,
+        model,
     )
-
-    def engine_for(version: int) -> InferenceEngine:
-        return _checkpoint_engine(_hex(held[version]["sha256"]).hex())
-
     try:
         opened = open_envelope(
             _hex(inp["envelope"]),
@@ -296,16 +303,15 @@ def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
             replay=ReplayWindow(),
             expect=RolloutSubmission,
         )
-        accepted = validate_submission(opened.message, opened.sender, ctx, engine_for)
-    except BadProof as exc:
-        return {
-            "verdict": "reject",
-            "reason": int(Reason.BAD_PROOF),
-            "failing_chunks": list(exc.failure.failing_chunks),
-        }
     except ProtocolError as exc:
         return {"verdict": exc.verdict, "reason": int(exc.reason)}
-    return {"verdict": "accept", "tokens": accepted.tokens}
+    outcome = judge_total(opened.message, opened.sender, ctx, engine_for)
+    if isinstance(outcome, Accepted):
+        return {"verdict": "accept", "tokens": outcome.tokens}
+    if isinstance(outcome, BadProof):
+        chunks = list(outcome.failure.failing_chunks)
+        return {"verdict": "reject", "reason": int(Reason.BAD_PROOF), "failing_chunks": chunks}
+    return {"verdict": outcome.verdict, "reason": int(outcome.reason)}
 
 
 HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {

@@ -26,6 +26,9 @@ from protocol.ledger_messages import (
 
 # --- run ----------------------------------------------------------------------------------------
 
+DEFAULT_MAX_SUBMISSIONS_PER_VERSION = 64  # counters a worker may use per checkpoint version, by default
+MAX_SUBMISSIONS_PER_VERSION_LIMIT = 1 << 16  # the most any run may allow (the counter field has 32 bits)
+
 @dataclass(frozen=True)
 class GrpoParams:
     """Hyper-parameters of the GRPO step (DESIGN.md, GRPO): fixed for the whole run."""
@@ -65,6 +68,9 @@ class RunDescriptor:
     `co_trainers` are the other trainers of a multi-trainer (DiLoCo) run: they may pull accepted rollouts
     (ACCEPTED) but never sign a manifest. A descriptor whose `co_trainers` repeat an address or name the lead
     is rejected 600 `RULE_VIOLATION` (`protocol.runs.check_descriptor`).
+    `max_submissions_per_version` bounds a worker's counters on one checkpoint version (counters
+    0 .. max - 1): a validator rejects a larger one 602 `BAD_ASSIGNMENT`, so one worker's credits and a
+    validator's per-assignment records per version are bounded (spec/rollouts.md, Task assignment).
     """
 
     TYPE: ClassVar[str] = "run_descriptor"
@@ -81,6 +87,9 @@ class RunDescriptor:
     policy: ValidatorPolicy
     created_ms: int
     co_trainers: Annotated[tuple[Address, ...], MaxLen(15)] = ()
+    max_submissions_per_version: Annotated[
+        int, Range(1, MAX_SUBMISSIONS_PER_VERSION_LIMIT)
+    ] = DEFAULT_MAX_SUBMISSIONS_PER_VERSION
 
 
 # --- weights -------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def pass_rate(
     """Mean reward over `samples` completions per task, with seeds derived as the devnet derives them."""
     total = 0.0
     for task in tasks:
-        seeds = [derive_seed(run_id, b"base-checkpoint-eval", task.task_id, i) for i in range(samples)]
+        seeds = [derive_seed(run_id, b"base-checkpoint-eval", 0, task.task_id, i) for i in range(samples)]
         group = engine.generate_group(encode_prompt(task.prompt), samples, seeds, max_new_tokens, temperature)
         total += sum(grade(task, completion_text(c.tokens)).reward for c in group)
     return total / (len(tasks) * samples)

@@ -134,12 +134,13 @@ def test_tampered_prompt_is_caught_by_toploc(honest, setup, engine):
     groups = []
     for i, task_id in enumerate(ids):
         task = dataset[task_id]
-        generated = generate_group(engine, task, descriptor, WORKER)
+        generated = generate_group(engine, task, descriptor, WORKER, honest.step)
         if i == 0:
             prompt = list(generated.prompt_ids)
             prompt[1] = prompt[1] + 1 if prompt[1] < 20 else prompt[1] - 1  # change one digit
             generated = dataclasses.replace(
-                generate_group(engine, task, descriptor, WORKER, prompt), prompt_ids=generated.prompt_ids
+                generate_group(engine, task, descriptor, WORKER, honest.step, prompt),
+                prompt_ids=generated.prompt_ids,
             )
         groups.append(to_wire_group(generated, descriptor))
     with pytest.raises(BadProof) as err:
@@ -201,12 +202,19 @@ def test_a_malformed_proof_names_its_chunk(honest, setup, engine):
     assert err.value.failure.failing_chunks == (group_size + 2,)
 
 
-def test_a_wrong_proof_count_names_the_completions_chunks(honest, setup, engine):
+def test_a_wrong_proof_count_is_malformed_before_any_prefill(honest, setup, engine):
+    """The count the chunking prescribes is a field rule: checked with the other fields, no engine needed."""
     proof = honest.groups[0].completions[1].proofs[0]
-    bad = _replace_completion(honest, 0, 1, proofs=(proof, proof))
-    with pytest.raises(BadProof) as err:
-        judge(bad, context(setup), engine)
-    assert err.value.failure.failing_chunks == (1, 2)
+    for proofs in ((proof, proof), ()):
+        bad = _replace_completion(honest, 0, 1, proofs=proofs)
+        with pytest.raises(Reject) as err:
+            validate_submission(bad, WORKER, context(setup), _no_engine, prefill=True)
+        assert err.value.reason == Reason.MALFORMED_ROLLOUT
+        assert "group 0 completion 1" in err.value.detail
+
+
+def _no_engine(version):
+    raise AssertionError("the engine must not be used")
 
 
 def test_logprobs_are_checked_after_the_proofs(honest, setup, engine):
@@ -223,9 +231,7 @@ def test_logprobs_are_checked_after_the_proofs(honest, setup, engine):
 def test_cheap_checks_only_when_not_sampled(honest, setup, engine):
     """prefill=False (the submission was not drawn for the full check): no model is touched."""
 
-    def no_engine(version):
-        raise AssertionError("the engine must not be used")
-
+    no_engine = _no_engine
     accepted = validate_submission(honest, WORKER, context(setup), no_engine, prefill=False)
     assert accepted.tokens == sum(len(c.token_ids) for g in honest.groups for c in g.completions)
     assert (accepted.mean_exp_mismatches, accepted.mean_mant_err) == (0.0, 0.0)
@@ -261,7 +267,7 @@ def _submission_from(engine, setup, seed_offset=0, edit=None, counter=2):
     for task_id in assigned_tasks(descriptor, [t.task_id for t in tasks], WORKER, step):
         task = dataset[task_id]
         grpo = descriptor.grpo
-        seeds = [derive_seed(descriptor.run, WORKER, task_id, i) for i in range(grpo.group_size)]
+        seeds = [derive_seed(descriptor.run, WORKER, step, task_id, i) for i in range(grpo.group_size)]
         prompt = encode_prompt(task.prompt)
         completions = engine.generate_group(
             prompt, grpo.group_size, [s + seed_offset for s in seeds], grpo.max_new_tokens, grpo.temperature

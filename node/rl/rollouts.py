@@ -26,14 +26,20 @@ ASSIGNMENT_STEP_BITS = 32
 
 
 def assignment_step(checkpoint_version: int, counter: int) -> int:
-    """The `step` fed to task assignment: a worker's n-th submission on a checkpoint version.
+    """The `step` fed to task assignment and sampling seeds: a worker's n-th submission on a version.
 
     Binding the version in means a worker cannot replay an old easy assignment on a new policy;
-    the counter lets one worker submit several batches per version (the policy caps how many).
+    the counter lets one worker submit several batches per version (the run caps how many:
+    `RunDescriptor.max_submissions_per_version`).
     """
     if not 0 <= counter < 2**ASSIGNMENT_STEP_BITS:
         raise ValueError(f"submission counter {counter} out of range")
     return (checkpoint_version << ASSIGNMENT_STEP_BITS) | counter
+
+
+def step_counter(step: int) -> int:
+    """The counter part of an assignment step (its low 32 bits)."""
+    return step & (2**ASSIGNMENT_STEP_BITS - 1)
 
 
 def assigned_tasks(descriptor: RunDescriptor, dataset_ids: Sequence[bytes], worker: bytes, step: int) -> list[bytes]:
@@ -70,12 +76,12 @@ class GeneratedGroup:
     completions: list[EngineCompletion]
 
 
-def generate_group(engine: InferenceEngine, task: Task, descriptor: RunDescriptor, worker: bytes,
+def generate_group(engine: InferenceEngine, task: Task, descriptor: RunDescriptor, worker: bytes, step: int,
                    prompt_ids: Sequence[int] | None = None) -> GeneratedGroup:
-    """G completions of one task with the seeds the run prescribes for this worker."""
+    """G completions of one task with the seeds the run prescribes for this worker's assignment `step`."""
     grpo = descriptor.grpo
     prompt = tuple(prompt_ids) if prompt_ids is not None else tuple(encode_prompt(task.prompt))
-    seeds = [derive_seed(descriptor.run, worker, task.task_id, i) for i in range(grpo.group_size)]
+    seeds = [derive_seed(descriptor.run, worker, step, task.task_id, i) for i in range(grpo.group_size)]
     completions = engine.generate_group(list(prompt), grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature)
     return GeneratedGroup(task, prompt, completions)
 
@@ -105,10 +111,16 @@ def to_wire_group(generated: GeneratedGroup, descriptor: RunDescriptor,
 def build_submission(engine: InferenceEngine, descriptor: RunDescriptor, dataset: Mapping[bytes, Task],
                      dataset_ids: Sequence[bytes], worker: bytes, checkpoint_version: int, checkpoint_root: bytes,
                      counter: int) -> RolloutSubmission:
-    """An honest worker's submission for its `counter`-th assignment on `checkpoint_version`."""
+    """An honest worker's submission for its `counter`-th assignment on `checkpoint_version`.
+
+    A counter the run does not allow is refused (ValueError): validators would reject it 602 and slash.
+    """
+    allowed = descriptor.max_submissions_per_version
+    if counter >= allowed:
+        raise ValueError(f"counter {counter}: the run allows {allowed} submissions per version")
     step = assignment_step(checkpoint_version, counter)
     groups = tuple(
-        to_wire_group(generate_group(engine, dataset[task_id], descriptor, worker), descriptor)
+        to_wire_group(generate_group(engine, dataset[task_id], descriptor, worker, step), descriptor)
         for task_id in assigned_tasks(descriptor, dataset_ids, worker, step)
     )
     return RolloutSubmission(descriptor.run, step, checkpoint_version, checkpoint_root, groups)

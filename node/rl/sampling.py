@@ -4,7 +4,9 @@ A worker samples token t at generated position p as `argmax(logits_p / temperatu
 Gumbel noise `g` depends only on (seed, position, vocabulary index). A validator recomputes `logits_p` by
 teacher-forced prefill, adds the same noise and checks that the claimed token is the argmax, up to a
 tolerance for near ties (its logits differ from the prover's in the last bits). The seed itself comes from
-`derive_seed(run, worker, task, index)`, so the worker cannot shop for lucky seeds.
+`derive_seed(run, worker, step, task, index)`, so the worker cannot shop for lucky seeds, and it binds the
+whole assignment: the step (`checkpoint_version << 32 | counter`) is hashed in, so completions generated
+for one assignment carry the wrong seeds in any other and cannot be sold twice (spec/rollouts.md).
 
 Decisions:
 - The noise is a counter-based hash, not a `torch.Generator` stream. A torch generator per (seed,
@@ -33,7 +35,7 @@ from enum import StrEnum
 
 import torch
 
-SEED_DOMAIN = b"swarmnode/sampling/seed/v1"
+SEED_DOMAIN = b"swarmnode/sampling/seed/v2"  # v2: the assignment step is hashed in
 NOISE_DOMAIN = b"swarmnode/sampling/gumbel/v1"
 SEED_BITS = 63  # fits an int64 everywhere (torch, vLLM's SamplingParams.seed, msgpack int)
 MASK32 = 0xFFFFFFFF
@@ -50,11 +52,21 @@ def _lp(data: bytes) -> bytes:
     return len(data).to_bytes(4, "big") + data
 
 
-def derive_seed(run_id: str, worker: bytes, task_id: bytes, index: int) -> int:
-    """The sampling seed of completion `index` of a group: sha256 over length-prefixed fields, 63 bits."""
+def derive_seed(run_id: str, worker: bytes, step: int, task_id: bytes, index: int) -> int:
+    """The sampling seed of completion `index` of the group for `task_id` in assignment `step`: sha256
+    over length-prefixed run, worker and task, the step (u64 BE) and the index (u32 BE), 63 bits."""
+    if not 0 <= step < 2**64:
+        raise ValueError(f"assignment step {step} outside u64")
     if not 0 <= index < 2**32:
         raise ValueError(f"completion index {index} outside u32")
-    msg = SEED_DOMAIN + _lp(run_id.encode()) + _lp(worker) + _lp(task_id) + index.to_bytes(4, "big")
+    msg = (
+        SEED_DOMAIN
+        + _lp(run_id.encode())
+        + _lp(worker)
+        + step.to_bytes(8, "big")
+        + _lp(task_id)
+        + index.to_bytes(4, "big")
+    )
     return int.from_bytes(hashlib.sha256(msg).digest()[:8], "big") >> (64 - SEED_BITS)
 
 

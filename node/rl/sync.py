@@ -40,12 +40,12 @@ class SyncStep:
 def eval_reward(
     engine: InferenceEngine, tasks: Sequence[Task], *, samples: int, max_new_tokens: int, temperature: float
 ) -> float:
-    """Mean reward of `samples` completions per task, with seeds fixed by (task, index) alone."""
+    """Mean reward of `samples` completions per task, with seeds fixed by (task, index) alone (step 0)."""
     if not tasks or samples < 1:
         raise ValueError("need at least one task and one sample")
     total = 0.0
     for task in tasks:
-        seeds = [derive_seed(EVAL_RUN, EVAL_WORKER, task.task_id, i) for i in range(samples)]
+        seeds = [derive_seed(EVAL_RUN, EVAL_WORKER, 0, task.task_id, i) for i in range(samples)]
         group = engine.generate_group(encode_prompt(task.prompt), samples, seeds, max_new_tokens, temperature)
         total += sum(grade(task, completion_text(c.tokens)).reward for c in group)
     return total / (len(tasks) * samples)

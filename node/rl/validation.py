@@ -2,8 +2,11 @@
 
 1. envelope and signature (done by `open_envelope` before this module sees it);
 2. stake and registration of the worker;
+2b. fields: every field within what the run and its model allow (`check_fields`: vocabulary, counts,
+   lengths, byte sizes, finite floats), before any tokenizer, grader or engine sees it;
 3. staleness: the claimed checkpoint is known, its root matches, and it is within the async level;
-4. assignment: the task ids, prompts, group size and seeds are exactly the ones the run prescribes;
+4. assignment: the step's version and counter, the task ids, prompts and seeds are exactly the ones the
+   run prescribes (seeds bind the whole assignment: run, worker, step, task, index);
 5. rewards and advantages recomputed from the completions' text;
 6. one batched teacher-forced prefill on the claimed checkpoint, then: TOPLOC per chunk under the
    reference thresholds and the submission aggregate under the run's calibrated bounds, termination
@@ -15,12 +18,23 @@ for proofs, the failing chunk indices (numbered across the submission: groups, t
 chunks), which is what a slash cites. TOPLOC runs first among the model checks: generating with other
 weights or on another prompt then shows as a slashable `BadProof` naming its chunks, not as logprobs the
 worker could not reproduce. Nothing here does I/O; the engine is passed in.
+
+The judge is total (`judge_total`): whatever a submission holds, judging it ends in an outcome. A field
+outside the run's bounds is a signed, slashable `Reject(MALFORMED_ROLLOUT)` found before any code that
+could trip on it runs; any other exception while judging (a bug, an engine failure, MemoryError included)
+is `Ignore(JUDGE_FAULT)`: the item is quarantined, nobody is proven at fault, nothing is credited or
+slashed, and the validator's loop goes on. MemoryError is not let through: everything a submission holds
+is bounded by the run before any allocation that scales with it, so running out of memory is the node's
+condition, and letting it escape would kill the validator on the same durable item at every restart.
+Only BaseExceptions that are not Exceptions (cancellation, KeyboardInterrupt, SystemExit) propagate.
 """
 
 from __future__ import annotations
 
+import math
+import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,13 +45,17 @@ from crypto.toploc import (
     ToplocAggregate,
     ToplocError,
     aggregate,
+    chunk_count,
     judge,
+    proof_size,
     verify_proofs,
 )
 from node.rl.engine import InferenceEngine, Prefill
 from node.rl.grpo import group_advantages
-from node.rl.rollouts import assigned_tasks, completion_rewards, unpack_logprobs
+from node.rl.model import ModelConfig
+from node.rl.rollouts import assigned_tasks, completion_rewards, step_counter, unpack_logprobs
 from node.rl.sampling import (
+    SEED_BITS,
     SamplingCheck,
     check_sampling,
     check_termination,
@@ -45,18 +63,21 @@ from node.rl.sampling import (
     eos_probabilities,
     token_logprobs,
 )
-from node.rl.tasks import Task
+from node.rl.tasks import GraderFault, Task
 from node.rl.tokenizer import EOS_ID, encode_prompt
-from protocol.errors import Ignore, Reason, Reject
+from protocol.errors import Ignore, ProtocolError, Reason, Reject
 from protocol.messages import Completion, RolloutSubmission, RunDescriptor, ValidatorPolicy
 
 ADVANTAGE_TOLERANCE = 1e-4
 LOGPROB_TOLERANCE = 1e-3
+LOGPROB_BYTES = 4  # one float32 per token
+MAX_FAULT_DETAIL = 256  # characters of an unexpected exception's message kept in a JUDGE_FAULT detail
 
 
 @dataclass(frozen=True)
 class ValidationContext:
-    """What the validator knows when it judges: the run, its dataset, the checkpoints it holds, the ledger."""
+    """What the validator knows when it judges: the run, its dataset, the checkpoints it holds, the ledger,
+    and the run's model config (the one `descriptor.model_config_hash` names; the default is the devnet's)."""
 
     descriptor: RunDescriptor
     dataset: Mapping[bytes, Task]
@@ -64,6 +85,7 @@ class ValidationContext:
     newest_version: int
     checkpoint_roots: Mapping[int, bytes]
     is_eligible: Callable[[bytes], bool]
+    model: ModelConfig = field(default_factory=ModelConfig)  # the run's model (its vocabulary, context)
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,85 @@ def check_eligibility(worker: bytes, ctx: ValidationContext) -> None:
         raise Reject(Reason.NOT_STAKED, f"worker {worker.hex()} is not registered with enough stake")
 
 
+def _malformed(where: str, detail: str) -> Reject:
+    return Reject(Reason.MALFORMED_ROLLOUT, f"{where}: {detail}")
+
+
+def _first_outside(ids: Sequence[object], vocab_size: int) -> int | None:
+    """Index of the first id that is not an int in [0, vocab_size), or None."""
+    for i, t in enumerate(ids):
+        if type(t) is not int or not 0 <= t < vocab_size:
+            return i
+    return None
+
+
+def _finite(value: object) -> bool:
+    return type(value) is float and math.isfinite(value)
+
+
+def check_completion_fields(completion: Completion, where: str, ctx: ValidationContext) -> None:
+    """One completion's fields against the run: tokens, EOS placement, logprob bytes, floats, seed, proofs."""
+    grpo, policy, vocab = ctx.descriptor.grpo, ctx.descriptor.policy, ctx.model.vocab_size
+    tokens = completion.token_ids
+    if not 1 <= len(tokens) <= grpo.max_new_tokens:
+        raise _malformed(where, f"{len(tokens)} tokens, the run allows 1 to {grpo.max_new_tokens}")
+    bad = _first_outside(tokens, vocab)
+    if bad is not None:
+        raise _malformed(where, f"token {bad} ({tokens[bad]!r}) outside the vocabulary of {vocab}")
+    if EOS_ID in tokens[:-1]:
+        raise _malformed(where, f"EOS at position {list(tokens).index(EOS_ID)} before the last token")
+    if type(completion.ended_with_eos) is not bool or completion.ended_with_eos != (tokens[-1] == EOS_ID):
+        raise _malformed(where, "ended_with_eos disagrees with the last token")
+    logprobs = completion.logprobs
+    if type(logprobs) is not bytes or len(logprobs) != LOGPROB_BYTES * len(tokens):
+        raise _malformed(where, f"logprobs must be {LOGPROB_BYTES} x {len(tokens)} bytes")
+    if not all(math.isfinite(x) for x in struct.unpack(f"<{len(tokens)}f", logprobs)):
+        raise _malformed(where, "a logprob is not finite")
+    if not _finite(completion.reward) or not _finite(completion.advantage):
+        raise _malformed(where, "reward and advantage must be finite floats")
+    if type(completion.seed) is not int or not 0 <= completion.seed < 2**SEED_BITS:
+        raise _malformed(where, f"seed outside [0, 2^{SEED_BITS})")
+    owed = chunk_count(len(tokens), policy.toploc_chunk)
+    if len(completion.proofs) != owed:
+        raise _malformed(where, f"{len(completion.proofs)} proofs, {len(tokens)} tokens owe {owed}")
+    size = proof_size(policy.toploc_k)
+    for pi, proof in enumerate(completion.proofs):
+        if type(proof) is not bytes or len(proof) != size:
+            raise _malformed(where, f"proof {pi} is not {size} bytes")
+
+
+def check_fields(sub: RolloutSubmission, ctx: ValidationContext) -> None:
+    """Every field within what the run allows, before anything that could trip on it sees the submission.
+
+    The counts are the run's (`prompts_per_step` groups of `group_size`), ids lie in the model's
+    vocabulary, every completion fits the model's context after its prompt, and the byte fields have
+    exactly the sizes the run prescribes. A violation is `Reject(MALFORMED_ROLLOUT)` naming the group,
+    completion and field: the worker signed it, so it is slashable. A submission of another run is
+    ignored 204: it is not this run's to judge.
+    """
+    grpo, vocab = ctx.descriptor.grpo, ctx.model.vocab_size
+    if sub.run != ctx.descriptor.run:
+        raise Ignore(Reason.WRONG_RUN, f"submission of run {sub.run!r}, not {ctx.descriptor.run!r}")
+    if len(sub.groups) != grpo.prompts_per_step:
+        raise _malformed("groups", f"{len(sub.groups)} groups, the run asks for {grpo.prompts_per_step}")
+    for gi, group in enumerate(sub.groups):
+        prompt = group.prompt_ids
+        if not prompt:
+            raise _malformed(f"group {gi}", "empty prompt")
+        bad = _first_outside(prompt, vocab)
+        if bad is not None:
+            raise _malformed(f"group {gi}", f"prompt token {bad} ({prompt[bad]!r}) outside the vocabulary")
+        if len(group.completions) != grpo.group_size:
+            raise _malformed(
+                f"group {gi}", f"{len(group.completions)} completions, the run asks for {grpo.group_size}"
+            )
+        for ci, completion in enumerate(group.completions):
+            where = f"group {gi} completion {ci}"
+            check_completion_fields(completion, where, ctx)
+            if len(prompt) + len(completion.token_ids) > ctx.model.max_positions:
+                raise _malformed(where, f"prompt and completion exceed {ctx.model.max_positions} positions")
+
+
 def check_staleness(sub: RolloutSubmission, ctx: ValidationContext) -> None:
     version = sub.checkpoint_version
     if version > ctx.newest_version:
@@ -111,9 +212,14 @@ def check_staleness(sub: RolloutSubmission, ctx: ValidationContext) -> None:
 
 
 def check_assignment(sub: RolloutSubmission, worker: bytes, ctx: ValidationContext) -> None:
+    """The step names the claimed version and an allowed counter; tasks, prompts and seeds are the
+    assignment's. The seeds hash the step in, so completions made for another assignment fail here."""
     descriptor = ctx.descriptor
     if sub.step >> 32 != sub.checkpoint_version:
         raise Reject(Reason.BAD_ASSIGNMENT, "assignment step is not bound to the claimed checkpoint version")
+    counter, allowed = step_counter(sub.step), descriptor.max_submissions_per_version
+    if counter >= allowed:
+        raise Reject(Reason.BAD_ASSIGNMENT, f"counter {counter}: the run allows {allowed} per version")
     expected = assigned_tasks(descriptor, ctx.dataset_ids, worker, sub.step)
     claimed = [g.task_id for g in sub.groups]
     if claimed != expected:
@@ -122,19 +228,11 @@ def check_assignment(sub: RolloutSubmission, worker: bytes, ctx: ValidationConte
         task = ctx.dataset[group.task_id]
         if list(group.prompt_ids) != encode_prompt(task.prompt):
             raise Reject(Reason.BAD_ASSIGNMENT, f"group {gi}: prompt tokens differ from the task's prompt")
-        if len(group.completions) != descriptor.grpo.group_size:
-            raise Reject(
-                Reason.BAD_ASSIGNMENT,
-                f"group {gi}: {len(group.completions)} completions, "
-                f"the run asks for {descriptor.grpo.group_size}",
-            )
         for ci, completion in enumerate(group.completions):
-            if completion.seed != derive_seed(descriptor.run, worker, group.task_id, ci):
+            if completion.seed != derive_seed(descriptor.run, worker, sub.step, group.task_id, ci):
                 raise Reject(
                     Reason.BAD_SAMPLING, f"group {gi} completion {ci}: seed is not the prescribed one"
                 )
-            if not completion.token_ids or len(completion.token_ids) > descriptor.grpo.max_new_tokens:
-                raise Reject(Reason.BAD_TERMINATION, f"group {gi} completion {ci}: length out of bounds")
 
 
 def check_rewards(sub: RolloutSubmission, ctx: ValidationContext) -> None:
@@ -223,7 +321,7 @@ def check_model_outputs(sub: RolloutSubmission, ctx: ValidationContext, engine: 
             descriptor.grpo.max_new_tokens,
             eos_threshold(completion.token_ids, samplings[i], policy.eos_min_prob),
         )
-        if not termination.passed or completion.ended_with_eos != (completion.token_ids[-1] == EOS_ID):
+        if not termination.passed:
             raise Reject(Reason.BAD_TERMINATION, f"{where}: {termination.failures}")
         claimed = unpack_logprobs(completion.logprobs)
         recomputed = token_logprobs(prefill.logits, torch.tensor(completion.token_ids), temperature)
@@ -271,12 +369,53 @@ def validate_submission(
     """Run every check in order of cost; return the accepted statistics or raise Reject / Ignore.
 
     `prefill=False` stops after the cheap checks (1-5): what a validator that samples a fraction of the
-    submissions does with the others (spec/validation.md); the statistics are then zero.
+    submissions does with the others (spec/validation.md); the statistics are then zero. Raises only
+    ProtocolError for what the submission holds; `judge_total` is the form that never raises.
     """
     check_eligibility(worker, ctx)
+    check_fields(sub, ctx)
     check_staleness(sub, ctx)
     check_assignment(sub, worker, ctx)
-    check_rewards(sub, ctx)
+    try:
+        check_rewards(sub, ctx)
+    except GraderFault as fault:
+        # The grader hit a safety net (a wall clock, memory): no reward follows from that. The model
+        # checks still run, so a forged submission carrying a fault-inducing completion is slashed for
+        # what they find rather than quarantined; only when they pass is the submission a JUDGE_FAULT.
+        if prefill:
+            check_model_outputs(sub, ctx, engine_for(sub.checkpoint_version))
+        raise judge_fault(fault) from fault
     if not prefill:
         return Accepted(submission_tokens(sub), 0.0, 0.0)
     return check_model_outputs(sub, ctx, engine_for(sub.checkpoint_version))
+
+
+def judge_fault(exc: BaseException) -> Ignore:
+    """The quarantine verdict for an unexpected exception: its type and the start of its message.
+
+    The exception is kept as `__cause__`, so a caller can log the original traceback.
+    """
+    fault = Ignore(Reason.JUDGE_FAULT, f"{type(exc).__name__}: {str(exc)[:MAX_FAULT_DETAIL]}")
+    fault.__cause__ = exc
+    return fault
+
+
+def judge_total(
+    sub: RolloutSubmission,
+    worker: bytes,
+    ctx: ValidationContext,
+    engine_for: Callable[[int], InferenceEngine],
+    *,
+    prefill: bool = True,
+) -> Accepted | ProtocolError:
+    """`validate_submission` that never raises: the outcome is Accepted or the ProtocolError it found.
+
+    Any other exception (a bug, an engine failure, MemoryError) is `Ignore(JUDGE_FAULT)`: that item is
+    quarantined, never credited or slashed, and the caller's loop goes on (module docstring).
+    """
+    try:
+        return validate_submission(sub, worker, ctx, engine_for, prefill=prefill)
+    except ProtocolError as exc:
+        return exc
+    except Exception as exc:  # a crash while judging one item is a verdict about that item
+        return judge_fault(exc)

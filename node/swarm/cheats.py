@@ -128,7 +128,7 @@ def build_dishonest_submission(
     for i, task_id in enumerate(assigned_tasks(descriptor, dataset_ids, worker, step)):
         task = dataset[task_id]
         prompt = tampered_prompt(task, dataset) if cheat == TAMPERED_PROMPT and i == 0 else None
-        generated.append(generate_group(engine, task, descriptor, worker, prompt))
+        generated.append(generate_group(engine, task, descriptor, worker, step, prompt))
     rewards = [completion_rewards(g.task, [c.tokens for c in g.completions], descriptor) for g in generated]
     if cheat == FORGED_REWARD:
         rewards = forge_rewards(rewards)

@@ -4,7 +4,8 @@ One loop, in the order of the run lifecycle (DESIGN.md, steps 3-4):
 1. wait for the run descriptor and check it names the dataset, model and base this node holds;
 2. follow checkpoints (`SwarmFollower`, newest only, not serving); load each verified one in a thread;
 3. between submissions only, hot-swap the newest loaded weights into the one engine;
-4. for the loaded version v, counters 0 .. submissions_per_version - 1: build the submission in a thread
+4. for the loaded version v, counters 0 .. budget - 1, the budget being `submissions_per_version` capped by
+   the run's `max_submissions_per_version`: build the submission in a thread
    (`build_submission`, or a devnet cheat from `node.swarm.cheats`), send it to a validator found through
    the DHT, and count the ack;
 5. then wait for a newer checkpoint. A version more than `async_level` behind the newest known one is
@@ -52,7 +53,7 @@ from node.p2p.reqresp import RequestFailed
 from node.rl.engine import InferenceEngine, TransformersEngine
 from node.rl.rollouts import build_submission
 from node.rl.run import BASE_CHECKPOINT, RunSetup
-from node.rl.tasks import Task
+from node.rl.tasks import GraderFault, Task
 from node.roles.base import RoleNet
 from node.roles.validator import SUBMIT
 from node.swarm.cheats import FORGED_REWARD, TAMPERED_PROMPT, build_dishonest_submission, tamper_weights
@@ -209,6 +210,12 @@ def plan_counter(
     return used if used < budget else None
 
 
+def submission_budget(configured: int, descriptor: RunDescriptor) -> int:
+    """Counters to use per version: the configured number, never more than the run allows (a counter
+    at or past `max_submissions_per_version` is rejected 602 and slashed)."""
+    return min(configured, descriptor.max_submissions_per_version)
+
+
 @dataclass(frozen=True)
 class CheckpointRef:
     version: int
@@ -282,6 +289,7 @@ class WorkerStats:
     generate_s: float = 0.0
     cpu_s: float = 0.0
     tokens: int = 0
+    grader_faults: int = 0  # counters skipped: the grader hit a safety net, so no reward could be claimed
     _judged: set[bytes] = field(default_factory=set, repr=False)
 
     def record_build(self, built: Built) -> None:
@@ -322,6 +330,7 @@ class WorkerStats:
             "generate_s": round(self.generate_s, 3),
             "cpu_s": round(self.cpu_s, 3),
             "tokens": self.tokens,
+            "grader_faults": self.grader_faults,
         }
 
 
@@ -494,10 +503,10 @@ class SwarmWorkerWork:
 
     def next_counter(self) -> int | None:
         """Reserve (and persist) the next counter on the loaded version; None when there is nothing to do."""
-        assert self.counters is not None
+        assert self.counters is not None and self.setup is not None
         loaded = self.loaded.version if self.loaded is not None else None
         used = self.counters.used(loaded) if loaded is not None else 0
-        budget = self.config.work.submissions_per_version
+        budget = submission_budget(self.config.work.submissions_per_version, self.setup.descriptor)
         if plan_counter(loaded, self.newest_known(), self._async_level(), used, budget) is None:
             return None
         assert loaded is not None
@@ -619,7 +628,14 @@ class SwarmWorkerWork:
                 counter,
                 self.cheat,
             )
-            built = await trio.to_thread.run_sync(timed_build, make)
+            try:
+                built = await trio.to_thread.run_sync(timed_build, make)
+            except GraderFault as exc:
+                # A machine-dependent limit decided the reward: a validator would not recompute it. The
+                # counter is spent (never reused for other tokens), nothing is submitted.
+                self.stats.grader_faults += 1
+                log.warning("grader fault, counter skipped", extra={"counter": counter, "error": str(exc)})
+                continue
             self.stats.record_build(built)
 
             def fresh(version: int = ref.version) -> bool:

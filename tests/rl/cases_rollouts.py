@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import struct
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -56,7 +57,7 @@ from node.rl.rollouts import (
 from node.rl.run import BASE_CHECKPOINT, dataset_hash, devnet_dataset, devnet_grpo, devnet_policy
 from node.rl.sampling import derive_seed, perturbed_scores
 from node.rl.tasks import Task
-from node.rl.tokenizer import EOS_ID, UNK_ID, encode, encode_prompt
+from node.rl.tokenizer import EOS_ID, UNK_ID, VOCAB_SIZE, encode, encode_prompt
 from node.swarm.cheats import (
     FORGED_REWARD,
     PERTURBED_MODEL,
@@ -200,18 +201,27 @@ def assignment_cases() -> Iterator[Vector]:
 
 def seed_cases() -> Iterator[Vector]:
     task_id = _dataset_ids()[0]
+    step = assignment_step(3, 1)
 
-    def case(name: str, description: str, run: str, worker: bytes, tid: bytes, index: int) -> Vector:
-        inp = {"run": run, "worker": _h(worker), "task_id": _h(tid), "index": index}
+    def case(
+        name: str, description: str, index: int, run: str = RUN, worker: bytes = WORKER.address,
+        tid: bytes = task_id, at: int = step,
+    ) -> Vector:
+        inp = {"run": run, "worker": _h(worker), "step": at, "task_id": _h(tid), "index": index}
         return _case(f"seed/{name}", "seed", description, inp, check_seed)
 
     for i in range(3):
-        yield case(f"completion-{i}", f"completion {i} of a group", RUN, WORKER.address, task_id, i)
-    yield case("other-worker", "another worker, same task and index", RUN, OTHER_WORKER.address, task_id, 0)
-    yield case("other-task", "another task", RUN, WORKER.address, _dataset_ids()[1], 0)
-    yield case("other-run", "another run name", "devnet", WORKER.address, task_id, 0)
-    yield case("largest-index", "index 2^32-1 is the largest", RUN, WORKER.address, task_id, 2**32 - 1)
-    yield case("error-index-2^32", "the index must fit 32 bits", RUN, WORKER.address, task_id, 2**32)
+        yield case(f"completion-{i}", f"completion {i} of a group (version 3, counter 1)", i)
+    yield case("other-worker", "another worker, same step, task and index", 0, worker=OTHER_WORKER.address)
+    yield case("other-task", "another task", 0, tid=_dataset_ids()[1])
+    yield case("other-run", "another run name", 0, run="devnet")
+    yield case("other-counter", "the next counter on the same version: another seed", 0, at=step + 1)
+    yield case("other-version", "the same counter on version 4: another seed", 0, at=assignment_step(4, 1))
+    yield case("step-0", "version 0, counter 0", 0, at=0)
+    yield case("largest-step", "step 2^64-1 is the largest", 0, at=2**64 - 1)
+    yield case("largest-index", "index 2^32-1 is the largest", 2**32 - 1)
+    yield case("error-index-2^32", "the index must fit 32 bits", 2**32)
+    yield case("error-step-2^64", "the step must fit 64 bits", 0, at=2**64)
 
 
 # ---------------------------------------------------------------------------- sampling
@@ -240,7 +250,7 @@ def sampling_cases() -> Iterator[Vector]:
         inp = {"logits": logits, "temperature": temperature, "seed": seed}
         return _case(f"sampling/{name}", "sampling", description, inp, check_sampling)
 
-    seed = derive_seed(RUN, WORKER.address, _dataset_ids()[0], 0)
+    seed = derive_seed(RUN, WORKER.address, 0, _dataset_ids()[0], 0)
     yield case(
         "t1-v8", "temperature 1, 4 positions x 8 tokens, a derived seed", _logits(rng, 4, 8), seed, 1.0
     )
@@ -435,20 +445,27 @@ def _regroup(setup: _Setup, task: Task, completions: list[EngineCompletion]) -> 
     return RolloutSubmission(setup.descriptor.run, assignment_step(0, COUNTER), 0, setup.root, groups)
 
 
-def _submissions(s: _Setup) -> Iterator[tuple[str, str, RolloutSubmission, dict[str, Any]]]:
+Submission = tuple[str, str, RolloutSubmission, dict[str, Any]]
+
+
+def _submissions(s: _Setup) -> Iterator[Submission]:
     """(name, description, submission, context changes): one check each."""
     grpo, honest = s.descriptor.grpo, s.honest()
-    task = s.task(honest)
+    task, step = s.task(honest), honest.step
     yield (
         "accept/honest",
         f"an honest submission (counter {COUNTER}): accepted, with its token count",
         honest,
         {},
     )
+    equal = next(
+        sub for sub in map(s.honest, range(s.descriptor.max_submissions_per_version))
+        if len({c.reward for c in sub.groups[0].completions}) == 1
+    )
     yield (
         "accept/honest-equal-rewards",
-        "counter 0: two identical right answers, all-zero advantages",
-        s.honest(0),
+        f"counter {equal.step & 0xFFFFFFFF}: equal rewards (all right or all wrong), all-zero advantages",
+        equal,
         {},
     )
     yield (
@@ -476,17 +493,18 @@ def _submissions(s: _Setup) -> Iterator[tuple[str, str, RolloutSubmission, dict[
     yield "reject/step-not-bound-to-version", "check 4: step >> 32 is 1, the claimed version 0", unbound, {}
     assigned = set(assigned_tasks(s.descriptor, _dataset_ids(), WORKER.address, honest.step))
     other = next(t for t in _dataset() if t.task_id not in assigned)
-    picked = _regroup(s, other, generate_group(s.engine, other, s.descriptor, WORKER.address).completions)
+    other_work = generate_group(s.engine, other, s.descriptor, WORKER.address, step).completions
+    picked = _regroup(s, other, other_work)
     yield "reject/cherry-picked-task", "check 4: honest work on a task that is not the assignment", picked, {}
     tampered = build_dishonest_submission(
         TAMPERED_PROMPT, s.engine, s.descriptor, s.dataset, _dataset_ids(), WORKER.address, 0, s.root, COUNTER
     )
     yield "reject/tampered-prompt", "check 4: the devnet cheat: an easier task's prompt tokens", tampered, {}
     triple = dataclasses.replace(s.descriptor, grpo=dataclasses.replace(grpo, group_size=3))
-    three = _regroup(s, task, generate_group(s.engine, task, triple, WORKER.address).completions)
-    yield "reject/wrong-group-size", "check 4: three completions where the run asks for two", three, {}
+    three = _regroup(s, task, generate_group(s.engine, task, triple, WORKER.address, step).completions)
+    yield "reject/wrong-group-size", "check 2b: three completions where the run asks for two", three, {}
     other_run = dataclasses.replace(s.descriptor, run="another-run")
-    reseeded = _regroup(s, task, generate_group(s.engine, task, other_run, WORKER.address).completions)
+    reseeded = _regroup(s, task, generate_group(s.engine, task, other_run, WORKER.address, step).completions)
     yield "reject/wrong-seed", "check 4: seeds derived for another run, not the prescribed ones", reseeded, {}
     forged = build_dishonest_submission(
         FORGED_REWARD, s.engine, s.descriptor, s.dataset, _dataset_ids(), WORKER.address, 0, s.root, COUNTER
@@ -518,13 +536,8 @@ def _submissions(s: _Setup) -> Iterator[tuple[str, str, RolloutSubmission, dict[
         {},
     )
     unproven = _with_completion(honest, 1, proofs=())
-    yield (
-        "reject/missing-proof",
-        "check 6a: completion 1 carries no proof: rejected, but no chunk can be named",
-        unproven,
-        {},
-    )
-    generated = generate_group(s.engine, task, s.descriptor, WORKER.address).completions
+    yield "reject/missing-proof", "check 2b: completion 1 carries no proof (it owes one)", unproven, {}
+    generated = generate_group(s.engine, task, s.descriptor, WORKER.address, step).completions
     index = next(i for i, c in enumerate(generated) if len(c.tokens) >= 2)
     short = generated[index]
     cut = dataclasses.replace(
@@ -537,7 +550,7 @@ def _submissions(s: _Setup) -> Iterator[tuple[str, str, RolloutSubmission, dict[
     stopped = _regroup(s, task, [cut if i == index else c for i, c in enumerate(generated)])
     yield "reject/stopped-early", "check 6b: no EOS, yet shorter than max_new_tokens", stopped, {}
     flag = _with_completion(honest, 0, ended_with_eos=not first.ended_with_eos)
-    yield "reject/eos-flag-wrong", "check 6b: ended_with_eos disagrees with the last token", flag, {}
+    yield "reject/eos-flag-wrong", "check 2b: ended_with_eos disagrees with the last token", flag, {}
     shifted = pack_logprobs(unpack_logprobs(first.logprobs) + 0.1)
     yield (
         "reject/forged-logprobs",
@@ -558,6 +571,126 @@ def _submissions(s: _Setup) -> Iterator[tuple[str, str, RolloutSubmission, dict[
         "reject/tokens-off-sampler",
         "check 6d: the prescribed seeds claimed, the tokens drawn with other ones",
         _regroup(s, task, claimed),
+        {},
+    )
+    yield from _malformed_submissions(s, honest)
+    yield from _assignment_reuse(s, honest)
+
+
+def _malformed_submissions(s: _Setup, honest: RolloutSubmission) -> Iterator[Submission]:
+    """Check 2b: single-field edits of the honest submission that leave what the run allows (609)."""
+    grpo, policy = s.descriptor.grpo, s.descriptor.policy
+    first = honest.groups[0].completions[0]
+    tokens, logprobs = list(first.token_ids), first.logprobs
+
+    def tokens_case(name: str, description: str, new: list[int], **changes: Any) -> Submission:
+        lp = logprobs[: 4 * len(new)] + logprobs[-4:] * max(0, len(new) - len(tokens))
+        fields = {"token_ids": tuple(new), "logprobs": lp, **changes}
+        return f"reject/{name}", f"check 2b: {description}", _with_completion(honest, 0, **fields), {}
+
+    yield tokens_case(
+        "token-outside-vocab", f"token 0 is {VOCAB_SIZE}, one past the vocabulary", [VOCAB_SIZE, *tokens[1:]]
+    )
+    completions = honest.groups[0].completions
+    ended = next(c for c in completions if c.ended_with_eos and len(c.token_ids) < grpo.max_new_tokens)
+    index = completions.index(ended)
+    after, after_logprobs = (*ended.token_ids, 1000), ended.logprobs + ended.logprobs[-4:]
+    yield (
+        "reject/token-outside-vocab-after-eos",
+        "check 2b: token 1000 after the final EOS (graders never see it, a prefill would)",
+        _with_completion(
+            honest, index, token_ids=after, logprobs=after_logprobs, ended_with_eos=False
+        ),
+        {},
+    )
+    yield tokens_case("token-2^63", "token 0 is 2^63 (a valid u64 on the wire)", [2**63, *tokens[1:]])
+    yield tokens_case("token-u64-max", "token 0 is 2^64-1", [2**64 - 1, *tokens[1:]])
+    yield tokens_case("empty-completion", "a completion with no token", [], proofs=())
+    longer = tokens + [tokens[0]] * (grpo.max_new_tokens + 1 - len(tokens))
+    yield tokens_case(
+        "completion-too-long", f"{grpo.max_new_tokens + 1} tokens, max_new_tokens is {grpo.max_new_tokens}",
+        [t if t != EOS_ID else 5 for t in longer], ended_with_eos=False,
+    )
+    if EOS_ID in tokens:
+        early = [EOS_ID, *[t if t != EOS_ID else 5 for t in tokens[1:]]]
+        yield tokens_case("eos-not-last", "EOS as token 0, more tokens after it", early, ended_with_eos=False)
+    prompt = list(honest.groups[0].prompt_ids)
+    yield (
+        "reject/prompt-token-outside-vocab",
+        "check 2b: a prompt id past the vocabulary",
+        _with_group(honest, prompt_ids=(prompt[0], 4096, *prompt[2:])),
+        {},
+    )
+    yield (
+        "reject/logprobs-short",
+        "check 2b: logprobs 4 bytes short of 4 x tokens",
+        _with_completion(honest, 0, logprobs=logprobs[:-4]),
+        {},
+    )
+    yield (
+        "reject/logprobs-odd-length",
+        "check 2b: logprobs one byte longer than 4 x tokens",
+        _with_completion(honest, 0, logprobs=logprobs + b"\x00"),
+        {},
+    )
+    nan = struct.pack("<f", float("nan"))
+    yield (
+        "reject/logprob-nan",
+        "check 2b: a NaN logprob (float32 bytes the codec cannot see into)",
+        _with_completion(honest, 0, logprobs=nan + logprobs[4:]),
+        {},
+    )
+    proof = first.proofs[0]
+    yield (
+        "reject/proof-short",
+        f"check 2b: a proof of {len(proof) - 2} bytes, the run's k={policy.toploc_k} makes {len(proof)}",
+        _with_completion(honest, 0, proofs=(proof[:-2],)),
+        {},
+    )
+    yield (
+        "reject/extra-proof",
+        f"check 2b: two proofs for {len(tokens)} tokens (chunks of {policy.toploc_chunk} owe one)",
+        _with_completion(honest, 0, proofs=(proof, proof)),
+        {},
+    )
+    yield (
+        "reject/wrong-group-count",
+        f"check 2b: two groups where the run asks for {grpo.prompts_per_step}",
+        dataclasses.replace(honest, groups=honest.groups * 2),
+        {},
+    )
+    yield (
+        "ignore/body-of-another-run",
+        "check 2b: the envelope names the run, the submission another one",
+        dataclasses.replace(honest, run="another-run"),
+        {},
+    )
+
+
+def _assignment_reuse(s: _Setup, honest: RolloutSubmission) -> Iterator[Submission]:
+    """Check 4: one credit per assignment. Counters are bounded per version, and the seeds bind the step,
+    so completions generated once cannot be claimed again under another counter."""
+    allowed = s.descriptor.max_submissions_per_version
+    wide = dataclasses.replace(s.descriptor, max_submissions_per_version=allowed + 1)
+    beyond = build_submission(s.engine, wide, s.dataset, _dataset_ids(), WORKER.address, 0, s.root, allowed)
+    yield (
+        "reject/counter-beyond-bound",
+        f"check 4: counter {allowed}, the run allows counters 0 to {allowed - 1} per version",
+        beyond,
+        {},
+    )
+    task_ids = [honest.groups[0].task_id]
+    again = next(
+        c
+        for c in range(allowed)
+        if c != COUNTER
+        and assigned_tasks(s.descriptor, _dataset_ids(), WORKER.address, assignment_step(0, c)) == task_ids
+    )
+    yield (
+        "reject/seed-of-another-step",
+        f"check 4: counter {again} assigns the same task as counter {COUNTER}; the completions generated for "
+        f"counter {COUNTER} claimed again (a cached replay) carry that step's seeds",
+        dataclasses.replace(honest, step=assignment_step(0, again)),
         {},
     )
 

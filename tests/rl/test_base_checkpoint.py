@@ -27,7 +27,7 @@ def test_base_model_solves_some_but_not_all_devnet_tasks(base_engine):
     tasks = generate_tasks(DEVNET_PARAMS, seed=99, count=24)
     rewards = []
     for task in tasks:
-        seeds = [derive_seed("test", b"w", task.task_id, i) for i in range(4)]
+        seeds = [derive_seed("test", b"w", 0, task.task_id, i) for i in range(4)]
         group = base_engine.generate_group(encode_prompt(task.prompt), 4, seeds, 8, 1.0)
         rewards += [grade(task, completion_text(c.tokens)).reward for c in group]
     rate = sum(rewards) / len(rewards)

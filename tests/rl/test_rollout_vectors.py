@@ -173,16 +173,29 @@ def test_expected_values_are_the_documented_ones() -> None:
     assert by_name["validation/reject/wrong-seed"] == {"verdict": "reject", "reason": 606}
     assert by_name["validation/reject/tokens-off-sampler"] == {"verdict": "reject", "reason": 606}
     assert by_name["validation/reject/swapped-proof"]["failing_chunks"] == [1]
-    assert by_name["validation/reject/missing-proof"]["failing_chunks"] == []
     assert by_name["validation/reject/not-staked"]["reason"] == 601
     assert by_name["validation/ignore/stale"] == {"verdict": "ignore", "reason": 203}
     assert by_name["validation/ignore/unknown-checkpoint"] == {"verdict": "ignore", "reason": 607}
     assert by_name["validation/reject/wrong-checkpoint-root"]["reason"] == 608
-    for name in ("step-not-bound-to-version", "cherry-picked-task", "wrong-group-size"):
-        assert by_name[f"validation/reject/{name}"]["reason"] == 602
+    for name in ("step-not-bound-to-version", "cherry-picked-task", "counter-beyond-bound"):
+        assert by_name[f"validation/reject/{name}"] == {"verdict": "reject", "reason": 602}
     assert by_name["validation/reject/forged-advantages"]["reason"] == 603
     assert by_name["validation/reject/stopped-early"]["reason"] == 604
-    assert by_name["validation/reject/eos-flag-wrong"]["reason"] == 604
+    # spec/validation.md check 2b: every field outside what the run allows is 609, before any model check
+    malformed = [
+        "wrong-group-size", "wrong-group-count", "missing-proof", "extra-proof", "proof-short",
+        "eos-flag-wrong", "eos-not-last", "token-outside-vocab", "token-outside-vocab-after-eos",
+        "token-2^63", "token-u64-max",
+        "empty-completion", "completion-too-long", "prompt-token-outside-vocab", "logprobs-short",
+        "logprobs-odd-length", "logprob-nan",
+    ]
+    for name in malformed:
+        assert by_name[f"validation/reject/{name}"] == {"verdict": "reject", "reason": 609}, name
+    assert by_name["validation/ignore/body-of-another-run"] == {"verdict": "ignore", "reason": 204}
+    # spec/rollouts.md: the seed binds the step, so completions claimed under another counter fail 606
+    assert by_name["validation/reject/seed-of-another-step"] == {"verdict": "reject", "reason": 606}
+    assert by_name["seed/other-counter"] != by_name["seed/completion-0"] != by_name["seed/other-version"]
+    assert by_name["seed/error-step-2^64"] == {"error": "out-of-range"}
     assert by_name["validation/reject/forged-logprobs"]["reason"] == 600
     assert by_name["validation/reject/bad-signature"]["reason"] == 500
     # spec/rollouts.md: step = (version << 32) | counter; out-of-range inputs are refused

@@ -58,17 +58,20 @@ def test_noise_is_gumbel_distributed():
 
 
 def test_derive_seed_is_deterministic_and_binds_every_field():
-    base = derive_seed("run", b"\x01" * 20, b"\x02" * 32, 0)
-    assert base == derive_seed("run", b"\x01" * 20, b"\x02" * 32, 0)
+    w, t, step = b"\x01" * 20, b"\x02" * 32, (3 << 32) | 1
+    base = derive_seed("run", w, step, t, 0)
+    assert base == derive_seed("run", w, step, t, 0)
     assert 0 <= base < 2**63
     others = {
-        derive_seed("run2", b"\x01" * 20, b"\x02" * 32, 0),
-        derive_seed("run", b"\x03" * 20, b"\x02" * 32, 0),
-        derive_seed("run", b"\x01" * 20, b"\x04" * 32, 0),
-        derive_seed("run", b"\x01" * 20, b"\x02" * 32, 1),
-        derive_seed("ru", b"n" + b"\x01" * 20, b"\x02" * 32, 0),
+        derive_seed("run2", w, step, t, 0),
+        derive_seed("run", b"\x03" * 20, step, t, 0),
+        derive_seed("run", w, step, b"\x04" * 32, 0),
+        derive_seed("run", w, step, t, 1),
+        derive_seed("run", w, step + 1, t, 0),  # another counter on the same version
+        derive_seed("run", w, 4 << 32 | 1, t, 0),  # the same counter on another version
+        derive_seed("ru", b"n" + w, step, t, 0),
     }  # length prefixes stop field shifting
-    assert base not in others and len(others) == 5
+    assert base not in others and len(others) == 7
 
 
 def test_sampling_follows_the_softmax():

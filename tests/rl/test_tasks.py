@@ -111,24 +111,22 @@ def test_boxed_extraction():
         ("3", "4", 0.0),
         ("\\text{blue}", "blue", 1.0),
         ("\\text{red}", "blue", 0.0),
-        ("2^{100000}", "1", 0.0),  # bounded: refused by the rational path, sympy would get the time limit
+        ("2^{100000}", "1", 0.0),  # beyond the grader's bounds: refused before the power is built
     ],
 )
 def test_math_answers_without_sympy(answer, target, reward):
     assert math.grade(Task("math", "?", target), f"The answer is \\boxed{{{answer}}}.").reward == reward
 
 
-def test_math_symbolic_equivalence_runs_sympy_in_the_sandbox():
+def test_math_symbolic_equivalence_is_decided_numerically():
     assert math.answers_match("\\sqrt{2}/2", "\\frac{1}{\\sqrt{2}}").reward == 1.0
     assert math.answers_match("(x+1)^2", "x^2+2x+1").reward == 1.0
     assert math.answers_match("2\\pi", "\\pi+\\pi+1").reward == 0.0
 
 
-def test_math_pathological_expression_times_out_with_zero_reward():
-    start = time.perf_counter()
-    result = math.sympy_equal("9**9**9**9", "1", limits=FAST)
-    assert result.reward == 0.0 and "timeout" in result.reason
-    assert time.perf_counter() - start < 4
+def test_math_pathological_expression_is_refused_by_a_bound():
+    result = math.answers_match("9^{9^{9^{9}}}", "1")
+    assert result.reward == 0.0
 
 
 def test_math_refuses_what_is_not_whitelisted():

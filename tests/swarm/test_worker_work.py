@@ -61,6 +61,7 @@ from node.swarm.worker import (
     make_submission,
     plan_counter,
     prepare_weights,
+    submission_budget,
     require_eligible,
     try_another,
 )
@@ -631,3 +632,40 @@ def test_a_retried_submission_is_the_same_envelope_for_every_validator() -> None
 
     trio.run(main)
     assert sent[0] == sent[1] != sent[2]
+
+
+def test_the_budget_never_exceeds_the_runs_bound(setup):
+    descriptor = dataclasses.replace(setup.descriptor, max_submissions_per_version=3)
+    assert submission_budget(2, descriptor) == 2
+    assert submission_budget(3, descriptor) == 3
+    assert submission_budget(50, descriptor) == 3
+
+
+def test_a_worker_configured_beyond_the_runs_bound_stops_at_it(tmp_path, base_engine, setup):
+    """`submissions_per_version` 5 on a run allowing 2 per version: counters 0 and 1 only (a third would be
+    rejected 602 and slashed)."""
+    bounded = RunSetup(dataclasses.replace(setup.descriptor, max_submissions_per_version=2), setup.tasks)
+    state = {k: v.clone() for k, v in base_engine.model.state_dict().items()}
+    v1 = write_checkpoint(tmp_path / "ckpt", 1, state, bounded.descriptor.model_config_hash)
+    config = node_config(tmp_path, submissions_per_version=5)
+    validators = Validators([100])
+
+    async def main() -> None:
+        work = SwarmWorkerWork(config, WORKER, None)
+        work.setup = bounded
+        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+        work.engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+        send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work._load_checkpoints, receive)
+            nursery.start_soon(work._work, validators)
+            await send.send(v1)
+            with trio.fail_after(20):
+                while len(validators.sent) < 2:  # noqa: ASYNC110  # the loop under test offers no event
+                    await trio.sleep(0.01)
+            await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
+        assert [s.step for _, s in validators.sent] == [assignment_step(1, 0), assignment_step(1, 1)]
+        assert work.next_counter() is None
+
+    trio.run(main)

@@ -8,6 +8,7 @@ from types import MappingProxyType
 from node.rl.tasks import arithmetic, code, math
 from node.rl.tasks.core import (
     Grade,
+    GraderFault,
     Task,
     assign_tasks,
     canonical_json,
@@ -24,7 +25,10 @@ GRADERS: Mapping[str, Callable[[Task, str], Grade]] = MappingProxyType(
 
 
 def grade(task: Task, completion: str) -> Grade:
-    """Reward of a completion's text (up to EOS) for `task`, by the grader of its kind."""
+    """Reward of a completion's text (up to EOS) for `task`, by the grader of its kind.
+
+    Deterministic for a given task and text, or GraderFault (no reward: a machine-dependent limit hit).
+    """
     grader = GRADERS.get(task.kind)
     if grader is None:
         raise ValueError(f"no grader for task kind {task.kind!r}")
@@ -34,6 +38,7 @@ def grade(task: Task, completion: str) -> Grade:
 __all__ = [
     "GRADERS",
     "Grade",
+    "GraderFault",
     "Task",
     "assign_tasks",
     "canonical_json",

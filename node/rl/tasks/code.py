@@ -1,6 +1,15 @@
 """Code tasks: run the completion against the task's tests in a subprocess sandbox; reward 1 iff they pass.
 
-The sandbox (`run_python`) is also what `tasks.math` uses to run sympy under a time limit.
+Rewards are recomputed by validators, so what decides one must not depend on the machine:
+- deterministic bounds give a reward of 0: the program's own failure, a budget of `LINE_BUDGET` executed
+  Python lines (a trace function in the sandbox counts them and exits with `BUDGET_EXIT`: an endless loop
+  ends there, the same on every machine running the same Python), and the output cap (RLIMIT_FSIZE: a
+  write past it fails in the program);
+- machine-dependent bounds are only a safety net: wall time, CPU time, memory (RLIMIT_AS) or a signal
+  from outside end the run with `GraderFault`, which is no verdict on the answer (a validator quarantines
+  the item, a worker does not submit it). The net is set well above what the line budget costs
+  (`CODE_LIMITS`: about 0.15 s per million lines here, 5 s of CPU), so only work the trace cannot see
+  reaches it (long C calls like `2**10**10`, a program that turns the trace off).
 
 How the sandbox works, and what it is not:
 - A fresh temp dir as cwd, `python -I` (no PYTHON* env, no user site), an empty environment but PATH, stdin
@@ -30,13 +39,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from node.rl.tasks.core import Grade, Task
+from node.rl.tasks.core import Grade, GraderFault, Task
 
 KIND = "code"
+LINE_BUDGET = 5_000_000  # Python line events a graded program may execute (deterministic bound)
+BUDGET_EXIT = 113  # the sandbox's exit status when the line budget is spent
 
 _LAUNCHER = r"""
-import ctypes, resource, runpy, sys
-mem, cpu, fsize = (int(a) for a in sys.argv[2:5])
+import ctypes, resource, sys
+mem, cpu, fsize, budget = (int(a) for a in sys.argv[2:6])
 for lim, soft, hard in ((resource.RLIMIT_AS, mem, mem), (resource.RLIMIT_CPU, cpu, cpu + 1),
                         (resource.RLIMIT_FSIZE, fsize, fsize), (resource.RLIMIT_NOFILE, 64, 64),
                         (resource.RLIMIT_CORE, 0, 0)):
@@ -55,9 +66,24 @@ if net != "namespace":
     socket.socket = socket.create_connection = socket.socketpair = _deny
 sys.stderr.write("@@net=" + net + "\n"); sys.stderr.flush()
 del ctypes, resource, libc
-sys.argv = [sys.argv[1]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+path = sys.argv[1]
+sys.argv = [path]
+with open(path, encoding="utf-8") as f:
+    program = compile(f.read(), path, "exec")
+namespace = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
+if budget:  # count the program's lines only: everything above is the same for every program
+    import os, threading
+    lines = 0
+    def _count(frame, event, arg):
+        global lines
+        if event == "line":
+            lines += 1
+            if lines > budget:
+                sys.stderr.write("line budget spent\n"); sys.stderr.flush(); os._exit(%d)
+        return _count
+    sys.settrace(_count); threading.settrace(_count)
+exec(program, namespace)
+""" % BUDGET_EXIT
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,10 @@ class SandboxLimits:
     memory_bytes: int = 512 * 2**20
     file_size_bytes: int = 4 * 2**20
     max_output_chars: int = 8192
+    line_budget: int = 0  # Python lines the program may execute (0: no budget)
+
+
+CODE_LIMITS = SandboxLimits(wall_time_s=10.0, cpu_time_s=5, line_budget=LINE_BUDGET)  # what grading uses
 
 
 class Outcome(StrEnum):
@@ -78,7 +108,8 @@ class Outcome(StrEnum):
     FAILED = "failed"  # non-zero exit (an assertion, an exception)
     TIMEOUT = "timeout"  # wall time or CPU time exceeded
     MEMORY = "memory"  # MemoryError under RLIMIT_AS
-    KILLED = "killed"  # some other signal (e.g. SIGXFSZ on an output flood)
+    KILLED = "killed"  # some other signal
+    BUDGET = "budget"  # the line budget was spent (exit status BUDGET_EXIT)
 
 
 @dataclass(frozen=True)
@@ -112,6 +143,8 @@ def _classify(returncode: int | None, stderr: str) -> Outcome:
         return Outcome.TIMEOUT
     if returncode == 0:
         return Outcome.OK
+    if returncode == BUDGET_EXIT:
+        return Outcome.BUDGET
     if "MemoryError" in stderr:
         return Outcome.MEMORY
     return Outcome.FAILED if returncode > 0 else Outcome.KILLED
@@ -132,6 +165,7 @@ def run_python(source: str, stdin: str = "", limits: SandboxLimits = SandboxLimi
             str(limits.memory_bytes),
             str(limits.cpu_time_s),
             str(limits.file_size_bytes),
+            str(limits.line_budget),
         ]
         with (
             open(work / "stdin", "rb") as fin,
@@ -167,8 +201,14 @@ def extract_code(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def grade(task: Task, completion: str, limits: SandboxLimits = SandboxLimits()) -> Grade:
-    """1.0 iff the completion's code followed by the task's tests (`target`) exits 0 in the sandbox."""
+MACHINE_BOUND = (Outcome.TIMEOUT, Outcome.MEMORY, Outcome.KILLED)  # outcomes no reward may follow from
+
+
+def grade(task: Task, completion: str, limits: SandboxLimits = CODE_LIMITS) -> Grade:
+    """1.0 iff the completion's code followed by the task's tests (`target`) exits 0 in the sandbox.
+
+    GraderFault when the run hit a machine-dependent limit (module docstring).
+    """
     code = extract_code(completion)
     if not code.strip():
         return Grade(0.0, "empty answer")
@@ -176,4 +216,7 @@ def grade(task: Task, completion: str, limits: SandboxLimits = SandboxLimits()) 
     if result.outcome is Outcome.OK:
         return Grade(1.0, "tests passed")
     last = result.stderr.strip().splitlines()[-1:]
-    return Grade(0.0, result.outcome.value + (f": {last[0][:120]}" if last else ""))
+    reason = result.outcome.value + (f": {last[0][:120]}" if last else "")
+    if result.outcome in MACHINE_BOUND:
+        raise GraderFault(f"the code sandbox stopped on a machine-dependent limit ({reason})")
+    return Grade(0.0, reason)

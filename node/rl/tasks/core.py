@@ -34,6 +34,15 @@ class Task:
         return task_id(self)
 
 
+class GraderFault(Exception):
+    """A grader stopped on a machine-dependent limit (wall time, CPU, memory): no verdict on the answer.
+
+    Rewards are recomputed by validators and must match exactly, so such a limit never yields a reward:
+    a validator treats this as a fault in judging the item (Reason.JUDGE_FAULT), a worker does not submit
+    the item. Deterministic bounds (sizes, operation budgets) give a reward of 0 instead.
+    """
+
+
 @dataclass(frozen=True)
 class Grade:
     """A reward and the reason for it (shown to operators, kept with the rollout)."""
