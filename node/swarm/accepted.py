@@ -4,15 +4,26 @@ One SQLite file (WAL, synchronous=FULL: a commit is on disk when it returns) hol
 - `pending`: signed submissions received but not yet judged, in arrival order. A submission is written
   here before its SUBMIT is acknowledged as queued (status 100), so a validator killed at any point
   judges, after a restart, everything it ever acknowledged.
-- `judged`: one row per judged submission (its digest, the worker and assignment step, the outcome code,
-  whether the outcome was an ignore, the sealed verdict), so a resend of the same submission, or another
-  submission for an assignment step judged with a verdict, is refused as a duplicate even after a restart.
-  An ignore (the `ignored` flag: every `Ignore`, whatever its code, 607 included) leaves the step free.
+- `judged`: one row per judged submission (its digest, the worker, assignment step and its version, the
+  outcome code, whether the outcome was an ignore, the sealed verdict), so a resend of the same submission
+  is refused as a duplicate (201), and another submission for an assignment step queued or judged with a
+  verdict as a reuse (610), even after a restart. An ignore (the `ignored` flag: every `Ignore`, whatever
+  its code, 607 included) leaves the step free, but one assignment is judged at most
+  `MAX_JUDGED_PER_ASSIGNMENT` times.
 - `decided`: the decision on a pending submission, written (`decide`) right after the judgement and
   before any ledger write: the outcome's class, its code, tokens, the `Verdict` body (with the failing
   chunks) and the sealed verdict envelope. A pending submission with a decision is never judged again.
 - `accepted`: the append-only log the trainer pulls with `AcceptedRequest`: index (from 1), the
-  validator's sealed accepting verdict and the worker's signed submission, digest unique.
+  validator's sealed accepting verdict and the worker's signed submission, digest unique, and the version.
+- `pruned`: the outcome counts of judged rows pruned, so the status counts survive pruning.
+
+Retention (`prune`): every table is bounded. `pending` and `decided` by the queue's caps. Rows of
+assignments older than the floor version (a durable value that never goes down; the work sets it to the
+newest version held minus the async window minus an audit horizon) are pruned from `judged` and
+`accepted`, and `enqueue` refuses a submission below the floor as stale (203): a pruned assignment cannot
+be reused. `judged` then holds at most `MAX_JUDGED_PER_ASSIGNMENT` rows per assignment of the retained
+versions. The accepted log is further cut to a byte cap, oldest first, but only among the items every
+trainer has pulled: an item a trainer has not pulled goes only when its version falls below the floor.
 
 A judgement is decided (`decided`) before the ledger is written, and leaves `pending` and `decided` for
 `judged` (and `accepted`) in one later transaction (`finish`): nothing is judged twice by this store,
@@ -53,6 +64,13 @@ CREATE TABLE IF NOT EXISTS pending (
     envelope BLOB NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS pending_assignment ON pending (worker, step);
+CREATE TABLE IF NOT EXISTS pruned (
+    status INTEGER NOT NULL,
+    ignored INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    PRIMARY KEY (status, ignored)
+);
 CREATE TABLE IF NOT EXISTS judged (
     digest BLOB PRIMARY KEY,
     worker BLOB NOT NULL,
@@ -61,7 +79,8 @@ CREATE TABLE IF NOT EXISTS judged (
     tokens INTEGER NOT NULL,
     verdict BLOB NOT NULL,
     judged_ms INTEGER NOT NULL,
-    ignored INTEGER NOT NULL DEFAULT 0
+    ignored INTEGER NOT NULL DEFAULT 0,
+    version INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS decided (
     id INTEGER PRIMARY KEY,
@@ -78,23 +97,37 @@ CREATE TABLE IF NOT EXISTS accepted (
     idx INTEGER PRIMARY KEY AUTOINCREMENT,
     digest BLOB NOT NULL UNIQUE,
     verdict BLOB NOT NULL,
-    submission BLOB NOT NULL
+    submission BLOB NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0
 );
 """
-# After `judged` has its `ignored` column (a store from before the flag gets it in `_migrate`).
-JUDGED_INDEX = """
+# After `judged` and `accepted` have their `ignored` and `version` columns (`_migrate` adds them to an
+# older store). One verdict per assignment, except the reuse rejections (610) that name a second submission.
+JUDGED_INDEX = f"""
 DROP INDEX IF EXISTS judged_assignment;
-CREATE UNIQUE INDEX IF NOT EXISTS judged_verdict_assignment ON judged (worker, step) WHERE ignored = 0;
+DROP INDEX IF EXISTS judged_verdict_assignment;
+CREATE UNIQUE INDEX IF NOT EXISTS judged_one_verdict ON judged (worker, step)
+    WHERE ignored = 0 AND status != {int(Reason.ASSIGNMENT_REUSED)};
+CREATE INDEX IF NOT EXISTS judged_tries ON judged (worker, step);
+CREATE INDEX IF NOT EXISTS judged_version ON judged (version);
+CREATE INDEX IF NOT EXISTS accepted_version ON accepted (version);
 """
 
 ACCEPTED = 0  # the `judged.status` of an acceptance; otherwise the reason code (`judged.ignored`: an ignore)
 OUTCOMES = ("accepted", "rejected", "ignored")  # `decided.outcome`: the class of the outcome
 MAX_CURSOR = 2**63 - 1  # accepted indices are SQLite INTEGERs
 SECRET_KEY = "sample_secret"
+FLOOR_KEY = "floor"  # the oldest version whose assignments are kept (and may be queued)
+MAX_JUDGED_PER_ASSIGNMENT = 4  # judgements of one (worker, step): a verdict, or ignores and then a verdict
 
 
 def _u64(value: int) -> bytes:
     return value.to_bytes(8, "big")
+
+
+def _version(step: bytes) -> int:
+    """The checkpoint version an assignment step is bound to: its high 32 bits."""
+    return int.from_bytes(step, "big") >> 32
 
 
 @dataclass(frozen=True)
@@ -133,6 +166,26 @@ class JudgedCounts:
     tokens: int
 
 
+@dataclass(frozen=True)
+class Pruned:
+    """What one `prune` did."""
+
+    floor: int  # the floor version now
+    judged: int  # judged rows dropped
+    accepted: int  # accepted items dropped
+
+
+@dataclass(frozen=True)
+class StoreStatistics:
+    pending: int
+    pending_bytes: int
+    decided: int
+    judged: int
+    accepted: int
+    accepted_bytes: int
+    floor: int
+
+
 class AcceptedStore:
     """Pending queue, judgements and the accepted log of one validator (see the module docstring)."""
 
@@ -146,25 +199,48 @@ class AcceptedStore:
         self._db.executescript(SCHEMA)
         self._migrate()
         self._db.executescript(JUDGED_INDEX)
-        self._newest = int(self._db.execute("SELECT COALESCE(MAX(idx), 0) FROM accepted").fetchone()[0])
+        self._newest = self._newest_index()
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (FLOOR_KEY,)).fetchone()
+        self._floor = int.from_bytes(row[0], "big") if row is not None else 0
         self._changed = trio.Event()
 
     def _migrate(self) -> None:
-        """A store written before the `ignored` flag: add it, set for the ignores of then (2xx and 607)."""
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(judged)")}
-        if "ignored" in columns:
+        """An older store: `judged` gets the `ignored` flag (set for the ignores of then: 2xx and 607) and,
+        with `accepted`, the `version` column (the assignment step's high 32 bits)."""
+        judged = {row[1] for row in self._db.execute("PRAGMA table_info(judged)")}
+        accepted = {row[1] for row in self._db.execute("PRAGMA table_info(accepted)")}
+        if "ignored" in judged and "version" in judged and "version" in accepted:
             return
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            self._db.execute("ALTER TABLE judged ADD COLUMN ignored INTEGER NOT NULL DEFAULT 0")
-            self._db.execute(
-                "UPDATE judged SET ignored = 1 WHERE status BETWEEN 200 AND 299 OR status = ?",
-                (int(Reason.UNKNOWN_CHECKPOINT),),
-            )
+            if "ignored" not in judged:
+                self._db.execute("ALTER TABLE judged ADD COLUMN ignored INTEGER NOT NULL DEFAULT 0")
+                self._db.execute(
+                    "UPDATE judged SET ignored = 1 WHERE status BETWEEN 200 AND 299 OR status = ?",
+                    (int(Reason.UNKNOWN_CHECKPOINT),),
+                )
+            if "version" not in judged:
+                self._db.execute("ALTER TABLE judged ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
+                steps = self._db.execute("SELECT rowid, step FROM judged").fetchall()
+                self._db.executemany(
+                    "UPDATE judged SET version = ? WHERE rowid = ?",
+                    [(_version(bytes(step)), rowid) for rowid, step in steps],
+                )
+            if "version" not in accepted:
+                self._db.execute("ALTER TABLE accepted ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
+                self._db.execute(
+                    "UPDATE accepted SET version = COALESCE("
+                    "(SELECT judged.version FROM judged WHERE judged.digest = accepted.digest), 0)"
+                )
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
+
+    def _newest_index(self) -> int:
+        """The last index ever given (AUTOINCREMENT's counter): pruning the log never lowers it."""
+        row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'accepted'").fetchone()
+        return int(row[0]) if row is not None else 0
 
     def close(self) -> None:
         with self._lock:
@@ -174,6 +250,11 @@ class AcceptedStore:
     def newest(self) -> int:
         """The newest accepted index (0 while nothing was accepted)."""
         return self._newest
+
+    @property
+    def floor(self) -> int:
+        """The oldest version whose assignments are kept: older ones are refused as stale and pruned."""
+        return self._floor
 
     def secret(self) -> bytes:
         """A random secret of this validator, made once and kept: it draws which submissions get prefilled."""
@@ -200,12 +281,17 @@ class AcceptedStore:
         max_bytes: int,
         max_per_worker: int | None = None,
     ) -> PendingItem:
-        """Queue a submission durably; `Ignore` DUPLICATE if this submission or another one for the same
-        assignment step was queued or judged with a verdict before, NOT_FOR_US if the queue is full or
-        the worker already has `max_per_worker` submissions queued."""
+        """Queue a submission durably. Refused: `Ignore` STALE below the floor version, DUPLICATE if this
+        submission was received before, `Reject` ASSIGNMENT_REUSED if another one for the same assignment
+        step is queued or was judged with a verdict (or judged `MAX_JUDGED_PER_ASSIGNMENT` times), `Ignore`
+        NOT_FOR_US if the queue is full or the worker already has `max_per_worker` submissions queued."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                if min(checkpoint_version, step >> 32) < self._floor:
+                    raise Ignore(
+                        Reason.STALE, f"version {checkpoint_version} is below the retained v{self._floor}"
+                    )
                 self._check_new(digest, worker, step)
                 count, size = self._db.execute(
                     "SELECT COUNT(*), COALESCE(SUM(LENGTH(envelope)), 0) FROM pending"
@@ -239,13 +325,32 @@ class AcceptedStore:
         ).fetchone()
         if seen is not None:
             raise Ignore(Reason.DUPLICATE, f"submission {digest.hex()[:16]} was received before")
-        taken = self._db.execute(
-            "SELECT 1 FROM pending WHERE worker = ? AND step = ? UNION ALL"
-            " SELECT 1 FROM judged WHERE worker = ? AND step = ? AND ignored = 0",
-            (worker, _u64(step), worker, _u64(step)),
+        holder = self._holder(worker, step, digest)
+        if holder is not None:
+            raise Reject(
+                Reason.ASSIGNMENT_REUSED,
+                f"assignment step {step:#x} of this worker is held by submission {holder.hex()[:16]}",
+            )
+        (tries,) = self._db.execute(
+            "SELECT COUNT(*) FROM judged WHERE worker = ? AND step = ?", (worker, _u64(step))
         ).fetchone()
-        if taken is not None:
-            raise Ignore(Reason.DUPLICATE, f"assignment step {step:#x} of this worker was submitted before")
+        if tries >= MAX_JUDGED_PER_ASSIGNMENT:
+            raise Reject(Reason.ASSIGNMENT_REUSED, f"assignment step {step:#x} was judged {tries} times")
+
+    def _holder(self, worker: bytes, step: int, digest: bytes) -> bytes | None:
+        """Another submission that holds the assignment: queued, or judged with a verdict."""
+        row = self._db.execute(
+            "SELECT digest FROM pending WHERE worker = ? AND step = ? AND digest != ? UNION ALL"
+            " SELECT digest FROM judged WHERE worker = ? AND step = ? AND digest != ? AND ignored = 0"
+            " AND status != ?",
+            (worker, _u64(step), digest, worker, _u64(step), digest, int(Reason.ASSIGNMENT_REUSED)),
+        ).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def reused(self, item: PendingItem) -> bytes | None:
+        """The digest of another submission that holds `item`'s assignment, checked again when judging."""
+        with self._lock:
+            return self._holder(item.worker, item.step, item.digest)
 
     def pending(self) -> list[PendingItem]:
         """Every queued submission, oldest first."""
@@ -349,25 +454,12 @@ class AcceptedStore:
                     raise ValueError(f"pending submission {item.id} was decided with another verdict")
                 self._db.execute("DELETE FROM decided WHERE id = ?", (item.id,))
                 self._db.execute("DELETE FROM pending WHERE id = ?", (item.id,))
-                self._db.execute(
-                    "INSERT INTO judged (digest, worker, step, status, tokens, verdict, judged_ms, ignored)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        item.digest,
-                        item.worker,
-                        _u64(item.step),
-                        status,
-                        tokens,
-                        verdict,
-                        judged_ms,
-                        int(ignored),
-                    ),
-                )
+                self._insert_judged(item, status, tokens, verdict, judged_ms, ignored)
                 index = None
                 if submission is not None:
                     cursor = self._db.execute(
-                        "INSERT INTO accepted (digest, verdict, submission) VALUES (?, ?, ?)",
-                        (item.digest, verdict, submission),
+                        "INSERT INTO accepted (digest, verdict, submission, version) VALUES (?, ?, ?, ?)",
+                        (item.digest, verdict, submission, item.step >> 32),
                     )
                     index = cursor.lastrowid
                 self._db.execute("COMMIT")
@@ -377,6 +469,40 @@ class AcceptedStore:
             if index is not None:
                 self._newest = index
         return index
+
+    def _insert_judged(
+        self, item: PendingItem, status: int, tokens: int, verdict: bytes, judged_ms: int, ignored: bool
+    ) -> None:
+        self._db.execute(
+            "INSERT INTO judged (digest, worker, step, status, tokens, verdict, judged_ms, ignored, version)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                item.digest,
+                item.worker,
+                _u64(item.step),
+                status,
+                tokens,
+                verdict,
+                judged_ms,
+                int(ignored),
+                item.step >> 32,
+            ),
+        )
+
+    def quarantine(self, item: PendingItem, *, status: int, judged_ms: int) -> None:
+        """Take `item` out of the queue as an ignore with code `status` (JUDGE_FAULT), whatever its state:
+        decided or not. For an item the judge failed on: it must never block the queue again. The ignore
+        leaves the assignment free (a second credit for it is the ledger's to refuse)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM decided WHERE id = ?", (item.id,))
+                self._db.execute("DELETE FROM pending WHERE id = ?", (item.id,))
+                self._insert_judged(item, status, 0, b"", judged_ms, True)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     async def finish_async(
         self,
@@ -407,6 +533,7 @@ class AcceptedStore:
         return index
 
     def judged_counts(self) -> JudgedCounts:
+        """Outcome counts of every judgement (pruned ones included); per worker, of the retained ones."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT worker, status, ignored, COUNT(*) FROM judged GROUP BY worker, status, ignored"
@@ -421,10 +548,91 @@ class AcceptedStore:
                 mine = per_worker.setdefault(bytes(worker), {})
                 mine[int(status)] = mine.get(int(status), 0) + int(count)
                 by_status[int(status)] = by_status.get(int(status), 0) + int(count)
+            for status, ignored, count in self._db.execute("SELECT status, ignored, count FROM pruned"):
+                counts = ignores if ignored else by_status
+                counts[int(status)] = counts.get(int(status), 0) + int(count)
             tokens = self._db.execute(
-                "SELECT COALESCE(SUM(tokens), 0) FROM judged WHERE status = ?", (ACCEPTED,)
+                "SELECT (SELECT COALESCE(SUM(tokens), 0) FROM judged WHERE status = ?)"
+                " + (SELECT COALESCE(SUM(tokens), 0) FROM pruned WHERE status = ?)",
+                (ACCEPTED, ACCEPTED),
             ).fetchone()[0]
         return JudgedCounts(by_status, ignores, per_worker, int(tokens))
+
+    # --- retention -----------------------------------------------------------------------------------
+
+    def prune(self, *, floor: int, max_accepted_bytes: int, pulled: int) -> Pruned:
+        """Drop what no one needs any more, in one transaction (see the module docstring):
+        - raise the floor version to `floor` (it never goes down); judged and accepted rows of versions
+          below it go (judged ones into the `pruned` counts);
+        - then accepted items with index <= `pulled` (what every trainer has pulled), oldest first, while
+          the log holds more than `max_accepted_bytes`."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                new_floor = max(self._floor, floor)
+                self._db.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)"
+                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (FLOOR_KEY, _u64(new_floor)),
+                )
+                self._db.execute(
+                    "INSERT INTO pruned (status, ignored, count, tokens)"
+                    " SELECT status, ignored, COUNT(*), SUM(tokens) FROM judged WHERE version < ?"
+                    " GROUP BY status, ignored"
+                    " ON CONFLICT (status, ignored) DO UPDATE"
+                    " SET count = count + excluded.count, tokens = tokens + excluded.tokens",
+                    (new_floor,),
+                )
+                judged = self._db.execute("DELETE FROM judged WHERE version < ?", (new_floor,)).rowcount
+                stale = self._db.execute("DELETE FROM accepted WHERE version < ?", (new_floor,)).rowcount
+                over = self._accepted_bytes() - max_accepted_bytes
+                cut = 0
+                if over > 0:
+                    rows = self._db.execute(
+                        "SELECT idx, LENGTH(verdict) + LENGTH(submission) FROM accepted WHERE idx <= ?"
+                        " ORDER BY idx",
+                        (pulled,),
+                    )
+                    last = None
+                    for idx, size in rows:
+                        if over <= 0:
+                            break
+                        last, over, cut = idx, over - size, cut + 1
+                    if last is not None:
+                        self._db.execute("DELETE FROM accepted WHERE idx <= ?", (last,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._floor = new_floor
+        return Pruned(floor=new_floor, judged=judged, accepted=stale + cut)
+
+    def _accepted_bytes(self) -> int:
+        return int(
+            self._db.execute(
+                "SELECT COALESCE(SUM(LENGTH(verdict) + LENGTH(submission)), 0) FROM accepted"
+            ).fetchone()[0]
+        )
+
+    def statistics(self) -> StoreStatistics:
+        """Rows of each table and the bytes of the queue and the accepted log."""
+        with self._lock:
+            (pending, pending_bytes) = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(LENGTH(envelope)), 0) FROM pending"
+            ).fetchone()
+            (decided,) = self._db.execute("SELECT COUNT(*) FROM decided").fetchone()
+            (judged,) = self._db.execute("SELECT COUNT(*) FROM judged").fetchone()
+            (accepted,) = self._db.execute("SELECT COUNT(*) FROM accepted").fetchone()
+            accepted_bytes = self._accepted_bytes()
+        return StoreStatistics(
+            pending=int(pending),
+            pending_bytes=int(pending_bytes),
+            decided=int(decided),
+            judged=int(judged),
+            accepted=int(accepted),
+            accepted_bytes=accepted_bytes,
+            floor=self._floor,
+        )
 
     # --- the accepted log ----------------------------------------------------------------------------
 
@@ -434,7 +642,7 @@ class AcceptedStore:
         if not 0 <= cursor <= MAX_CURSOR:
             raise Reject(Reason.OUT_OF_RANGE, f"cursor {cursor} is beyond any accepted index")
         with self._lock:
-            newest = int(self._db.execute("SELECT COALESCE(MAX(idx), 0) FROM accepted").fetchone()[0])
+            newest = self._newest_index()
             sizes = self._db.execute(
                 "SELECT idx, LENGTH(verdict) + LENGTH(submission) FROM accepted WHERE idx > ?"
                 " ORDER BY idx LIMIT ?",

@@ -20,7 +20,9 @@ A trainer that restarts resumes from its last outer state (or a peer's newer one
 the round it had not contributed yet, and takes them again. Each new outer state settles the rounds
 below it (`RolloutInbox.settle`): the rows of our contribution stay used when the round averaged it;
 rows of a contribution left out, or of a round abandoned for a newer outer state, go back to the pool.
-So nothing accepted is lost, and nothing is trained into the run twice.
+So nothing accepted is lost, and nothing is trained into the run twice. Each published outer version
+prunes the inbox as a lone trainer's does (`SwarmTrainerWork._prune_inbox`): rounds never go back below
+the newest published outer state, so rows past the async window plus the retention are never needed.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from node.roles.base import RoleNet, RoleService
 from node.roles.trainer import MANIFEST, Trainer
 from node.swarm.common import RunMismatch
 from node.swarm.inbox import InboxEntry, RolloutInbox
-from node.swarm.trainer import SwarmTrainerWork, load_or_create_descriptor, submission_of
+from node.swarm.trainer import SwarmTrainerWork, TrainerBounds, load_or_create_descriptor, submission_of
 from protocol.codec import encode
 from protocol.diloco import check_rl_plan, rollout_owner
 from protocol.errors import ProtocolError, Reason
@@ -140,8 +142,11 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         optim: OptimizerParams | None = None,
         ledger: Ledger | None = None,
         settings: TrainerSettings | None = None,
+        bounds: TrainerBounds | None = None,
     ) -> None:
-        super().__init__(config, identity, base_checkpoint=base_checkpoint, optim=optim, ledger=ledger)
+        super().__init__(
+            config, identity, base_checkpoint=base_checkpoint, optim=optim, ledger=ledger, bounds=bounds
+        )
         work = config.work
         self.lead = bytes.fromhex(work.diloco_lead.removeprefix("0x"))
         try:

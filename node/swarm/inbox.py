@@ -10,10 +10,24 @@ A row's life: pending (`consumed_step` and `dropped_step` NULL) → used by step
 written before step n's weights are saved) or dropped as stale at step n (`dropped_step = n`). A trainer
 that resumes at step s never saved what steps >= s did, so `release_from(s)` makes their rows pending
 again. Per-step records (`record_step`) live here too, so the status survives a restart.
+
+Bounded (spec/bounds.md, trainer inbox): `prune` deletes every row of a version older than
+`newest - async_level - retention_versions`, whatever its state. No step can take such a row again: a step
+of version s takes versions in [s - async_level, s], versions never go back below `newest - 1` (a lone
+trainer resumes from its newest or its previous save, `trainer.KEEP_SAVES`; a DiLoCo round from the newest
+outer state), so every row below the cutoff was trained by a step that is final, or dropped, or is stale
+for every step to come. Nor can it come back: the trainer refuses submissions of versions its origin no
+longer keeps (`async_level + 1` behind the newest), so a re-delivered copy is Ignored as stale before it is
+stored, and the (worker, step) and digest guards are only needed inside the window. The counts of pruned
+rows are folded into `totals`, so `counts()` stays cumulative. Freed pages are reused by later inserts and
+given back to the file system after each prune (`auto_vacuum = INCREMENTAL`, then a truncating
+checkpoint), and the WAL is truncated to `WAL_LIMIT_BYTES` after any checkpoint: the bytes on disk follow
+the retained rows, not the run's age.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -55,9 +69,26 @@ CREATE TABLE IF NOT EXISTS settled (
     id INTEGER PRIMARY KEY CHECK (id = 0),
     below INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS totals (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    received INTEGER NOT NULL,
+    used INTEGER NOT NULL,
+    dropped INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rollouts_version ON rollouts (checkpoint_version);
+CREATE INDEX IF NOT EXISTS rollouts_validator ON rollouts (validator);
 """
 # After SCHEMA (an inbox made before `step` existed gets the column first; its old rows keep NULL).
 ASSIGNMENT_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS rollouts_assignment ON rollouts (worker, step)"
+
+RETENTION_VERSIONS = 4  # versions kept beyond the async window: the audit horizon
+MIN_RETENTION_VERSIONS = 2  # one for a resume from the previous save, one for the origin's extra kept version
+WAL_LIMIT_BYTES = 64 * 2**20  # the WAL file is truncated to this after a checkpoint
+
+
+def prune_cutoff(newest: int, async_level: int, retention: int) -> int:
+    """Rows of versions below this are never taken again (see the module docstring): they may go."""
+    return newest - async_level - retention
 
 
 def step_key(step: int) -> bytes:
@@ -111,13 +142,34 @@ class StepRecord:
     step_s: float
 
 
+@dataclass(frozen=True)
+class InboxStatistics:
+    rows: int  # rows held (any state)
+    pending: int
+    blob_bytes: int  # submission and verdict envelopes held
+    file_bytes: int  # the database file (pages in use and free)
+    free_bytes: int  # free pages inside it, reused by the next inserts
+    wal_bytes: int  # the write-ahead log beside it
+    oldest_version: int | None  # of the rows held
+
+
 class RolloutInbox:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, retention_versions: int = RETENTION_VERSIONS) -> None:
+        if retention_versions < MIN_RETENTION_VERSIONS:
+            raise ValueError(
+                f"inbox retention of {retention_versions} versions is below {MIN_RETENTION_VERSIONS}: "
+                "a resumed trainer could need rows already deleted"
+            )
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.retention_versions = retention_versions
         self._db = sqlite3.connect(path, isolation_level=None)
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # 2: incremental
+            self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # takes effect on a new file, or by:
+            self._db.execute("VACUUM")  # once, for an inbox made before pruning existed
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         self._db.executescript(SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(rollouts)")}
         if "step" not in columns:
@@ -180,6 +232,11 @@ class RolloutInbox:
             " WHERE consumed_step IS NULL AND dropped_step IS NULL ORDER BY id"
         ).fetchall()
         return [InboxRow(*row) for row in rows]
+
+    def held_from(self, validator: bytes) -> int:
+        """How many rows `validator` delivered that are still held (in any state: until pruned)."""
+        row = self._db.execute("SELECT COUNT(*) FROM rollouts WHERE validator = ?", (validator,)).fetchone()
+        return int(row[0])
 
     def submissions(self, ids: Sequence[int]) -> list[bytes]:
         """The signed submission envelopes of rows `ids`, in that order."""
@@ -257,6 +314,36 @@ class RolloutInbox:
             raise
         return released
 
+    def prune(self, newest: int, async_level: int) -> int:
+        """Delete the rows of versions below `prune_cutoff` (their counts go to `totals`); give back pages.
+
+        `newest` is the newest version published. Returns how many rows were deleted.
+        """
+        below = prune_cutoff(newest, async_level, self.retention_versions)
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            received, used, dropped = self._db.execute(
+                "SELECT COUNT(*), COUNT(consumed_step), COUNT(dropped_step) FROM rollouts"
+                " WHERE checkpoint_version < ?",
+                (below,),
+            ).fetchone()
+            if received:
+                self._db.execute(
+                    "INSERT INTO totals (id, received, used, dropped) VALUES (0, ?, ?, ?)"
+                    " ON CONFLICT (id) DO UPDATE SET received = received + excluded.received,"
+                    " used = used + excluded.used, dropped = dropped + excluded.dropped",
+                    (received, used, dropped),
+                )
+                self._db.execute("DELETE FROM rollouts WHERE checkpoint_version < ?", (below,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        if received:
+            self._db.execute("PRAGMA incremental_vacuum")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the file shrinks, the WAL empties
+        return int(received)
+
     def record_step(self, record: StepRecord) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -279,12 +366,37 @@ class RolloutInbox:
         return [StepRecord(*row) for row in rows]
 
     def counts(self) -> dict[str, int]:
+        """Rows received, used, dropped since the inbox was made (pruned ones included), and pending."""
         received, used, dropped = self._db.execute(
             "SELECT COUNT(*), COUNT(consumed_step), COUNT(dropped_step) FROM rollouts"
         ).fetchone()
-        return {"received": received, "used": used, "dropped": dropped, "pending": received - used - dropped}
+        pending = received - used - dropped
+        row = self._db.execute("SELECT received, used, dropped FROM totals WHERE id = 0").fetchone()
+        if row is not None:
+            received, used, dropped = received + row[0], used + row[1], dropped + row[2]
+        return {"received": received, "used": used, "dropped": dropped, "pending": pending}
+
+    def statistics(self) -> InboxStatistics:
+        rows, pending, blob_bytes, oldest = self._db.execute(
+            "SELECT COUNT(*), COUNT(*) - COUNT(consumed_step) - COUNT(dropped_step),"
+            " COALESCE(SUM(LENGTH(submission) + LENGTH(verdict)), 0), MIN(checkpoint_version) FROM rollouts"
+        ).fetchone()
+        page_size = self._db.execute("PRAGMA page_size").fetchone()[0]
+        pages = self._db.execute("PRAGMA page_count").fetchone()[0]
+        free = self._db.execute("PRAGMA freelist_count").fetchone()[0]
+        wal = self.path.with_name(self.path.name + "-wal")
+        return InboxStatistics(
+            rows=rows,
+            pending=pending,
+            blob_bytes=blob_bytes,
+            file_bytes=pages * page_size,
+            free_bytes=free * page_size,
+            wal_bytes=os.path.getsize(wal) if wal.exists() else 0,
+            oldest_version=oldest,
+        )
 
     def used_per_worker(self) -> dict[bytes, int]:
+        """Rows each worker had used, among the rows still held (the ledger keeps the credit for good)."""
         rows = self._db.execute(
             "SELECT worker, COUNT(*) FROM rollouts WHERE consumed_step IS NOT NULL GROUP BY worker"
         ).fetchall()

@@ -21,6 +21,12 @@ The distributed twin of `node.rl.sync.run_sync` (DESIGN.md, Run lifecycle, steps
   weights are saved, and a trainer that resumes at step s releases what steps >= s used, so a kill at any
   point neither loses an accepted rollout nor trains on one twice.
 - After `work.steps` steps the trainer stops training and keeps serving (`done` in the status).
+- Bounded: each publication prunes the inbox past the async window plus `inbox_retention_versions`
+  (`node.swarm.inbox`); the per-worker verdict tally keeps `MAX_VERDICT_WORKERS` workers (the least
+  recently counted one goes); at most `MAX_TRACKED_VALIDATORS` validators are tracked (`track_validators`
+  says which one gives way); a validator with `MAX_ROWS_PER_VALIDATOR` rows held in the inbox is not
+  pulled from until a prune deletes some (`pull_limit`); the other tallies are keyed by finite sets
+  (reason names, gossip topic and message type).
 
 Pure parts (`verify_accepted`, `check_trainable`, `ingest_batch`, `plan_batch`, `restore_published`) take
 everything as arguments, so they are tested without a network.
@@ -33,9 +39,9 @@ import math
 import os
 import sqlite3
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,7 +68,7 @@ from node.rl.run import BASE_CHECKPOINT, devnet_optimizer, devnet_run
 from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats, signal_groups
 from node.roles.base import RoleNet
 from node.swarm.common import ACCEPTED, RunMismatch, load_run_setup, set_threads
-from node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
+from node.swarm.inbox import RETENTION_VERSIONS, InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
 from protocol.errors import Ignore, ProtocolError, Reason, Reject
@@ -97,6 +103,9 @@ ADVANTAGE_SLACK = 1e-4  # relative rounding allowed above the largest group-norm
 LEDGER_FAILURES = (LedgerError, OSError, sqlite3.Error)  # refused, unreachable, or the log's file failing
 REPUBLISH_S = 10.0  # re-gossip of the newest manifest
 KEEP_SAVES = 2  # trainer states kept on disk (the newest and one before it)
+MAX_VERDICT_WORKERS = 1024  # workers in the gossiped-verdict tally (the status display); LRU beyond
+MAX_TRACKED_VALIDATORS = 256  # validators with a pull state (and a ledger check every TRUST_CHECK_S)
+MAX_ROWS_PER_VALIDATOR = 2048  # inbox rows held that one validator delivered; pulling from it waits beyond
 
 DESCRIPTOR_FILE = "run_descriptor.bin"
 INBOX_FILE = "inbox.sqlite"
@@ -427,6 +436,62 @@ class ValidatorPull:
     scope: trio.CancelScope | None = None  # the running pull loop's, None while not pulling
 
 
+def track_validators(
+    tracked: dict[bytes, ValidatorPull],
+    found: Sequence[PeerRecord],
+    now: float,
+    cap: int,
+) -> None:
+    """Add or refresh the validators `found` (trio time `now`), keeping at most `cap` entries.
+
+    Peer records are free to make, so their number must not grow the table, nor the ledger reads: a
+    newcomer that finds the table full takes the place of an entry not pulled from whose standing was
+    read at least `TRUST_CHECK_S` ago and found wanting (the stalest first); with none, it waits for a
+    later scan. So the ledger is read at most about `cap` times per `TRUST_CHECK_S`, however many records
+    claim the role, and a real validator among them is reached in turn.
+    """
+    for record in found:
+        known = tracked.get(record.address)
+        if known is not None:
+            known.record = record
+            continue
+        if len(tracked) >= cap:
+            idle = [
+                a
+                for a, pull in tracked.items()
+                if pull.scope is None
+                and not pull.trusted
+                and pull.checked_at is not None
+                and now - pull.checked_at >= TRUST_CHECK_S
+            ]
+            if not idle:
+                continue
+            del tracked[min(idle, key=lambda a: tracked[a].checked_at or 0.0)]
+        tracked[record.address] = ValidatorPull(record)
+
+
+def pull_limit(held: int, cap: int) -> int:
+    """How many items to ask a validator for, given the inbox rows it delivered still held (0: wait).
+
+    A trusted validator can still deliver any number of well-signed items (workers' identities are free),
+    so its share of the inbox is capped, whatever the rows' state (dropped rows take disk too): past it,
+    pulling from it waits until a prune deletes its rows of old versions.
+    """
+    return max(0, min(PULL_LIMIT, cap - held))
+
+
+def count_verdict(verdicts: OrderedDict[str, Counter[str]], worker: str, outcome: str, cap: int) -> None:
+    """Count one gossiped verdict about `worker`; past `cap` workers the least recently counted goes."""
+    counts = verdicts.get(worker)
+    if counts is None:
+        counts = verdicts[worker] = Counter()
+        while len(verdicts) > cap:
+            verdicts.popitem(last=False)
+    else:
+        verdicts.move_to_end(worker)
+    counts[outcome] += 1
+
+
 def validator_in_good_standing(ledger: Ledger, address: bytes) -> bool:
     """Blocking: `address` is registered as a validator, not ejected, and holds its full stake."""
     if isinstance(ledger, SignedLog):
@@ -435,15 +500,28 @@ def validator_in_good_standing(ledger: Ledger, address: bytes) -> bool:
     return info is not None and info.role == "validator" and not info.ejected and ledger.is_eligible(address)
 
 
+@dataclass(frozen=True)
+class TrainerBounds:
+    """The trainer's store and table bounds (spec/bounds.md; config `[work]`)."""
+
+    inbox_retention_versions: int = RETENTION_VERSIONS  # inbox versions kept beyond the async window
+    rows_per_validator: int = MAX_ROWS_PER_VALIDATOR
+    verdict_workers: int = MAX_VERDICT_WORKERS
+    tracked_validators: int = MAX_TRACKED_VALIDATORS
+
+
 @dataclass
 class Tallies:
+    """Counts since this start; every key set is bounded (module docstring)."""
+
     duplicates: int = 0
     refused: Counter[str] = field(default_factory=Counter)  # reason name → items
     cursor_resets: int = 0
     pull_errors: int = 0
     ledger_errors: int = 0
-    verdicts: dict[str, Counter[str]] = field(default_factory=dict)  # worker → accepted / rejected
-    gossip: Counter[str] = field(default_factory=Counter)  # kind/type of other gossip seen
+    # worker → accepted / rejected, the MAX_VERDICT_WORKERS most recently counted (`count_verdict`)
+    verdicts: OrderedDict[str, Counter[str]] = field(default_factory=OrderedDict)
+    gossip: Counter[str] = field(default_factory=Counter)  # topic/type of other gossip (admitted types only)
 
 
 class SwarmTrainerWork:
@@ -457,9 +535,11 @@ class SwarmTrainerWork:
         base_checkpoint: Path = BASE_CHECKPOINT,
         optim: OptimizerParams | None = None,
         ledger: Ledger | None = None,
+        bounds: TrainerBounds | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
+        self.bounds = bounds or TrainerBounds()
         self.ledger = ledger  # with one, only validators in good standing there are pulled from
         self._ledger_lock = trio.Lock()  # ledger calls run in threads, never two at once
         self.base_checkpoint = base_checkpoint
@@ -522,8 +602,9 @@ class SwarmTrainerWork:
     async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
         message = delivery.opened.message
         if delivery.kind == "verdicts" and isinstance(message, Verdict):
-            counts = self.tallies.verdicts.setdefault("0x" + message.worker.hex(), Counter())
-            counts["accepted" if message.accepted else "rejected"] += 1
+            outcome = "accepted" if message.accepted else "rejected"
+            worker = "0x" + message.worker.hex()
+            count_verdict(self.tallies.verdicts, worker, outcome, self.bounds.verdict_workers)
         else:
             self.tallies.gossip[f"{delivery.kind}/{delivery.opened.envelope.type}"] += 1
 
@@ -538,7 +619,9 @@ class SwarmTrainerWork:
         trainer = await trio.to_thread.run_sync(self._load_trainer, descriptor)
         self.trainer = trainer
         self.model_config = trainer.engine.config
-        self.inbox = inbox = RolloutInbox(self.inbox_path)
+        self.inbox = inbox = RolloutInbox(
+            self.inbox_path, retention_versions=self.bounds.inbox_retention_versions
+        )
         self._release_unsaved(inbox, trainer)
         self.done = self._finished()
         self.origin = origin = OriginNode(
@@ -564,6 +647,7 @@ class SwarmTrainerWork:
                 )
                 if current not in restored:
                     await self._publish(current)
+                self._prune_inbox(current)
                 task_status.started(self.endpoint)
         finally:
             self._last_status = self.status()  # the node writes a final status after the work stops
@@ -712,6 +796,14 @@ class SwarmTrainerWork:
             model_config_hash=descriptor.model_config_hash,
         )
         self._announce_newest()
+        self._prune_inbox(version)
+
+    def _prune_inbox(self, newest: int) -> None:
+        """Delete the inbox rows no step can take any more, now that `newest` is published."""
+        _, inbox, descriptor = self._parts()
+        pruned = inbox.prune(newest, descriptor.async_level)
+        if pruned:
+            log.info("pruned the inbox", extra={"version": newest, "rows": pruned})
 
     # --- receiving rollouts --------------------------------------------------------------------------
 
@@ -791,12 +883,8 @@ class SwarmTrainerWork:
         """
         async with trio.open_nursery() as nursery:
             while True:
-                for record in net.peers("validator"):
-                    known = self.validators.get(record.address)
-                    if known is None:
-                        self.validators[record.address] = ValidatorPull(record)
-                    else:
-                        known.record = record
+                found = net.peers("validator")
+                track_validators(self.validators, found, trio.current_time(), self.bounds.tracked_validators)
                 for address, state in list(self.validators.items()):
                     trusted = await self._trusted(address, state)
                     if trusted and state.scope is None:
@@ -821,7 +909,11 @@ class SwarmTrainerWork:
         pause = PULL_BACKOFF_S[0]
         while True:
             peer = ID.from_base58(state.record.peer_id)
-            request = AcceptedRequest(net.run, inbox.cursor(validator), PULL_LIMIT, PULL_WAIT_MS)
+            limit = pull_limit(inbox.held_from(validator), self.bounds.rows_per_validator)
+            if not limit:
+                await trio.sleep(PULL_EMPTY_PAUSE_S)
+                continue
+            request = AcceptedRequest(net.run, inbox.cursor(validator), limit, PULL_WAIT_MS)
             state.pulls += 1
             try:
                 opened = await net.request(peer, ACCEPTED, request)
@@ -898,6 +990,7 @@ class SwarmTrainerWork:
             inbox.counts() if inbox is not None else {"received": 0, "used": 0, "dropped": 0, "pending": 0}
         )
         per_worker = inbox.used_per_worker() if inbox is not None else {}
+        stored = asdict(inbox.statistics()) if inbox is not None else {}
         cursors = inbox.cursors() if inbox is not None else {}
         return {
             "step": trainer.step_count if trainer is not None else 0,
@@ -916,7 +1009,8 @@ class SwarmTrainerWork:
             "step_s": [round(r.step_s, 2) for r in records],
             "done": self.done,
             "endpoint": self.endpoint,
-            "per_worker": {"0x" + w.hex(): n for w, n in sorted(per_worker.items())},
+            "per_worker": {"0x" + w.hex(): n for w, n in sorted(per_worker.items())},  # rows still held
+            "inbox": stored,  # rows and bytes held now (bounded: module docstring)
             "verdicts": {w: dict(c) for w, c in sorted(self.tallies.verdicts.items())},
             "validators": {
                 "0x" + address.hex(): {

@@ -2,15 +2,21 @@
 serve the accepted ones to the trainer, and credit or slash in the ledger.
 
 The life of a submission (spec/validation.md):
-1. SUBMIT (`submit`): only cheap checks (a RolloutSubmission of this run, not a duplicate, not stale, not
-   newer than the newest trainer-signed manifest the follower has seen, room in the queue and in the
-   worker's share of it); then it is written to the durable pending queue (`AcceptedStore`) and
-   acknowledged 100.
+1. SUBMIT (`submit`): only cheap checks (a RolloutSubmission of this run, once the run is loaded; its step
+   bound to its version with a counter the run allows; not stale, not newer than the newest trainer-signed
+   manifest the follower has seen; a staked sender, read from the ledger and cached for
+   `ELIGIBILITY_TTL_S`; not a duplicate (201) nor a second submission for an assignment (610); room in the
+   queue and in the worker's share of it); then it is written to the durable pending queue
+   (`AcceptedStore`) and acknowledged 100. Nothing is written for a refused one.
 2. The judge (`judge_forever`) takes queued submissions oldest first, skipping over those whose checkpoint
    it does not hold yet: they wait up to `WAIT_FOR_CHECKPOINT_S` for the follower to bring it, then are
-   ignored (203/607). `node.rl.validation.validate_submission` runs in a thread on the engine of the
-   claimed version; on a run with `sample_fraction < 1`, only the submissions an HMAC of their digest under a
-   validator-local secret draws get the prefill checks (workers cannot tell which), the others the cheap ones.
+   ignored (203/607). `node.rl.validation.judge_total` runs in a thread on the engine of the claimed
+   version; on a run with `sample_fraction < 1`, only the submissions an HMAC of their digest under a
+   validator-local secret draws get the prefill checks (workers cannot tell which), the others the cheap
+   ones. The judge is total: an exception while judging is a JUDGE_FAULT ignore (207), an envelope that
+   does not read back too, and any other exception on one item's path quarantines that item (a JUDGE_FAULT
+   ignore written straight to the store, `quarantined` in the status): no item can stop the loop or a
+   restart.
 3. The outcome becomes a `Verdict`, sealed once with the node key: those bytes are what the accepted log
    stores and the ledger cites; the decision (outcome, verdict, sealed envelope) is written to the store
    before any ledger call. After the ledger write and `finish`, the verdict is gossiped on `verdicts`
@@ -43,6 +49,10 @@ Decisions:
   holds.
 - The gossip of verdicts runs in its own task behind a bounded channel, so a slow mesh never holds up the
   judge (a full channel drops the gossip copy and counts it; the ledger and the accepted log keep it).
+- Bounded state: the store is pruned every `PRUNE_EVERY_S` past the async window plus
+  `ACCEPTED_RETENTION_VERSIONS` below the newest version held, and the accepted log to
+  `MAX_ACCEPTED_BYTES` among the items every trainer has pulled (`AcceptedStore.prune`); every map keyed by
+  something a peer chooses is capped (`TtlCache` for stake reads, `bounded_get` for per-worker tallies).
 """
 
 from __future__ import annotations
@@ -50,10 +60,11 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 import trio
@@ -71,10 +82,11 @@ from node.p2p.gossip import Delivery
 from node.rl.engine import TransformersEngine
 from node.rl.run import BASE_CHECKPOINT, RunSetup
 from node.rl.tasks import Task
-from node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, validate_submission
+from node.rl.rollouts import step_counter
+from node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, judge_fault, judge_total
 from node.roles.base import RoleNet
 from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
-from node.swarm.accepted import MAX_CURSOR, AcceptedStore, Decided, PendingItem
+from node.swarm.accepted import MAX_CURSOR, AcceptedStore, Decided, PendingItem, StoreStatistics
 from node.swarm.common import ACCEPTED, load_run_setup, set_threads
 from node.swarm.follow import SwarmFollower
 from protocol.codec import decode, encode
@@ -88,6 +100,8 @@ from protocol.types import MIB
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 QUEUED = 100  # SubmitAck status: durably queued for judgement
 WAIT_FOR_CHECKPOINT_S = 60.0  # how long a submission waits for a checkpoint version not held yet
@@ -105,6 +119,13 @@ TRANSIENT_LEDGER_ERRORS = (BackendError, CorruptLog, ReplayedOperation, EpochReg
 LEDGER_RETRY_S = 1.0  # first wait before retrying a ledger write that failed; doubles up to the max
 LEDGER_RETRY_MAX_S = 60.0
 STORE_FILE = "validator.db"
+ELIGIBILITY_TTL_S = 10.0  # how long SUBMIT trusts a stake read (the judge reads it again, uncached)
+MAX_ELIGIBILITY_CACHE = 4096  # senders whose stake read is cached (identities are free: oldest evicted)
+MAX_WORKER_TALLIES = 1024  # workers with a per-worker tally in the status (least recently judged evicted)
+# Retention (AcceptedStore.prune): versions kept beyond the async window, for audits and late pulls
+ACCEPTED_RETENTION_VERSIONS = 4
+MAX_ACCEPTED_BYTES = 2048 * MIB  # accepted log bytes; over it, items every trainer pulled go, oldest first
+PRUNE_EVERY_S = 30.0
 
 
 class VerdictOut(Protocol):
@@ -131,6 +152,7 @@ class CheckpointEngines:
         self._base = base_checkpoint
         self._spare: TransformersEngine | None = TransformersEngine.from_checkpoint(base_checkpoint)
         self.parameters = sum(p.numel() for p in self._spare.model.parameters())
+        self.model_config = self._spare.config  # the run's architecture: what `check_fields` bounds by
         self._engines: dict[int, TransformersEngine] = {}
         self._roots: dict[int, bytes] = {}
 
@@ -183,13 +205,16 @@ class Judgement:
 def judge_submission(
     sub: RolloutSubmission, worker: bytes, ctx: ValidationContext, engines: CheckpointEngines, full: bool
 ) -> Judgement:
-    """`validate_submission` with its CPU time (blocking: run in a thread)."""
+    """`judge_total` with its CPU time (blocking: run in a thread). Total: an exception that is not a
+    typed refusal (a check tripping over hostile input, an engine error) is a JUDGE_FAULT ignore."""
     start = time.thread_time()
-    outcome: Accepted | ProtocolError
-    try:
-        outcome = validate_submission(sub, worker, ctx, engines.engine, prefill=full)
-    except ProtocolError as exc:
-        outcome = exc
+    outcome = judge_total(sub, worker, ctx, engines.engine, prefill=full)
+    if isinstance(outcome, Ignore) and outcome.reason == Reason.JUDGE_FAULT:
+        log.error(
+            "judging failed",
+            extra={"worker": "0x" + worker.hex(), "step": sub.step},
+            exc_info=outcome.__cause__,
+        )
     return Judgement(outcome, time.thread_time() - start, full)
 
 
@@ -246,6 +271,24 @@ def make_verdict(
     )
 
 
+def fault_verdict(run: str, item: PendingItem, outcome: Ignore) -> Verdict:
+    """The verdict body of an item whose stored envelope could not be read back (never sealed)."""
+    return Verdict(
+        run=run,
+        submission_digest=item.digest,
+        worker=item.worker,
+        step=item.step,
+        checkpoint_version=item.checkpoint_version,
+        accepted=False,
+        reason_code=int(outcome.reason),
+        detail=clip_detail(outcome.detail),
+        failing_chunks=(),
+        tokens=0,
+        mean_exp_mismatches=0.0,
+        mean_mant_err=0.0,
+    )
+
+
 def slash_for(verdict: Verdict, evidence: bytes, amount_gwei: int) -> Slash | None:
     """The slash a rejection warrants, or None: not slashable, no amount, or a bad proof without a chunk."""
     if verdict.accepted or verdict.reason_code not in SLASHABLE_REASONS or amount_gwei < 1:
@@ -275,6 +318,52 @@ def contribution_for(verdict: Verdict, sealed: bytes, parameters: int) -> Record
         rollout_digest=verdict.submission_digest,
         verdict=sealed,
     )
+
+
+# --- bounded maps ------------------------------------------------------------------------------------
+
+
+class TtlCache(Generic[K, V]):
+    """At most `max_entries` values, each for `ttl_s`; the oldest go first. Time is an argument."""
+
+    def __init__(self, ttl_s: float, max_entries: int) -> None:
+        if max_entries < 1:
+            raise ValueError("a cache holds at least one entry")
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K, now: float) -> V | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry[0] <= now:
+            del self._entries[key]
+            return None
+        return entry[1]
+
+    def put(self, key: K, value: V, now: float) -> None:
+        self._entries.pop(key, None)
+        self._entries[key] = (now + self.ttl_s, value)
+        while self._entries and (
+            len(self._entries) > self.max_entries or next(iter(self._entries.values()))[0] <= now
+        ):
+            self._entries.popitem(last=False)
+
+
+def bounded_get(table: OrderedDict[K, V], key: K, make: Callable[[], V], cap: int) -> V:
+    """`table[key]`, made if absent, marked most recently used; the least recently used go over `cap`."""
+    value = table.get(key)
+    if value is None:
+        value = table[key] = make()
+        while len(table) > cap:
+            table.popitem(last=False)
+    else:
+        table.move_to_end(key)
+    return value
 
 
 # --- the ledger, from trio ----------------------------------------------------------------------------
@@ -396,11 +485,24 @@ class SwarmValidatorWork:
         wait_for_checkpoint_s: float = WAIT_FOR_CHECKPOINT_S,
         ledger_retry_s: float = LEDGER_RETRY_S,
         ledger_retry_max_s: float = LEDGER_RETRY_MAX_S,
+        eligibility_ttl_s: float = ELIGIBILITY_TTL_S,
+        retention_versions: int = ACCEPTED_RETENTION_VERSIONS,
+        max_accepted_bytes: int = MAX_ACCEPTED_BYTES,
+        prune_every_s: float = PRUNE_EVERY_S,
     ) -> None:
+        if retention_versions < 0 or max_accepted_bytes < 0 or not prune_every_s > 0:
+            raise ValueError("retention_versions and max_accepted_bytes >= 0, prune_every_s > 0")
         self.config = config
         self.wait_for_checkpoint_s = wait_for_checkpoint_s
         self.ledger_retry_s = ledger_retry_s
         self.ledger_retry_max_s = ledger_retry_max_s
+        self.retention_versions = retention_versions
+        self.max_accepted_bytes = max_accepted_bytes
+        self.prune_every_s = prune_every_s
+        # SUBMIT's stake reads, by sender: a flood of SUBMITs costs one ledger read per sender per TTL
+        self._stake_reads: TtlCache[bytes, bool] = TtlCache(eligibility_ttl_s, MAX_ELIGIBILITY_CACHE)
+        # the newest cursor each trainer sent (ACCEPTED): what it has pulled, for the accepted log's byte cap
+        self._pulled: dict[bytes, int] = {}
         self.identity = identity
         self.run_id = config.run
         self.base_checkpoint = base_checkpoint
@@ -439,9 +541,9 @@ class SwarmValidatorWork:
         for status, n in counts.ignored.items():
             self.by_reason[reason_name(status)] = self.by_reason.get(reason_name(status), 0) + n
             self.ignored += n
-        self.per_worker: dict[bytes, WorkerTally] = {}
+        self.per_worker: OrderedDict[bytes, WorkerTally] = OrderedDict()
         for worker, statuses in counts.per_worker.items():
-            tally = self.per_worker.setdefault(worker, WorkerTally())
+            tally = bounded_get(self.per_worker, worker, WorkerTally, MAX_WORKER_TALLIES)
             for status, n in statuses.items():
                 if status == ACCEPTED_STATUS:
                     tally.accepted += n
@@ -455,6 +557,9 @@ class SwarmValidatorWork:
         self.verdicts_gossiped = self.verdicts_dropped = 0
         self.ledger_retries = 0  # judgements put back in the queue by a ledger failure
         self.accepted_refused = 0  # ACCEPTED requests refused (not a trainer, a cursor out of range)
+        self.quarantined = 0  # items the judge failed on, taken out of the queue as JUDGE_FAULT
+        self.pruned_judged = self.pruned_accepted = 0
+        self.store_stats: StoreStatistics = self.store.statistics()  # as of the last prune
 
     # --- status --------------------------------------------------------------------------------------
 
@@ -490,6 +595,15 @@ class SwarmValidatorWork:
             "versions_held": self.engines.versions() if self.engines is not None else [],
             "accepted_newest": self.store.newest,
             "accepted_refused": self.accepted_refused,
+            "quarantined": self.quarantined,
+            "store": {
+                "floor_version": self.store_stats.floor,
+                "judged_rows": self.store_stats.judged,
+                "accepted_rows": self.store_stats.accepted,
+                "accepted_bytes": self.store_stats.accepted_bytes,
+                "pruned_judged": self.pruned_judged,
+                "pruned_accepted": self.pruned_accepted,
+            },
             "verdicts_gossiped": self.verdicts_gossiped,
             "verdicts_dropped": self.verdicts_dropped,
             "data_plane": self.follower.statistics() if self.follower is not None else {},
@@ -507,8 +621,12 @@ class SwarmValidatorWork:
                 )
             if sub.run != self.run_id or opened.envelope.run != self.run_id:
                 raise Ignore(Reason.WRONG_RUN, f"submission for run {sub.run!r}, not {self.run_id!r}")
+            if self.setup is None:
+                raise Ignore(Reason.BUSY, "not judging yet: the run is still loading")
+            self._check_step(sub)
             self._check_fresh(sub)
             self._check_known(sub)
+            await self._check_staked(opened.sender)
             item = await trio.to_thread.run_sync(
                 lambda: self.store.enqueue(
                     digest=digest,
@@ -528,6 +646,34 @@ class SwarmValidatorWork:
         self._queue.append(item)
         self._wake()
         return SubmitAck(submission_digest=digest, status=QUEUED, detail=f"queued at {len(self._queue)}")
+
+    async def _check_staked(self, sender: bytes) -> None:
+        """Only a staked sender takes queue room: `Reject` NOT_STAKED, `Ignore` BUSY while the ledger
+        cannot answer. A read is cached for `eligibility_ttl_s` (an outage is not)."""
+        if self.ledger.ledger is None:
+            return
+        now = trio.current_time()
+        eligible = self._stake_reads.get(sender, now)
+        if eligible is None:
+            try:
+                eligible = bool(await self.ledger.call("is_eligible", lambda: self.ledger.eligible(sender)))
+            except LedgerUnavailable as exc:
+                raise Ignore(Reason.BUSY, f"cannot read the sender's stake now: {exc}") from None
+            self._stake_reads.put(sender, eligible, trio.current_time())
+        if not eligible:
+            raise Reject(Reason.NOT_STAKED, f"sender {sender.hex()} is not registered with enough stake")
+
+    def _check_step(self, sub: RolloutSubmission) -> None:
+        """The assignment step names the claimed version and a counter the run allows: the store then
+        holds at most `max_submissions_per_version` assignments per worker and version (checked again,
+        slashable, when judged)."""
+        assert self.setup is not None
+        allowed = self.setup.descriptor.max_submissions_per_version
+        if sub.step >> 32 != sub.checkpoint_version:
+            raise Reject(Reason.BAD_ASSIGNMENT, "assignment step is not bound to the claimed version")
+        counter = step_counter(sub.step)
+        if counter >= allowed:
+            raise Reject(Reason.BAD_ASSIGNMENT, f"counter {counter}: the run allows {allowed} per version")
 
     def _check_fresh(self, sub: RolloutSubmission) -> None:
         if self.engines is None or self.setup is None:
@@ -596,15 +742,26 @@ class SwarmValidatorWork:
     async def judge_forever(
         self, out: VerdictOut, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Judge queued submissions as their checkpoints become available; gossip verdicts through `out`."""
+        """Judge queued submissions as their checkpoints become available; gossip verdicts through `out`;
+        prune the store every `prune_every_s`.
+
+        Total: whatever an item holds, it ends judged. An exception on one item's path (but a ledger
+        that cannot answer, which defers it) quarantines that item as a JUDGE_FAULT ignore, and the loop
+        goes on with the next one.
+        """
         assert self.setup is not None and self.engines is not None, "prepare() first"
         send, receive = trio.open_memory_channel[Verdict](VERDICT_BACKLOG)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._gossip_verdicts, out, receive)
+            nursery.start_soon(self._prune_forever)
             task_status.started()
             while True:
                 item = await self._next_ready()
-                await self._judge(item, out, send)
+                try:
+                    await self._judge(item, out, send)
+                except Exception as exc:  # one item's fault: quarantine it, never stop the judge
+                    log.exception("judging an item failed", extra={"digest": item.digest.hex()[:16]})
+                    await self._quarantine(item, exc)
 
     async def wait_judged(self, count: int) -> None:
         """Wait until `count` submissions have been judged (since the store was created)."""
@@ -673,12 +830,8 @@ class SwarmValidatorWork:
                 gossip.send_nowait(verdict)
             except trio.WouldBlock:
                 self.verdicts_dropped += 1
-        self._queue.remove(item)
-        for state in (self._deadlines, self._decided, self._attempts, self._retry_at):
-            state.pop(item.id, None)
+        self._forget(item)
         self._count(item.worker, outcome, decision.judgement, slashed)
-        self._progress.set()
-        self._progress = trio.Event()
         log.info(
             "judged submission",
             extra={
@@ -691,11 +844,53 @@ class SwarmValidatorWork:
             },
         )
 
+    def _forget(self, item: PendingItem) -> None:
+        self._queue.remove(item)
+        for state in (self._deadlines, self._decided, self._attempts, self._retry_at):
+            state.pop(item.id, None)
+        self._progress.set()
+        self._progress = trio.Event()
+
+    async def _quarantine(self, item: PendingItem, exc: Exception) -> None:
+        """Take an item the judge failed on out of the queue as a JUDGE_FAULT ignore (its decision, if
+        stored, goes with it). When even that cannot be written (the store's disk fails), the item is
+        deferred like a ledger failure: the loop goes on either way."""
+        outcome = judge_fault(exc)
+        try:
+            await trio.to_thread.run_sync(
+                lambda: self.store.quarantine(
+                    item, status=int(outcome.reason), judged_ms=int(time.time() * 1000)
+                )
+            )
+        except Exception as store_exc:  # the store itself failed: try again later, judge the others
+            log.exception("quarantine failed", extra={"digest": item.digest.hex()[:16]})
+            self._defer(item, LedgerUnavailable(f"store: {store_exc!r}"))
+            return
+        self.quarantined += 1
+        self._forget(item)
+        self._count(item.worker, outcome, Judgement(outcome, 0.0, False), False)
+        log.warning(
+            "quarantined submission",
+            extra={"digest": item.digest.hex()[:16], "worker": "0x" + item.worker.hex(), "error": str(exc)},
+        )
+
     async def _decide(self, item: PendingItem, evidence: bytes, out: VerdictOut) -> Decision:
-        """Read the worker's stake, judge, seal the verdict (an ignore is not sealed)."""
+        """Read the worker's stake, judge, seal the verdict (an ignore is not sealed). A stored envelope
+        that does not decode is a JUDGE_FAULT; a second submission for an assignment held by another one
+        (two SUBMITs racing) is rejected ASSIGNMENT_REUSED without judging."""
         assert self.setup is not None and self.engines is not None
         descriptor = self.setup.descriptor
-        sub = decode(RolloutSubmission, decode(Envelope, evidence).body)
+        try:
+            sub = decode(RolloutSubmission, decode(Envelope, evidence).body)
+        except Exception as exc:  # our own store's bytes: a verdict about this item, not a dead judge
+            fault = judge_fault(exc)
+            judgement = Judgement(fault, 0.0, False)
+            return Decision(fault, judgement, fault_verdict(self.run_id, item, fault), b"")
+        holder = await trio.to_thread.run_sync(self.store.reused, item)
+        if holder is not None:
+            reused = Reject(Reason.ASSIGNMENT_REUSED, f"assignment held by submission {holder.hex()[:16]}")
+            verdict = make_verdict(sub, item.digest, item.worker, reused, False)
+            return Decision(reused, Judgement(reused, 0.0, False), verdict, out.seal(verdict))
         eligible = await self._eligible(item.worker)  # LedgerUnavailable: not judged yet
         full = drawn_for_full_check(self._secret, item.digest, descriptor.policy.sample_fraction)
         async with self._torch_lock():  # the versions held cannot change until the judgement is done
@@ -706,6 +901,7 @@ class SwarmValidatorWork:
                 newest_version=self.engines.newest if self.engines.newest is not None else -1,
                 checkpoint_roots=self.engines.roots(),
                 is_eligible=lambda _: eligible,
+                model=self.engines.model_config,
             )
             judgement = await trio.to_thread.run_sync(
                 judge_submission, sub, item.worker, ctx, self.engines, full
@@ -724,15 +920,16 @@ class SwarmValidatorWork:
             return await self._slash(decision.verdict, evidence, self.setup.descriptor.policy.slash_gwei)
         return False
 
-    def _defer(self, item: PendingItem, exc: LedgerUnavailable) -> None:
-        """Leave `item` queued; try it again after 1, 2, 4, ... `ledger_retry_s`, at most the max."""
+    def _defer(self, item: PendingItem, exc: Exception) -> None:
+        """Leave `item` queued (the ledger, or the store, could not answer); try it again after 1, 2, 4, ...
+        `ledger_retry_s`, at most the max."""
         attempts = self._attempts.get(item.id, 0) + 1
         self._attempts[item.id] = attempts
         delay = min(self.ledger_retry_max_s, self.ledger_retry_s * 2 ** min(attempts - 1, 32))
         self._retry_at[item.id] = trio.current_time() + delay
         self.ledger_retries += 1
         log.warning(
-            "ledger unavailable, submission stays queued",
+            "ledger or store unavailable, submission stays queued",
             extra={
                 "digest": item.digest.hex()[:16],
                 "attempt": attempts,
@@ -744,7 +941,7 @@ class SwarmValidatorWork:
     def _count(
         self, worker: bytes, outcome: Accepted | ProtocolError, judgement: Judgement, slashed: bool
     ) -> None:
-        tally = self.per_worker.setdefault(worker, WorkerTally())
+        tally = bounded_get(self.per_worker, worker, WorkerTally, MAX_WORKER_TALLIES)
         self.cpu_s += judgement.cpu_s
         if judgement.full:
             self.full_checks += 1
@@ -804,6 +1001,46 @@ class SwarmValidatorWork:
         )
         return True
 
+    # --- retention -----------------------------------------------------------------------------------
+
+    def retention_floor(self) -> int | None:
+        """The oldest version whose assignments are kept: the async window plus the audit horizon below
+        the newest version held (None while none is held). Older ones are stale for every judge."""
+        assert self.setup is not None
+        newest = self.engines.newest if self.engines is not None else None
+        if newest is None:
+            return None
+        return max(0, newest - self.setup.descriptor.async_level - self.retention_versions)
+
+    def pulled_by_every_trainer(self) -> int:
+        """The accepted index every trainer that pulled since this start has pulled (0: none pulled)."""
+        return min(self._pulled.values(), default=0)
+
+    async def prune(self) -> None:
+        """Apply the retention to the store (`AcceptedStore.prune`) and refresh its statistics."""
+        floor = self.retention_floor()
+        if floor is not None:
+            pruned = await trio.to_thread.run_sync(
+                lambda: self.store.prune(
+                    floor=floor,
+                    max_accepted_bytes=self.max_accepted_bytes,
+                    pulled=self.pulled_by_every_trainer(),
+                )
+            )
+            self.pruned_judged += pruned.judged
+            self.pruned_accepted += pruned.accepted
+            if pruned.judged or pruned.accepted:
+                log.info(
+                    "pruned the store",
+                    extra={"floor": pruned.floor, "judged": pruned.judged, "accepted": pruned.accepted},
+                )
+        self.store_stats = await trio.to_thread.run_sync(self.store.statistics)
+
+    async def _prune_forever(self) -> None:
+        while True:
+            await self.prune()
+            await trio.sleep(self.prune_every_s)
+
     async def _gossip_verdicts(self, out: VerdictOut, receive: trio.MemoryReceiveChannel[Verdict]) -> None:
         async for verdict in receive:
             await out.publish("verdicts", verdict)
@@ -827,6 +1064,9 @@ class SwarmValidatorWork:
         if not 0 <= request.after <= MAX_CURSOR:
             self.accepted_refused += 1
             raise Reject(Reason.OUT_OF_RANGE, f"cursor {request.after} is beyond any accepted index")
+        # what this trainer has (its cursor), never beyond what exists: frees pulled items for the byte cap
+        pulled = min(request.after, self.store.newest)
+        self._pulled[opened.sender] = max(self._pulled.get(opened.sender, 0), pulled)
         if self.store.newest <= request.after and request.wait_ms:
             await self.store.wait_after(request.after, request.wait_ms / 1000)
         items, newest = await trio.to_thread.run_sync(

@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import sqlite3
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from libp2p.peer.id import ID
 
 from crypto.identity import NodeIdentity
@@ -877,3 +880,107 @@ def test_an_inbox_made_before_the_step_column_gets_it(tmp_path: Path) -> None:
     again = box.store(VALIDATOR.address, [replace(entry(2), digest=b"\x0a" * 32)], cursor=4)
     assert (again.inserted, again.duplicates) == (0, 1)  # same worker and step
     box.close()
+
+
+# --- bounded tables ---------------------------------------------------------------------------------------
+
+
+def most_recent(workers: list[int], cap: int) -> list[int]:
+    """The `cap` distinct workers counted last, newest first."""
+    return list(dict.fromkeys(reversed(workers)))[:cap]
+
+
+@settings(max_examples=200, deadline=None)
+@given(workers=st.lists(st.integers(0, 40), max_size=200), cap=st.integers(1, 8))
+def test_the_verdict_tally_keeps_the_most_recently_counted_workers(workers: list[int], cap: int) -> None:
+    """Its keys are the `cap` workers counted last; each one's count runs from when it last came in."""
+    verdicts: OrderedDict[str, Counter[str]] = OrderedDict()
+    came_in: dict[int, int] = {}
+    for t, w in enumerate(workers):
+        if w not in most_recent(workers[:t], cap):
+            came_in[w] = t
+        trainer_module.count_verdict(verdicts, f"w{w}", "accepted", cap=cap)
+        assert len(verdicts) <= cap
+    kept = most_recent(workers, cap)
+    assert list(verdicts) == [f"w{w}" for w in reversed(kept)]
+    for w in kept:
+        assert verdicts[f"w{w}"]["accepted"] == workers[came_in[w] :].count(w)
+
+
+def record(n: int) -> PeerRecord:
+    return PeerRecord(f"peer{n}", n.to_bytes(20, "big"), "validator", "", "test", 0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    scans=st.lists(st.lists(st.integers(0, 60), max_size=30), min_size=1, max_size=8),
+    pulling=st.sets(st.integers(0, 60)),
+    cap=st.integers(1, 10),
+)
+def test_tracked_validators_stay_under_the_cap_and_never_drop_one_being_pulled_from(
+    scans: list[list[int]], pulling: set[int], cap: int
+) -> None:
+    tracked: dict[bytes, trainer_module.ValidatorPull] = {}
+    now = 0.0
+    for scan in scans:
+        pulled_from = {a for a, p in tracked.items() if p.scope is not None}
+        trainer_module.track_validators(tracked, [record(n) for n in scan], now, cap=cap)
+        assert len(tracked) <= cap and pulled_from <= set(tracked)
+        for address, pull in tracked.items():  # what the scan loop does: read each one's standing
+            n = int.from_bytes(address, "big")
+            if pull.checked_at is None or now - pull.checked_at >= trainer_module.TRUST_CHECK_S:
+                pull.checked_at, pull.trusted = now, n in pulling
+                pull.scope = trio.CancelScope() if n in pulling else None
+        now += trainer_module.TRUST_CHECK_S / 2
+
+
+def test_a_full_table_of_untrusted_validators_gives_way_to_a_newcomer_only_after_a_trust_check() -> None:
+    tracked: dict[bytes, trainer_module.ValidatorPull] = {}
+    trainer_module.track_validators(tracked, [record(1), record(2)], 0.0, cap=2)
+    for pull in tracked.values():
+        pull.checked_at, pull.trusted = 0.0, False  # read once: not a validator in good standing
+    trainer_module.track_validators(tracked, [record(3)], 1.0, cap=2)
+    assert set(tracked) == {record(1).address, record(2).address}  # too soon: no ledger read churn
+    tracked[record(2).address].checked_at = 0.5
+    trainer_module.track_validators(tracked, [record(3)], trainer_module.TRUST_CHECK_S, cap=2)
+    assert set(tracked) == {record(2).address, record(3).address}  # the stalest one gave way
+
+
+def test_a_validator_with_its_share_of_the_inbox_is_not_pulled_from_until_a_prune(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inbox: RolloutInbox
+) -> None:
+    monkeypatch.setattr(trainer_module, "PULL_EMPTY_PAUSE_S", 0.01)
+    assert [trainer_module.pull_limit(n, cap=20) for n in (0, 4, 19, 20, 99)] == [16, 16, 1, 0, 0]
+    inbox.store(VALIDATOR.address, [entry(1), entry(2, version=5)], cursor=2)
+    inbox.store(OTHER_VALIDATOR.address, [entry(3)], cursor=3)
+    inbox.drop([inbox.pending()[0].id], 0)  # dropped rows are still held (on disk) until pruned
+    assert inbox.held_from(VALIDATOR.address) == 2 and inbox.held_from(OTHER_VALIDATOR.address) == 1
+    bounds = trainer_module.TrainerBounds(rows_per_validator=3)
+    work = SwarmTrainerWork(work_config(tmp_path / "trainer"), TRAINER, bounds=bounds)
+    work.trainer, work.inbox, work.descriptor = object(), inbox, small_descriptor()  # type: ignore[assignment]
+    work.validators[VALIDATOR.address] = trainer_module.ValidatorPull(PeersOnly([VALIDATOR]).records[0])
+    asked: list[int] = []
+
+    class Recording(OneValidatorNet):
+        async def request(self, peer: ID, spec: object, request: AcceptedRequest) -> Any:
+            asked.append(request.limit)
+            return await super().request(peer, spec, request)
+
+    async def ingest(validator: bytes, batch: AcceptedBatch) -> trainer_module.Ingested:
+        inbox.store(validator, [entry(4, version=5)], cursor=4)  # its third row: its share is full
+        return trainer_module.Ingested(trainer_module.Stored(1, 0), 4, ())
+
+    monkeypatch.setattr(work, "ingest", ingest)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work._pull, Recording([AcceptedBatch((), 4)]), VALIDATOR.address)
+            await wait_until(lambda: len(asked) == 1, timeout=5)
+            await trio.sleep(0.1)
+            assert asked == [1]  # room for one; then full: no request while its rows are held
+            inbox.prune(newest=2 + inbox.retention_versions + 1, async_level=2)  # version 0 goes
+            await wait_until(lambda: len(asked) == 2, timeout=5)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert asked == [1, 1]

@@ -231,9 +231,9 @@ def test_pending_queue_survives_restart_and_refuses_duplicates(tmp_path):
     with pytest.raises(Ignore) as err:  # the same submission again
         _pending(store, 1)
     assert err.value.reason == Reason.DUPLICATE
-    with pytest.raises(Ignore) as err:  # another submission for a queued assignment step
+    with pytest.raises(Reject) as err:  # another submission for a queued assignment step
         _pending(store, 3, step=2)
-    assert err.value.reason == Reason.DUPLICATE
+    assert err.value.reason == Reason.ASSIGNMENT_REUSED
     store.close()
 
     store = AcceptedStore(path)  # "killed" before judging: both are still queued, in order
@@ -244,8 +244,9 @@ def test_pending_queue_survives_restart_and_refuses_duplicates(tmp_path):
         second, status=int(Reason.STALE), tokens=0, verdict=b"", submission=None, judged_ms=9, ignored=True
     )
     assert store.pending() == [] and store.newest == 0
-    with pytest.raises(Ignore):  # judged (rejected): the step stays taken
+    with pytest.raises(Reject) as err:  # judged (rejected): the step stays taken
         _pending(store, 4, step=1)
+    assert err.value.reason == Reason.ASSIGNMENT_REUSED
     retry = _pending(store, 5, step=2)  # ignored (stale): nobody's fault, the step may be retried
     counts = store.judged_counts()
     assert counts.by_status == {int(Reason.BAD_REWARD): 1} and counts.ignored == {int(Reason.STALE): 1}
@@ -308,9 +309,9 @@ def test_every_ignore_frees_the_step_and_counts_as_an_ignore(tmp_path):
     assert counts.by_status == {int(Reason.BAD_REWARD): 1}
     _pending(migrated, 1)  # step 1 (607) and step 2 (203) are free, step 3 (603) is taken
     _pending(migrated, 2)
-    with pytest.raises(Ignore) as err:
+    with pytest.raises(Reject) as err:
         _pending(migrated, 3)
-    assert err.value.reason == Reason.DUPLICATE
+    assert err.value.reason == Reason.ASSIGNMENT_REUSED
     migrated.close()
 
 
@@ -395,12 +396,15 @@ def test_honest_work_is_credited_and_every_cheat_is_slashed(tmp_path, setup, che
         assert await work.hold_verified(checkpoint)
         async with trio.open_nursery() as nursery:
             await nursery.start(work.judge_forever, out)
+            sent = {}
             for name, (worker, sub) in submissions.items():
-                opened, digest, _ = signed(worker, sub)
+                opened, digest, _ = sent[name] = signed(worker, sub)
                 acks[name] = await work.submit(None, opened, digest)
             await wait_judged(work, len(submissions))
-            duplicate = await work.submit(None, *signed(HONEST, submissions["honest"][1], seq=1)[:2])
+            duplicate = await work.submit(None, *sent["honest"][:2])  # the same envelope again
             assert duplicate.status == Reason.DUPLICATE
+            resealed = await work.submit(None, *signed(HONEST, submissions["honest"][1], seq=2)[:2])
+            assert resealed.status == Reason.ASSIGNMENT_REUSED  # the same assignment, sealed anew
             request = open_envelope(
                 seal(TRAINER, AcceptedRequest(RUN, 0, 16, 0), run=RUN, seq=1, ts=now_ms()),
                 run=RUN,
@@ -460,6 +464,7 @@ def test_queued_submissions_are_judged_after_a_restart(tmp_path, setup, checkpoi
 
     async def queue_only():  # a validator that acknowledges and is killed before judging
         work = make_work(tmp_path, ledger)
+        await work.prepare(setup)
         ack = await work.submit(None, opened, digest)
         assert ack.status == 100 and work.status()["queued"] == 1
         work.store.close()
@@ -602,16 +607,16 @@ def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
     async def main():
         await work.prepare(setup)
         await work.hold_verified(checkpoint)
+        for name in ("honest", "forged"):  # queued while the stake reads (SUBMIT's) still answer
+            worker, sub = submissions[name]
+            assert (await work.submit(None, *signed(worker, sub)[:2])).status == 100
+        ledger.fail = {
+            "is_eligible": RuntimeError("{'code': -32000, 'message': 'header not found'}"),
+            "record_contribution": BackendError("rpc down"),
+            "slash": OSError("connection reset"),
+        }
         async with trio.open_nursery() as nursery:
             await nursery.start(work.judge_forever, out)
-            ledger.fail = {
-                "is_eligible": RuntimeError("{'code': -32000, 'message': 'header not found'}"),
-                "record_contribution": BackendError("rpc down"),
-                "slash": OSError("connection reset"),
-            }
-            for name in ("honest", "forged"):
-                worker, sub = submissions[name]
-                assert (await work.submit(None, *signed(worker, sub)[:2])).status == 100
             await poll_until(lambda: work.ledger_retries >= 6)  # several retries of both
             assert judged_calls == [] and work.judged == 0 and work.status()["queued"] == 2
 
@@ -777,7 +782,7 @@ def test_accepted_is_served_to_the_co_trainers_the_descriptor_names(tmp_path, se
     assert work.status()["accepted_refused"] == 2
 
 
-def test_submit_refuses_unknown_versions_and_caps_each_worker(tmp_path, submissions):
+def test_submit_refuses_unknown_versions_and_caps_each_worker(tmp_path, setup, submissions):
     """A version above the newest trainer-signed manifest seen is ignored 607 at SUBMIT; a worker holds at
     most MAX_PENDING_PER_WORKER places in the queue."""
     work = make_work(tmp_path, None)
@@ -787,7 +792,8 @@ def test_submit_refuses_unknown_versions_and_caps_each_worker(tmp_path, submissi
     _, sub = submissions["honest"]
 
     async def main():
-        ahead = dataclasses.replace(sub, checkpoint_version=VERSION + 1)
+        await work.prepare(setup)
+        ahead = dataclasses.replace(sub, checkpoint_version=VERSION + 1, step=(VERSION + 1) << 32)
         ack = await work.submit(None, *signed(HONEST, ahead)[:2])
         assert ack.status == Reason.UNKNOWN_CHECKPOINT
         acks = []
