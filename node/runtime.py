@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import time
 from typing import Any, TextIO
@@ -22,11 +23,14 @@ import trio
 from libp2p.abc import IHost
 
 from crypto.identity import NodeIdentity
+from ledger import Ledger
+from ledger.errors import LedgerError
+from ledger.signedlog import SignedLog
 from node.config import NodeConfig
 from node.metrics import make_registry, serve_metrics
-from node.p2p.clock import SeqCounter
+from node.p2p.clock import SeqCounter, wall_ms
 from node.p2p.dht import Discovery
-from node.p2p.gossip import Delivery, Gossip
+from node.p2p.gossip import Delivery, Gossip, LedgerView, advance_ledger_view
 from node.p2p.host import build_host, dialable_addrs, listen_addrs
 from node.p2p.peers import AGENT, Liveness, PeerActivity, PeerDirectory
 from node.p2p.records import ROLES
@@ -41,6 +45,8 @@ STATUS_FILE = "status.json"
 DELIVERIES_FILE = "deliveries.jsonl"
 LOG_FILE = "node.log"
 STATUS_INTERVAL = 1.0
+LEDGER_VIEW_INTERVAL = 10.0  # seconds between reads of the ledger for gossip authority (spec/gossip.md)
+LEDGER_READ_ERRORS: tuple[type[BaseException], ...] = (LedgerError, OSError, sqlite3.Error, ValueError)
 
 
 class NodeRuntime:
@@ -58,6 +64,8 @@ class NodeRuntime:
         self.liveness: Liveness | None = None
         self.metrics_port: int | None = None
         self._deliveries: TextIO | None = None
+        self.ledger_reads = 0
+        self.ledger_read_errors = 0
 
     def _compose(self, host: IHost) -> tuple[RoleNet, PeerGuard, Liveness]:
         """Build every component around a host; nothing runs yet."""
@@ -77,7 +85,10 @@ class NodeRuntime:
             subscribe=self.role.SUBSCRIBES,
             settings=config.gossip,
         )
-        discovery = Discovery(host, guard, config.discovery_settings())
+        settings = config.discovery_settings()
+        discovery = Discovery(host, guard, settings)
+        if settings.trainer is not None:
+            gossip.set_trainer(settings.trainer)  # the operator's pin: manifests judged before the record
         directory = None
         if self.role.ROLE in ROLES:  # bootstrap and probe nodes have no role to introduce
             hello = Hello(
@@ -124,6 +135,8 @@ class NodeRuntime:
                     await nursery.start(gossip.run)
                     await nursery.start(discovery.run)
                     await nursery.start(liveness.run)
+                    if config.ledger_url:
+                        await nursery.start(self._follow_ledger, gossip)
                     if config.metrics_port:
                         self.metrics_port = await nursery.start(
                             serve_metrics, make_registry(self.status), config.metrics_port
@@ -145,6 +158,33 @@ class NodeRuntime:
                 if self._deliveries is not None:
                     self._deliveries.close()
                 self._write_status(final=True)
+
+    async def _follow_ledger(
+        self, gossip: Gossip, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep gossip's ledger view current: who is registered, who is an eligible validator.
+
+        A read that fails keeps the last view (counted); until the first read succeeds the node judges
+        ledger-backed topics in open mode, like a node without a ledger.
+        """
+        from node.swarm.common import open_work_ledger  # imports torch: only nodes with a ledger pay
+
+        ledger = await trio.to_thread.run_sync(open_work_ledger, self.config.ledger_url)
+        assert ledger is not None
+        task_status.started()
+        view: LedgerView | None = None
+        try:
+            while True:
+                try:
+                    view = await trio.to_thread.run_sync(read_ledger_view, ledger, view, wall_ms())
+                    gossip.set_ledger_view(view)
+                    self.ledger_reads += 1
+                except LEDGER_READ_ERRORS as exc:
+                    self.ledger_read_errors += 1
+                    log.warning("ledger read for gossip authority failed", extra={"error": str(exc)})
+                await trio.sleep(LEDGER_VIEW_INTERVAL)
+        finally:
+            ledger.close()
 
     def _record_delivery(self, delivery: Delivery) -> None:
         assert self._deliveries is not None
@@ -193,6 +233,7 @@ class NodeRuntime:
             "scores": guard.scores.snapshot(trio.current_time()),
             "reqresp": net.reqresp.statistics(),
             "liveness": liveness.statistics(),
+            "authority": _authority_status(net.gossip, self.ledger_reads, self.ledger_read_errors),
             "work": _work_status(work),
         }
 
@@ -207,6 +248,34 @@ class NodeRuntime:
         while True:
             self._write_status()
             await trio.sleep(STATUS_INTERVAL)
+
+
+def read_ledger_view(ledger: Ledger, previous: LedgerView | None, now_ms: int) -> LedgerView:
+    """Blocking: one read of the sets gossip authority needs (registered, eligible validators)."""
+    if isinstance(ledger, SignedLog):
+        ledger.refresh()  # entries other writers appended since our last look
+    nodes = [n for n in ledger.nodes() if not n.ejected]
+    eligible = {s.address for s in ledger.stakes() if s.eligible}
+    return advance_ledger_view(
+        previous,
+        validators=frozenset(n.address for n in nodes if n.role == "validator" and n.address in eligible),
+        registered=frozenset(n.address for n in nodes),
+        now_ms=now_ms,
+        ledger_id=ledger.ledger_id if isinstance(ledger, SignedLog) else None,
+    )
+
+
+def _authority_status(gossip: Gossip, reads: int, errors: int) -> dict[str, Any]:
+    view = gossip.authority
+    ledger = view.ledger
+    return {
+        "trainer": "0x" + view.trainer.hex() if view.trainer is not None else None,
+        "ledger_reads": reads,
+        "ledger_read_errors": errors,
+        "validators": len(ledger.validators) if ledger is not None else None,
+        "registered": len(ledger.registered) if ledger is not None else None,
+        "former": len(ledger.former) if ledger is not None else None,
+    }
 
 
 def _work_status(work: Any) -> dict[str, Any]:

@@ -23,6 +23,9 @@ What py-libp2p's `KadDHT` does by default (file:line in site-packages/libp2p/kad
   announcements `provide_spacing` apart.
 - `value_store._store_at_peer(key, value)` sends the locally stored record instead of `value` when one
   exists (value_store.py:319); we only put through `put_value`, which stores locally first.
+- Nothing stops a banned peer from re-entering the routing table (any inbound query adds its sender,
+  kad_dht.py:632). We wrap the table's `add_peer` to refuse banned peers, drop a peer when its ban lands,
+  and leave banned peers out of lookups and their results (spec/discovery.md, Banned peers).
 - The Kademlia protocol id is always `/ipfs/kad/1.0.0` whatever `protocol_prefix` says (kad_dht.py:340).
 """
 
@@ -128,10 +131,32 @@ class Discovery:
         self._provide_lock = trio.Lock()
         self._last_provide = -float("inf")
         self._wake = trio.Event()
+        self.guard = guard
+        self._gate_routing_table()
         guard.on_ban(self._forget_peer)
 
+    def _gate_routing_table(self) -> None:
+        """No banned peer enters the routing table, by whichever path (inbound query, lookup, refresh).
+
+        The table object is shared by the DHT, its peer routing and its refresh task, so its own
+        `add_peer` is wrapped (py-libp2p offers no admission hook).
+        """
+        table = self.dht.routing_table
+        add_peer = table.add_peer
+
+        async def gated_add_peer(peer_obj: PeerInfo | ID, *, skip_server_mode_check: bool = False) -> bool:
+            peer = peer_obj.peer_id if isinstance(peer_obj, PeerInfo) else peer_obj
+            if self.guard.is_banned(peer):
+                self.stats["routing_banned_refused"] += 1
+                return False
+            return await add_peer(peer_obj, skip_server_mode_check=skip_server_mode_check)
+
+        table.add_peer = gated_add_peer  # type: ignore[method-assign]
+
     def _forget_peer(self, peer: ID) -> None:
-        self.dht.routing_table.remove_peer(peer)
+        """A ban drops the peer from the routing table (and the gate keeps it out while banned)."""
+        if self.dht.routing_table.remove_peer(peer):
+            self.stats["routing_banned_removed"] += 1
 
     @property
     def my_id(self) -> ID:
@@ -152,7 +177,7 @@ class Discovery:
 
         async def dial(info: PeerInfo) -> None:
             nonlocal reached
-            if info.peer_id == self.my_id:
+            if info.peer_id == self.my_id or self.guard.is_banned(info.peer_id):
                 return
             with trio.move_on_after(self.settings.dial_timeout):
                 try:
@@ -251,6 +276,9 @@ class Discovery:
         def merge(info: PeerInfo) -> None:
             if info.peer_id == self.my_id and not include_self:
                 return
+            if self.guard.is_banned(info.peer_id):
+                self.stats["providers_banned_dropped"] += 1
+                return
             addrs = found.get(info.peer_id)
             if addrs is None:
                 addrs = found[info.peer_id] = {}
@@ -273,7 +301,11 @@ class Discovery:
 
         with trio.move_on_after(self.settings.lookup_timeout):
             closest = await self.dht.peer_routing.find_closest_peers_network(key)
-            candidates = [p for p in closest[: self.settings.max_lookup_fanout] if p != self.my_id]
+            candidates = [
+                p
+                for p in closest[: self.settings.max_lookup_fanout]
+                if p != self.my_id and not self.guard.is_banned(p)
+            ]
             answered: list[ID] = []
             # Closest first, a batch at a time: provider records live on the k closest peers, so once
             # `min_answers` peers answered and a batch taught us nothing new, asking further is waste.

@@ -26,6 +26,12 @@ What py-libp2p's pubsub does by default (file:line in site-packages/libp2p/pubsu
   a valid message after the seen TTL is delivered without running validators. A message reaches our
   queue only if our validator accepted it moments before (`pending`), so such replays are counted as
   `duplicates` and dropped.
+- The validator hook sees only bytes: authority is ours. Before forwarding, the claimed signer must have
+  authority for the topic (`authorise`: manifests from the run's trainer, verdicts from eligible
+  validators, shard announcements and ledger entries from registered nodes), judged from the envelope
+  header before the signature is checked, against an `AuthorityView` the runtime fills.
+- Three tasks write to a peer's pubsub stream concurrently and yamux locks per frame, so large RPCs
+  interleave into garbage (`SerialPubsub` serialises writes per stream).
 - Heartbeat every 120 s (gossipsub.py:179) and "adaptive" degrees: we use a 1 s heartbeat, fixed degrees.
   With adaptive gossip off the router still appends a timestamp per forwarded message to
   `recent_message_deliveries` (gossipsub.py:1089), which only the adaptive path prunes
@@ -36,14 +42,15 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
 import trio
-from libp2p.abc import IHost
+from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
@@ -54,12 +61,23 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from crypto.hashing import sha256
 from crypto.identity import NodeIdentity
+from ledger.errors import LedgerError
+from ledger.log import authenticate
 from node.p2p.clock import Clock, SeqCounter, wall_ms, wall_us
 from node.p2p.peers import PeerActivity
 from node.p2p.ratelimit import KeyedBuckets, TokenBucket
 from node.p2p.scoring import PeerGuard
 from protocol import ids
-from protocol.envelope import ENVELOPE_OVERHEAD, Opened, ReplayWindow, open_envelope, seal
+from protocol.codec import decode
+from protocol.envelope import (
+    ENVELOPE_OVERHEAD,
+    ENVELOPE_VERSION,
+    Envelope,
+    Opened,
+    ReplayWindow,
+    open_envelope,
+    seal,
+)
 from protocol.errors import Ignore, Reason, Reject
 from protocol.ledger_messages import LedgerEntry
 from protocol.messages import CheckpointManifest, ShardHave, Verdict
@@ -112,6 +130,7 @@ class GossipSettings:
     seen_ttl: int = 600
     forward_cap_per_topic: float = 2000.0
     pending_ttl: float = 30.0
+    max_pending: int = 8192  # accepted messages awaiting the drain; beyond it a message is not accepted
     outbound_high_water: int = 16  # publish waits while a topic peer has this many RPCs queued (of 32)
     backpressure_timeout: float = 5.0  # then publishes anyway (the router may drop; counted)
     deliver_own: bool = False
@@ -144,6 +163,7 @@ class TopicStats:
     duplicates: int = 0
     queue_drops: int = 0
     upstream_drops: int = 0
+    pending_full: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     ignored: Counter[str] = field(default_factory=Counter)
 
@@ -161,6 +181,7 @@ class TopicStats:
             "duplicates": self.duplicates,
             "queue_drops": self.queue_drops,
             "upstream_drops": self.upstream_drops,
+            "pending_full": self.pending_full,
             "rejected": dict(self.rejected),
             "ignored": dict(self.ignored),
         }
@@ -186,17 +207,176 @@ class CountingGossipSub(GossipSub):
         super()._handle_dropped_rpc(peer_id, rpc, reason)
 
 
+# --- authority: who may sign what on each topic (spec/gossip.md, Authority) ----------------------------
+
+VIEW_LAG_MS = 30_000
+"""How long a registration may take to show in a fresh ledger read (EVM block time and RPC lag included).
+A signer outside our view is charged only for a message it signed at least this long before the view
+was read: had it been registered when it signed, the view would hold it."""
+
+FORMER_GRACE_MS = 6 * 60_000
+"""How long a signer dropped from a ledger set is Ignored rather than Rejected: peers whose views are
+older still forward what it signed while it stood (the 5 min clock-skew window, plus a margin)."""
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """What the node last read from its ledger, as sets of addresses (filled by the runtime)."""
+
+    validators: frozenset[bytes]  # registered as validator, not ejected, fully staked
+    registered: frozenset[bytes]  # registered in any role, not ejected
+    former: Mapping[bytes, int]  # address -> wall ms it left a set, kept for FORMER_GRACE_MS
+    as_of_ms: int  # wall clock of the read
+    ledger_id: str | None = None  # the signed log's id (None on an EVM ledger: no entries to gossip)
+
+
+@dataclass(frozen=True)
+class AuthorityView:
+    """The facts topic authority is judged on. Empty until the runtime learns them."""
+
+    trainer: bytes | None = None  # the run's lead (RunDescriptor.trainer): the only manifest signer
+    ledger: LedgerView | None = None  # None: the node has no ledger (open mode, spec/gossip.md)
+
+
+def advance_ledger_view(
+    previous: LedgerView | None,
+    *,
+    validators: frozenset[bytes],
+    registered: frozenset[bytes],
+    now_ms: int,
+    ledger_id: str | None = None,
+) -> LedgerView:
+    """A new read of the ledger; members that left either set since `previous` enter `former`."""
+    former = {} if previous is None else dict(previous.former)
+    if previous is not None:
+        for address in (previous.validators - validators) | (previous.registered - registered):
+            former.setdefault(address, now_ms)
+    for address in [a for a, left in former.items() if now_ms - left >= FORMER_GRACE_MS]:
+        del former[address]
+    for address in validators | registered:
+        former.pop(address, None)
+    return LedgerView(validators, registered, MappingProxyType(former), now_ms, ledger_id)
+
+
+def _member(members: frozenset[bytes], ledger: LedgerView, kind: str, sender: bytes, ts_ms: int) -> None:
+    if sender in members:
+        return
+    who = "0x" + sender.hex()
+    if sender in ledger.former:
+        raise Ignore(Reason.NOT_FOR_US, f"{kind}: {who} left the ledger set moments ago")
+    if ts_ms > ledger.as_of_ms - VIEW_LAG_MS:
+        raise Ignore(Reason.NOT_FOR_US, f"{kind}: {who} is not in a ledger view older than its message")
+    raise Reject(Reason.UNAUTHORISED, f"{kind}: {who} has no authority on this topic")
+
+
+def authorise(kind: str, sender: bytes, ts_ms: int, view: AuthorityView) -> None:
+    """Whether `sender` may sign messages on topic `kind` (spec/gossip.md, Authority); raises Reject/Ignore.
+
+    `ts_ms` is the envelope's timestamp: it decides whether a signer missing from the ledger view is
+    provably unauthorised (Reject 502) or may have registered after the view was read (Ignore 205).
+    """
+    if kind == "checkpoints":
+        if view.trainer is None:
+            raise Ignore(Reason.NOT_FOR_US, "checkpoints: the run descriptor is not known yet")
+        if sender != view.trainer:
+            raise Reject(Reason.UNAUTHORISED, f"checkpoints: 0x{sender.hex()} is not the run's trainer")
+        return
+    ledger = view.ledger
+    if kind == "verdicts":
+        if ledger is not None:
+            _member(ledger.validators, ledger, kind, sender, ts_ms)
+        return
+    if kind == "shards":
+        if ledger is not None:
+            _member(ledger.registered, ledger, kind, sender, ts_ms)
+        return
+    if kind == "ledger":
+        if ledger is None or ledger.ledger_id is None:
+            raise Ignore(Reason.NOT_FOR_US, "ledger: this node holds no signed log to judge entries by")
+        _member(ledger.registered, ledger, kind, sender, ts_ms)
+        return
+    raise Ignore(Reason.NOT_FOR_US, f"no authority rule for topic kind {kind!r}")
+
+
+def check_ledger_entry(entry: LedgerEntry, view: AuthorityView) -> None:
+    """A gossiped entry is well-formed: its op is an operation of our ledger, signed by its author."""
+    ledger_id = view.ledger.ledger_id if view.ledger is not None else None
+    if ledger_id is None:
+        raise Ignore(Reason.NOT_FOR_US, "ledger: this node holds no signed log to judge entries by")
+    try:
+        authenticate(entry.op, ledger_id)
+    except LedgerError as exc:
+        raise Reject(_ledger_reason(exc), f"ledger entry {entry.index}: {exc.detail}") from None
+
+
+def _ledger_reason(exc: LedgerError) -> Reason:
+    try:
+        return Reason(exc.code)
+    except ValueError:
+        return Reason.MALFORMED_OPERATION
+
+
+class SerialPubsub(Pubsub):
+    """py-libp2p's Pubsub with one writer at a time per stream.
+
+    Three paths write RPCs to a peer's pubsub stream concurrently: the per-peer send loop
+    (pubsub.py:1266) and gossipsub's pending-flush and recent-message paths (gossipsub.py:704, :788).
+    Yamux takes its write lock per frame, not per write (yamux.py:239), so two large RPCs interleave
+    their frames and the receiver reads garbage protobuf: measured here with two 590 KB manifests.
+    Serialising `write_msg` per stream keeps every RPC contiguous.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._write_locks: weakref.WeakKeyDictionary[INetStream, trio.Lock] = weakref.WeakKeyDictionary()
+
+    async def write_msg(self, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> bool:
+        lock = self._write_locks.get(stream)
+        if lock is None:
+            lock = self._write_locks[stream] = trio.Lock()
+        async with lock:
+            return await super().write_msg(stream, rpc_msg)
+
+
+def _header_passes(header: Envelope, policy: TopicPolicy, run: str) -> bool:
+    """The header checks open_envelope makes before the signature (spec/gossip.md, Validation 4-7)."""
+    cls = policy.type_map.get(header.type)
+    return (
+        header.v == ENVELOPE_VERSION
+        and cls is not None
+        and len(header.body) <= int(cls.MAX_SIZE)  # type: ignore[attr-defined]
+        and header.run == run
+    )
+
+
 def check_gossip_message(
-    policy: TopicPolicy, data: bytes, *, run: str, now_ms: int, replay: ReplayWindow | None
+    policy: TopicPolicy,
+    data: bytes,
+    *,
+    run: str,
+    now_ms: int,
+    replay: ReplayWindow | None,
+    authority: AuthorityView | None = None,
 ) -> Opened:
     """The message rule of a topic (spec/gossip.md, Validation), cheapest check first; raises Reject/Ignore.
 
-    Size cap of the topic, then the signed envelope (version, type carried by the topic, body cap, run,
-    signature, canonical body, clock skew, replay). Per-sender rates are applied after this, by the caller.
+    Size cap of the topic; then, given `authority`, the claimed signer's authority for the topic, read
+    from the envelope header before any signature is verified or body decoded (a forged claim fails the
+    signature next); then the signed envelope (version, type carried by the topic, body cap, run,
+    signature, canonical body, clock skew, replay); then, on `ledger`, the entry's own operation.
+    `authority=None` skips both authority checks (the message-rule vectors). Per-sender rates are applied
+    after this, by the caller.
     """
     if len(data) > policy.max_bytes:
         raise Reject(Reason.OVERSIZED, f"{len(data)} bytes on {policy.kind}, cap {policy.max_bytes}")
-    return open_envelope(data, run=run, now_ms=now_ms, replay=replay, types=policy.type_map)
+    if authority is not None:
+        header = decode(Envelope, data)
+        if _header_passes(header, policy, run):  # else open_envelope says why not, as it always did
+            authorise(policy.kind, header.sender, header.ts, authority)
+    opened = open_envelope(data, run=run, now_ms=now_ms, replay=replay, types=policy.type_map)
+    if authority is not None and isinstance(opened.message, LedgerEntry):
+        check_ledger_entry(opened.message, authority)
+    return opened
 
 
 def content_id(message: rpc_pb2.Message) -> bytes:
@@ -256,7 +436,7 @@ class Gossip:
             adaptive_gossip_enabled=False,
             max_messages_per_topic_per_second=self.settings.forward_cap_per_topic,
         )
-        self.pubsub = Pubsub(
+        self.pubsub = SerialPubsub(
             host,
             self.router,
             seen_ttl=self.settings.seen_ttl,
@@ -265,6 +445,7 @@ class Gossip:
         )
         self.pubsub.counter = wall_us()  # libp2p seqnos must not repeat across restarts either
         self.replay = ReplayWindow()
+        self.authority = AuthorityView()
         self.stats = {kind: TopicStats() for kind in self.settings.policies}
         self._sender_buckets = {
             kind: KeyedBuckets(p.sender_rate, p.sender_burst) for kind, p in self.settings.policies.items()
@@ -293,6 +474,16 @@ class Gossip:
         else:
             self.pubsub.blacklisted_peers.add(peer)
 
+    # --- authority -------------------------------------------------------------------------------
+
+    def set_trainer(self, trainer: bytes) -> None:
+        """The run's lead, from its signed RunDescriptor (or the operator's pin): the manifest signer."""
+        self.authority = replace(self.authority, trainer=trainer)
+
+    def set_ledger_view(self, view: LedgerView) -> None:
+        """The latest read of the node's ledger (eligible validators, registered nodes)."""
+        self.authority = replace(self.authority, ledger=view)
+
     # --- validation ------------------------------------------------------------------------------
 
     def _validator_for(self, kind: str) -> Callable[[ID, rpc_pb2.Message], bool]:
@@ -313,7 +504,12 @@ class Gossip:
                 return False
         try:
             opened = check_gossip_message(
-                policy, message.data, run=self.run_id, now_ms=self.now_ms(), replay=self.replay
+                policy,
+                message.data,
+                run=self.run_id,
+                now_ms=self.now_ms(),
+                replay=self.replay,
+                authority=None if own else self.authority,  # our own publications are our peers' to judge
             )
         except Reject as exc:
             stats.rejected[exc.reason.name] += 1
@@ -325,9 +521,12 @@ class Gossip:
         if not own and not self._sender_buckets[kind].try_take(opened.sender, self.clock()):
             stats.throttled += 1
             return False
-        stats.accepted += 1
         if kind in self._queues:  # only subscribed topics reach a drain; our fanout publications do not
+            if len(self._pending) >= self.settings.max_pending:
+                stats.pending_full += 1  # the drains are stuck: refuse rather than grow (not forwarded)
+                return False
             self._pending[content_id(message)] = _Pending(kind, opened, forwarder, self.clock())
+        stats.accepted += 1
         return True
 
     # --- delivery --------------------------------------------------------------------------------

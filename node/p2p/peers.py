@@ -6,7 +6,10 @@ the other's address, role and HTTP endpoint from a signature, not from the DHT.
 
 py-libp2p keeps idle connections forever and never notices a peer that vanished without closing its
 socket. `Liveness` pings every connected peer that has been quiet for `idle_after` seconds and drops
-one that misses `max_strikes` pings in a row.
+one that misses `max_strikes` pings in a row. Not every peer is a swarmnode node (a crawler, a monitor,
+any plain libp2p host): a peer is alive if it answers our signed ping or, failing that (or when its
+identify record shows it does not speak ours), the standard `/ipfs/ping/1.0.0` that every libp2p host
+serves. Only a peer that answers neither is charged.
 """
 
 from __future__ import annotations
@@ -18,13 +21,18 @@ from dataclasses import dataclass
 
 import trio
 from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
+from libp2p.custom_types import TProtocol
+from libp2p.host.ping import ID as IPFS_PING_ID
+from libp2p.host.ping import perform_ping_roundtrip
 from libp2p.peer.id import ID
+from libp2p.peer.peerstore import PeerStoreError
 from multiaddr import Multiaddr  # type: ignore[import-untyped]
 
 from crypto.identity import address_of_peer_id
 from node.p2p.clock import Clock
-from node.p2p.reqresp import BadResponse, ProtocolSpec, RequestFailed, RequestResponse
-from node.p2p.scoring import Fault, PeerGuard
+from node.p2p.host import TRANSPORT_ERRORS
+from node.p2p.reqresp import BadResponse, PeerUnreachable, ProtocolSpec, RequestFailed, RequestResponse
+from node.p2p.scoring import Fault, PeerGuard, close_connections
 from protocol import ids
 from protocol.envelope import Opened
 from protocol.errors import ProtocolError, Reason, Reject
@@ -35,6 +43,9 @@ log = logging.getLogger(__name__)
 AGENT = "swarmnode/0.1"
 HELLO = ProtocolSpec(ids.HELLO, Hello, Hello, timeout=5.0)
 PING = ProtocolSpec(ids.PING, Ping, Pong, timeout=5.0)
+IPFS_PING = TProtocol(IPFS_PING_ID)  # /ipfs/ping/1.0.0, served by every py-libp2p (and go/js/rust) host
+IPFS_PING_TIMEOUT = 5.0
+MAX_DIRECTORY_RECORDS = 4096  # Hellos remembered; a Hello is free, so the oldest disconnected go first
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,9 @@ class _DisconnectNotifee(INotifee):
         await trio.lowlevel.checkpoint()
 
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
-        self.directory.stale.add(str(conn.muxed_conn.peer_id))
+        peer = str(conn.muxed_conn.peer_id)
+        if peer in self.directory.records:  # `stale` only marks known records: bounded with them
+            self.directory.stale.add(peer)
         await trio.lowlevel.checkpoint()
 
     async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
@@ -82,10 +95,19 @@ class PeerDirectory:
     Hello exchange, so a peer that restarted (same identity, maybe a new endpoint) is verified again.
     """
 
-    def __init__(self, reqresp: RequestResponse, hello: Hello, *, clock: Clock = trio.current_time) -> None:
+    def __init__(
+        self,
+        reqresp: RequestResponse,
+        hello: Hello,
+        *,
+        clock: Clock = trio.current_time,
+        max_records: int = MAX_DIRECTORY_RECORDS,
+    ) -> None:
         self.reqresp = reqresp
         self.hello = hello
         self.clock = clock
+        self.max_records = max_records
+        self.evicted = 0
         self.records: dict[str, PeerRecord] = {}
         self.stale: set[str] = set()
         reqresp.serve(HELLO, self._on_hello)
@@ -104,9 +126,18 @@ class PeerDirectory:
         record = PeerRecord(
             str(peer), opened.sender, message.role, message.http_endpoint, message.agent, self.clock()
         )
+        if str(peer) not in self.records and len(self.records) >= self.max_records:
+            self._evict_one()
         self.records[str(peer)] = record
         self.stale.discard(str(peer))
         return record
+
+    def _evict_one(self) -> None:
+        """Forget the oldest record of a disconnected peer (else the oldest): the table stays bounded."""
+        stale = [r for r in self.records.values() if r.peer_id in self.stale]
+        victim = min(stale or self.records.values(), key=lambda r: r.seen)
+        self.forget(ID.from_base58(victim.peer_id))
+        self.evicted += 1
 
     async def _on_hello(self, peer: ID, opened: Opened) -> Hello:
         self._remember(peer, opened)
@@ -174,9 +205,11 @@ class Liveness:
         self.idle_after = idle_after
         self.max_strikes = max_strikes
         self.on_drop = on_drop or (lambda peer: None)
-        self.strikes: dict[ID, int] = {}
+        self.strikes: dict[ID, int] = {}  # connected peers only: pruned every round
         self.pings_sent = 0
         self.pings_failed = 0
+        self.ipfs_pings_sent = 0
+        self.ipfs_pings_answered = 0
         self.dropped = 0
         reqresp.serve(PING, serve_ping)
 
@@ -203,10 +236,47 @@ class Liveness:
                 for peer in idle:
                     nursery.start_soon(self._check, peer)
 
-    async def _check(self, peer: ID) -> None:
-        self.pings_sent += 1
+    async def ipfs_ping(self, peer: ID) -> float:
+        """Round-trip seconds of one `/ipfs/ping/1.0.0` exchange; raises PeerUnreachable."""
+        self.ipfs_pings_sent += 1
+        start = trio.current_time()
         try:
-            await self.ping(peer)
+            with trio.fail_after(IPFS_PING_TIMEOUT):
+                stream = await self.host.new_stream(peer, [IPFS_PING])
+                try:
+                    await perform_ping_roundtrip(stream)
+                finally:
+                    with trio.move_on_after(1):
+                        await stream.close()
+        except trio.TooSlowError:
+            raise PeerUnreachable(peer, IPFS_PING, f"no pong within {IPFS_PING_TIMEOUT}s") from None
+        except (*TRANSPORT_ERRORS, ValueError, EOFError) as exc:  # ValueError: the pong differs
+            raise PeerUnreachable(peer, IPFS_PING, f"{type(exc).__name__}: {exc}") from None
+        self.ipfs_pings_answered += 1
+        return trio.current_time() - start
+
+    def _speaks_swarmnode(self, peer: ID) -> bool:
+        """False only when identify told us the peer's protocols and ours is not among them."""
+        try:
+            protocols = self.host.get_peerstore().get_protocols(peer)
+        except PeerStoreError:  # identify has not run (yet): try ours first
+            return True
+        return not protocols or ids.PING in protocols
+
+    async def alive(self, peer: ID) -> None:
+        """Our signed ping, then `/ipfs/ping` (plain libp2p peers); RequestFailed if neither answers."""
+        if self._speaks_swarmnode(peer):
+            self.pings_sent += 1
+            try:
+                await self.ping(peer)
+                return
+            except RequestFailed:
+                pass  # a plain libp2p peer, or one whose swarmnode stack is stuck: try the base protocol
+        await self.ipfs_ping(peer)
+
+    async def _check(self, peer: ID) -> None:
+        try:
+            await self.alive(peer)
         except RequestFailed as exc:
             self.pings_failed += 1
             strikes = self.strikes[peer] = self.strikes.get(peer, 0) + 1
@@ -217,14 +287,16 @@ class Liveness:
             self.dropped += 1
             self.guard.report(peer, Fault.UNRESPONSIVE, exc.detail)
             self.on_drop(peer)
-            with trio.move_on_after(5):
-                await self.host.disconnect(peer)
+            await close_connections(self.host.get_network(), peer)
             return
         self.strikes.pop(peer, None)
+        self.activity.touch(peer)  # answered: quiet again for `idle_after` before the next ping
 
     def statistics(self) -> dict[str, int]:
         return {
             "pings_sent": self.pings_sent,
             "pings_failed": self.pings_failed,
+            "ipfs_pings_sent": self.ipfs_pings_sent,
+            "ipfs_pings_answered": self.ipfs_pings_answered,
             "peers_dropped": self.dropped,
         }

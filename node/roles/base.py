@@ -74,6 +74,7 @@ class RoleNet:
 
     def set_run_record(self, record: RunRecord) -> None:
         self.run_record = record
+        self.gossip.set_trainer(record.descriptor.trainer)  # the run's only manifest signer
         self._run_record_event.set()
 
     async def fetch_run_record(self, *, first_delay: float = 0.5, max_backoff: float = 8.0) -> RunRecord:
@@ -187,6 +188,8 @@ class PeerFinder:
         directory = self.net.directory
         if directory is None:
             return None
+        if self.net.guard.is_banned(info.peer_id):
+            return None
         with trio.move_on_after(self.settings.connect_timeout):
             try:
                 await self.net.host.connect(info)
@@ -260,7 +263,8 @@ class RoleService:
         await self.start(net)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(net.finder.run, self.NEEDS)
-            if self.FETCH_RUN_RECORD:
+            if self.FETCH_RUN_RECORD or (net.run_record is None and "checkpoints" in self.SUBSCRIBES):
+                # a node that relays `checkpoints` (a bootstrap too) needs the lead to judge manifests by
                 nursery.start_soon(net.fetch_run_record)
             for kind in self.SUBSCRIBES:
                 nursery.start_soon(self._pump, net, kind)

@@ -12,16 +12,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ledger.log import sign_operation
 from node.p2p.conformance import (
     check_dht_key,
     check_gossip_message_case,
     check_gossip_topic,
     check_run_record,
 )
+from node.p2p.gossip import VIEW_LAG_MS
 from node.p2p.records import run_record_key
 from node.roles.trainer import dev_run_descriptor
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, seal
+from protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
 from protocol.messages import CheckpointManifest, ShardHave, Verdict
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.vector_files import VectorFiles
@@ -201,11 +204,63 @@ def gossip_message_cases() -> Iterator[Vector]:
     yield case("ignore-replay", "shards", good, accepted_before=[_h(good)])
 
 
+def gossip_authority_cases() -> Iterator[Vector]:
+    """Who may sign on each topic (spec/gossip.md, Authority): the pure predicate under a given view."""
+    from node.p2p.conformance import check_gossip_authority  # (H4) to join the imports at the top
+
+    validator, node, stranger, gone = (vector_identity(i) for i in (4, 5, 6, 7))
+    ledger_id = "vector-ledger"
+    ledger = {
+        "validators": [_h(validator.address)],
+        "registered": [_h(validator.address), _h(node.address)],
+        "former": {_h(gone.address): NOW_MS - 60_000},
+        "as_of_ms": NOW_MS,
+        "ledger_id": ledger_id,
+    }
+    full = {"trainer": _h(TRAINER.address), "ledger": ledger}
+    open_mode = {"trainer": _h(TRAINER.address), "ledger": None}
+    evm = {"trainer": _h(TRAINER.address), "ledger": {**ledger, "ledger_id": None}}
+    old, fresh = NOW_MS - VIEW_LAG_MS - 1, NOW_MS - VIEW_LAG_MS + 1
+
+    def op(author: Any, ledger_name: str = ledger_id) -> bytes:
+        register = RegisterNode(role="relay", compute=ComputeSpec("cpu", 1, 1, 0), peer_id=author.peer_id)
+        return sign_operation(author, register, ledger_id=ledger_name, nonce=1, ts_ms=NOW_MS)
+
+    def entry(data: bytes) -> str:
+        return _h(encode(LedgerEntry(index=3, prev_hash=bytes(32), epoch=0, op=data)))
+
+    def case(name: str, kind: str, sender: Any, view: dict[str, Any], ts: int = old, **extra: Any) -> Vector:
+        inp = {"kind": kind, "sender": _h(sender.address), "ts_ms": ts, "view": view, **extra}
+        return _case(f"gossip-authority/{name}", "gossip_authority", inp, check_gossip_authority)
+
+    yield case("manifest-from-trainer", "checkpoints", TRAINER, full)
+    yield case("verdict-from-eligible-validator", "verdicts", validator, full)
+    yield case("verdict-open-mode", "verdicts", stranger, open_mode)
+    yield case("have-from-registered", "shards", node, full)
+    yield case("have-open-mode", "shards", stranger, open_mode)
+    yield case("ledger-entry-from-registered", "ledger", node, full, entry=entry(op(node)))
+    yield case("invalid-manifest-from-other", "checkpoints", OTHER, full)
+    yield case("ignore-manifest-before-descriptor", "checkpoints", TRAINER, {"trainer": None, "ledger": None})
+    yield case("invalid-verdict-from-registered-non-validator", "verdicts", node, full)
+    yield case("invalid-verdict-from-stranger", "verdicts", stranger, full)
+    yield case("ignore-verdict-signed-after-view", "verdicts", stranger, full, ts=fresh)
+    yield case("ignore-verdict-from-former-validator", "verdicts", gone, full)
+    yield case("invalid-have-from-stranger", "shards", stranger, full)
+    yield case("ignore-ledger-open-mode", "ledger", node, open_mode, entry=entry(op(node)))
+    yield case("ignore-ledger-without-signed-log", "ledger", node, evm, entry=entry(op(node)))
+    yield case("invalid-ledger-from-stranger", "ledger", stranger, full, entry=entry(op(stranger)))
+    yield case("invalid-ledger-entry-junk-op", "ledger", node, full, entry=entry(b"\x00" * 64))
+    yield case("invalid-ledger-entry-other-ledger", "ledger", node, full, entry=entry(op(node, "other")))
+    yield case("invalid-ledger-entry-undecodable", "ledger", node, full, entry=_h(b"\xc1"))
+    yield case("ignore-unknown-topic", "rollouts", node, full)
+
+
 SUITES = {
     "p2p-dht-keys": dht_key_cases,
     "p2p-run-records": run_record_cases,
     "p2p-gossip-topics": gossip_topic_cases,
     "p2p-gossip-messages": gossip_message_cases,
+    "p2p-gossip-authority": gossip_authority_cases,
 }
 
 

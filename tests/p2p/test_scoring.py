@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from node.p2p.scoring import Action, Fault, PeerScores, ScoreParams
 from protocol.errors import Reason
@@ -68,3 +70,55 @@ def test_memory_is_bounded_and_banned_peers_are_kept() -> None:
         scores.penalize(f"p{i}", Reason.UNDECODABLE, 0.0)
     assert scores.statistics(0.0)["tracked_peers"] == 3
     assert scores.is_banned("bad", 1.0)
+
+
+def test_unauthorised_and_ledger_refusals_have_their_own_penalties() -> None:
+    params = ScoreParams()
+    assert params.penalty(Reason.UNAUTHORISED) == params.unauthorised_penalty
+    assert params.penalty(Reason.WRONG_SENDER) == params.forged_penalty
+    assert params.penalty(Reason.MALFORMED_OPERATION) == params.rule_penalty  # 7xx once raised KeyError
+    assert params.penalty(Fault.UNDECODABLE_RPC) == params.undecodable_rpc_penalty
+    assert all(params.penalty(reason) >= 0 for reason in Reason)
+    assert all(params.penalty(fault) > 0 for fault in Fault)
+
+
+def test_repeat_bans_double_up_to_the_cap() -> None:
+    params = ScoreParams(ban_seconds=100.0, max_ban_seconds=350.0)
+    assert [params.ban_duration(n) for n in (1, 2, 3, 4, 1000)] == [100.0, 200.0, 350.0, 350.0, 350.0]
+    scores = PeerScores(params)
+    now = 0.0
+    lengths = []
+    for _ in range(3):
+        while scores.penalize("p", Reason.BAD_SIGNATURE, now) is not Action.BAN:
+            pass
+        lengths.append(scores.banned_until("p") - now)
+        now = scores.banned_until("p")
+        assert scores.expire_bans(now) == ["p"]
+    assert lengths == [100.0, 200.0, 350.0]
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 40), st.sampled_from([Reason.BAD_SIGNATURE, Reason.UNDECODABLE])),
+        max_size=300,
+    )
+)
+def test_the_table_stays_bounded_even_when_every_peer_is_banned(offences: list[tuple[int, Reason]]) -> None:
+    scores = PeerScores(max_peers=8)
+    lifted: set[str] = set()
+    for t, (peer, reason) in enumerate(offences):
+        scores.penalize(f"p{peer}", reason, float(t))
+        assert scores.statistics(float(t))["tracked_peers"] <= 8
+        lifted.update(scores.expire_bans(float(t)))
+    banned = {f"p{p}" for p, _ in offences if scores.is_banned(f"p{p}", float(len(offences)))}
+    assert len(banned) <= 8
+
+
+def test_an_evicted_ban_is_reported_as_lifted() -> None:
+    scores = PeerScores(max_peers=2)
+    for peer in ("a", "b", "c"):
+        while scores.penalize(peer, Reason.BAD_SIGNATURE, 0.0) is not Action.BAN:
+            pass
+    assert scores.statistics(0.0)["tracked_peers"] == 2
+    evicted = scores.expire_bans(1.0)
+    assert len(evicted) == 1 and not scores.is_banned(evicted[0], 1.0)

@@ -153,6 +153,14 @@ def test_a_hostile_peer_cannot_stop_starve_or_bloat_the_devnet(tmp_path: Path) -
     sampler: Sampler | None = None
     meters: dict[str, dict[str, Any]] = {}
     try:
+        # the attacker starts with the swarm (it waits for its target itself): the replay window is the
+        # first versions of the run
+        with (tmp_path / "attacker.log").open("wb") as log:
+            attacker = subprocess.Popen(
+                [*attacker_cmd, "--target", "validator-1", "--duration", str(ATTACK_S), "--report", str(report_path)],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        attack_started = time.monotonic()
         devnet.start("bootstrap")
         devnet.wait_ready(["bootstrap"], timeout=60)
         devnet.start_others()
@@ -160,12 +168,6 @@ def test_a_hostile_peer_cannot_stop_starve_or_bloat_the_devnet(tmp_path: Path) -
         sampler = Sampler.of(
             {name: (devnet.nodes[name].process.pid, devnet.nodes[name].data_dir) for name in VICTIMS}  # type: ignore[union-attr]
         ).start()
-        with (tmp_path / "attacker.log").open("wb") as log:
-            attacker = subprocess.Popen(
-                [*attacker_cmd, "--target", "validator-1", "--duration", str(ATTACK_S), "--report", str(report_path)],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        attack_started = time.monotonic()
         outcome = _wait_training(devnet, attacker, TRAIN_TIMEOUT_S)
         # its own deadline is ATTACK_S + 120 s; once a victim crashed, only the window's counts matter
         patience = ATTACK_S + 150 if outcome == "trained" else ATTACK_S + 30
