@@ -69,6 +69,11 @@ class WorkSettings:
     min_batch_groups: int = 0  # trainer: signal groups per step (0: the run's prompts_per_step)
     diloco_plan: str = ""  # trainer of a multi-trainer run: the DilocoRun file its lead signed
     diloco_lead: str = ""  # with diloco_plan: 0x address of the run's lead trainer, the plan's signer
+    # Retention (spec/validation.md Retention, spec/bounds.md): checkpoint versions kept beyond the async
+    # window by the validator's accepted log and the trainer's inbox (the audit horizon), and the most the
+    # validator's accepted log may hold (only items every trainer has pulled are cut to keep under it).
+    retention_versions: int = 4
+    accepted_max_mb: int = 2048
 
 
 @dataclass(frozen=True)
@@ -206,6 +211,11 @@ def check_work(work: WorkSettings) -> WorkSettings:
     if work.steps < 0 or work.threads < 1 or work.submissions_per_version < 1 or work.min_batch_groups < 0:
         raise ConfigError(
             "[work] steps and min_batch_groups must be >= 0; threads and submissions_per_version >= 1"
+        )
+    if work.retention_versions < 2 or work.accepted_max_mb < 1:
+        raise ConfigError(
+            "[work] retention_versions must be >= 2 (a resume from the previous save and the version the "
+            "origin keeps) and accepted_max_mb >= 1"
         )
     if not 0 < work.shard_mb <= 1024:
         raise ConfigError("[work] shard_mb must be in (0, 1024]")

@@ -57,7 +57,13 @@ from node.roles.base import RoleNet, RoleService
 from node.roles.trainer import MANIFEST, Trainer
 from node.swarm.common import RunMismatch
 from node.swarm.inbox import InboxEntry, RolloutInbox
-from node.swarm.trainer import SwarmTrainerWork, TrainerBounds, load_or_create_descriptor, submission_of
+from node.swarm.trainer import (
+    SwarmTrainerWork,
+    TrainerBounds,
+    load_or_create_descriptor,
+    submission_of,
+    trainer_bounds,
+)
 from protocol.codec import encode
 from protocol.diloco import check_rl_plan, rollout_owner
 from protocol.errors import ProtocolError, Reason
@@ -423,5 +429,5 @@ class CoTrainer(RoleService):
 
 
 def make_diloco_trainer(config: NodeConfig, identity: NodeIdentity, ledger: Ledger | None) -> RoleService:
-    work = DilocoSwarmTrainerWork(config, identity, ledger=ledger)
+    work = DilocoSwarmTrainerWork(config, identity, ledger=ledger, bounds=trainer_bounds(config))
     return LeadTrainer(work) if work.is_lead else CoTrainer(work)

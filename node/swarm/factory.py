@@ -20,7 +20,11 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
     if role == "trainer":
         from node.swarm.trainer import SwarmTrainerWork
 
-        work = SwarmTrainerWork(config, identity, ledger=open_work_ledger(config.ledger_url))
+        from node.swarm.trainer import trainer_bounds
+
+        work = SwarmTrainerWork(
+            config, identity, ledger=open_work_ledger(config.ledger_url), bounds=trainer_bounds(config)
+        )
         return cls(work)  # type: ignore[call-arg]
     if role == "relay":
         from node.swarm.relay import SwarmRelayWork
@@ -36,5 +40,12 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
     if role == "validator":
         from node.swarm.validator import SwarmValidatorWork
 
-        return cls(SwarmValidatorWork(config, identity, open_work_ledger(config.ledger_url)))  # type: ignore[call-arg]
+        validator = SwarmValidatorWork(
+            config,
+            identity,
+            open_work_ledger(config.ledger_url),
+            retention_versions=config.work.retention_versions,
+            max_accepted_bytes=config.work.accepted_max_mb * 2**20,
+        )
+        return cls(validator)  # type: ignore[call-arg]
     return cls()

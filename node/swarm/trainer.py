@@ -510,6 +510,11 @@ class TrainerBounds:
     tracked_validators: int = MAX_TRACKED_VALIDATORS
 
 
+def trainer_bounds(config: NodeConfig) -> TrainerBounds:
+    """The bounds a node's config sets (`[work] retention_versions`); the rest keep their defaults."""
+    return TrainerBounds(inbox_retention_versions=config.work.retention_versions)
+
+
 @dataclass
 class Tallies:
     """Counts since this start; every key set is bounded (module docstring)."""
