@@ -18,7 +18,7 @@ libp2p_log_level = "ERROR"
 record_deliveries = false          # append every delivered gossip message to data_dir/deliveries.jsonl
 
 [discovery]   # DiscoverySettings fields, seconds
-[gossip]      # degree, degree_low, degree_high, heartbeat_interval, seen_ttl, forward_cap_per_topic
+[gossip]      # degree, degree_low, degree_high, heartbeat_interval, seen_ttl, forward_cap_per_topic, max_pending
 [liveness]    # interval, idle_after, max_strikes
 [scoring]     # ScoreParams fields
 [work]        # WorkSettings: what the role does with the network (training, generating, validating)
@@ -130,6 +130,7 @@ _GOSSIP_KEYS = {
     "seen_ttl",
     "forward_cap_per_topic",
     "pending_ttl",
+    "max_pending",
 }
 
 

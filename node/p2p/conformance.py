@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from node.p2p.gossip import DEFAULT_POLICIES, check_gossip_message
+from node.p2p.gossip import (
+    DEFAULT_POLICIES,
+    AuthorityView,
+    LedgerView,
+    authorise,
+    check_gossip_message,
+    check_ledger_entry,
+)
 from node.p2p.records import (
     InvalidRecord,
     checkpoint_key,
@@ -21,9 +28,10 @@ from node.p2p.records import (
     run_record_key,
 )
 from protocol import ids
-from protocol.codec import to_json
+from protocol.codec import decode, to_json
 from protocol.envelope import ReplayWindow
 from protocol.errors import ProtocolError
+from protocol.ledger_messages import LedgerEntry
 
 
 def _hex(text: str) -> bytes:
@@ -79,9 +87,38 @@ def check_gossip_message_case(inp: dict[str, Any]) -> dict[str, Any]:
     return {"verdict": "accept", "type": opened.envelope.type, "fields": to_json(opened.message)}
 
 
+def _authority_view(view: dict[str, Any]) -> AuthorityView:
+    ledger = view.get("ledger")
+    return AuthorityView(
+        trainer=_hex(view["trainer"]) if view.get("trainer") else None,
+        ledger=None
+        if ledger is None
+        else LedgerView(
+            validators=frozenset(_hex(a) for a in ledger["validators"]),
+            registered=frozenset(_hex(a) for a in ledger["registered"]),
+            former={_hex(a): ms for a, ms in ledger["former"].items()},
+            as_of_ms=ledger["as_of_ms"],
+            ledger_id=ledger.get("ledger_id"),
+        ),
+    )
+
+
+def check_gossip_authority(inp: dict[str, Any]) -> dict[str, Any]:
+    """Topic authority of a signer (and, given `entry`, a ledger entry's operation) under a view."""
+    view = _authority_view(inp["view"])
+    try:
+        authorise(inp["kind"], _hex(inp["sender"]), inp["ts_ms"], view)
+        if "entry" in inp:
+            check_ledger_entry(decode(LedgerEntry, _hex(inp["entry"])), view)
+    except ProtocolError as exc:
+        return {"verdict": exc.verdict, "reason": int(exc.reason)}
+    return {"verdict": "accept"}
+
+
 P2P_HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "dht_key": check_dht_key,
     "run_record": check_run_record,
     "gossip_topic": check_gossip_topic,
     "gossip_message": check_gossip_message_case,
+    "gossip_authority": check_gossip_authority,
 }

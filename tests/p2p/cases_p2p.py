@@ -15,6 +15,7 @@ from typing import Any
 from ledger.log import sign_operation
 from node.p2p.conformance import (
     check_dht_key,
+    check_gossip_authority,
     check_gossip_message_case,
     check_gossip_topic,
     check_run_record,
@@ -206,8 +207,6 @@ def gossip_message_cases() -> Iterator[Vector]:
 
 def gossip_authority_cases() -> Iterator[Vector]:
     """Who may sign on each topic (spec/gossip.md, Authority): the pure predicate under a given view."""
-    from node.p2p.conformance import check_gossip_authority  # (H4) to join the imports at the top
-
     validator, node, stranger, gone = (vector_identity(i) for i in (4, 5, 6, 7))
     ledger_id = "vector-ledger"
     ledger = {
