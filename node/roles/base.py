@@ -102,8 +102,15 @@ class RoleNet:
         """Charge `peer` for input our work rejected (a bad submission, a lying manifest)."""
         self.guard.report(peer, reason, detail)
 
-    def serve(self, spec: ProtocolSpec, handler: Callable[[ID, Opened], Awaitable[Any]]) -> None:
-        self.reqresp.serve(spec, handler)
+    def serve(
+        self,
+        spec: ProtocolSpec,
+        handler: Callable[[ID, Opened], Awaitable[Any]],
+        *,
+        admit: Callable[[ID], bool] | None = None,
+    ) -> None:
+        """Serve `spec`; `admit` refuses a peer (its role, its stake) before it takes any slot."""
+        self.reqresp.serve(spec, handler, admit=admit)
 
     def peers(self, role: str) -> list[PeerRecord]:
         """Verified providers of `role` found so far (Hello-checked), sorted by peer id."""

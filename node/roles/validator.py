@@ -18,8 +18,9 @@ from protocol.envelope import Opened, envelope_digest
 from protocol.errors import Reason
 from protocol.messages import RolloutSubmission, SubmitAck
 
-# Submissions are large (up to 16 MiB): at most 4 are read at once, and they should move by the data plane.
-SUBMIT = ProtocolSpec(ids.SUBMIT, RolloutSubmission, SubmitAck, timeout=60.0, max_inbound=4)
+# Submissions are large (up to 16 MiB): at most 4 are handled at once, 2 streams per peer, 8 streams in all
+# (about 128 MiB buffered); a sender whose stake was read as too low is refused before its frame is read.
+SUBMIT = ProtocolSpec(ids.SUBMIT, RolloutSubmission, SubmitAck, timeout=60.0, max_inbound=4, max_per_peer=2)
 
 
 class ValidatorWork(RoleWork, Protocol):
@@ -27,8 +28,15 @@ class ValidatorWork(RoleWork, Protocol):
         """Queue or refuse a signed submission; `digest` is sha256 of its envelope."""
         ...
 
+    def admits_submitter(self, peer: ID) -> bool:
+        """Whether `peer` may open a SUBMIT stream at all (asked before it takes a slot)."""
+        ...
+
 
 class IdleValidatorWork(IdleWork):
+    def admits_submitter(self, peer: ID) -> bool:
+        return True
+
     async def submit(self, peer: ID, submission: Opened, digest: bytes) -> SubmitAck:
         return SubmitAck(submission_digest=digest, status=int(Reason.NOT_FOR_US), detail="not validating yet")
 
@@ -47,4 +55,4 @@ class Validator(RoleService):
             digest = envelope_digest(encode(opened.envelope))
             return await self.validator_work.submit(peer, opened, digest)
 
-        net.serve(SUBMIT, on_submit)
+        net.serve(SUBMIT, on_submit, admit=self.validator_work.admits_submitter)

@@ -70,7 +70,7 @@ import torch
 import trio
 from libp2p.peer.id import ID
 
-from crypto.identity import NodeIdentity
+from crypto.identity import NodeIdentity, address_of_peer_id
 from ledger import Ledger, LedgerError
 from ledger.errors import BackendError, CorruptLog, EpochRegression, ReplayedOperation
 from ledger.evidence import SLASHABLE_REASONS
@@ -1048,6 +1048,21 @@ class SwarmValidatorWork:
 
     # --- ACCEPTED ------------------------------------------------------------------------------------
 
+    def admits_puller(self, peer: ID) -> bool:
+        """ACCEPTED before any slot or read: only the run's trainers (a peer id names its key's address)."""
+        return address_of_peer_id(peer.to_bytes()) in self.trainers
+
+    def admits_submitter(self, peer: ID) -> bool:
+        """SUBMIT before any slot or read: refuse a peer whose stake was read as too low within the TTL.
+
+        An unknown peer gets one frame read (its SUBMIT reads the stake and caches the answer); after that
+        an unstaked sender's streams are reset before they take a slot, however often it comes back.
+        """
+        address = address_of_peer_id(peer.to_bytes())
+        if address is None:
+            return False
+        return self._stake_reads.get(address, trio.current_time()) is not False
+
     async def serve_accepted(self, peer: ID, opened: Opened) -> AcceptedBatch:
         """Accepted submissions after the puller's cursor; waits up to `wait_ms` for the first new one.
 
@@ -1080,7 +1095,7 @@ class SwarmValidatorWork:
         self, net: RoleNet, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         set_threads(self.config.work.threads)
-        net.serve(ACCEPTED, self.serve_accepted)
+        net.serve(ACCEPTED, self.serve_accepted, admit=self.admits_puller)
         task_status.started()
         record = await net.wait_run_record()
         self.trainers = frozenset(run_trainers(record.descriptor))

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import trio
+from libp2p.peer.id import ID
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -234,10 +235,15 @@ def test_only_staked_senders_are_queued_and_stake_reads_are_cached(tmp_path, set
     async def main():
         await work.prepare(setup)
         await work.hold_verified(checkpoint)
+        unstaked_peer = ID.from_base58(UNSTAKED.peer_id)
+        assert work.admits_submitter(unstaked_peer)  # unknown: one frame is read, its stake looked up
         for seq in (1, 2):  # an unstaked sender: refused, nothing stored; its stake read once
             ack = await work.submit(None, *signed(UNSTAKED, stranger_sub, seq=seq)[:2])
             assert ack.status == Reason.NOT_STAKED
         assert ledger.calls["is_eligible"] == 1
+        # now known unstaked: its streams are refused before they take a slot, until the TTL passes
+        assert not work.admits_submitter(unstaked_peer)
+        assert work.admits_submitter(ID.from_base58(HONEST.peer_id))
         assert work.store.statistics().pending == 0 and work.store.statistics().judged == 0
 
         ledger.fail = {"is_eligible": BackendError("rpc down")}  # a staked sender while the ledger is down
@@ -496,3 +502,14 @@ def test_mutated_signed_submissions_all_end_judged_and_a_restart_finds_nothing_l
     work.store.close()
     again = make_work(tmp_path, None)
     assert again.status()["queued"] == 0 and again.status()["judged"] == work.judged
+
+
+def test_accepted_admits_only_the_runs_trainers_before_any_read(tmp_path):
+    """ACCEPTED long polls hold slots for 30 s: a peer that is not one of the run's trainers is refused
+    by the admit predicate, before its stream takes a slot or its frame is read."""
+    work = make_work(tmp_path, None)
+    trainer, stranger = ID.from_base58(TRAINER.peer_id), ID.from_base58(UNSTAKED.peer_id)
+    assert not work.admits_puller(trainer)  # the run is not known yet: nobody
+    work.trainers = frozenset({TRAINER.address})
+    assert work.admits_puller(trainer) and not work.admits_puller(stranger)
+    work.store.close()
