@@ -264,7 +264,9 @@ class Devnet:
             listen=f"/ip4/127.0.0.1/tcp/{node.port}",
             bootstrap=bootstrap,
             http_port=node.http_port,
-            ledger_url=self.ledger.url if self.ledger is not None and node.role in STAKED_ROLES else "",
+            # every node, the bootstrap included: gossip authority (verdicts from eligible validators,
+            # ledger entries from registered nodes) needs the ledger, or the bootstrap forwards forgeries
+            ledger_url=self.ledger.url if self.ledger is not None else "",
             record_deliveries=self.plan.record_deliveries,
         )
         document = render_config(config, node.directory)

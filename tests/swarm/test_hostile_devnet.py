@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
 ATTACK_S = 75.0  # slow streams, floods and gossip last this long; the staked attacks run to their end
 TRAIN_TIMEOUT_S = 300.0
+# Two validators: the replayer seals one assignment twice and sends one envelope to each (one validator
+# alone sees the second as the same assignment; two must not credit it twice between them).
+VALIDATORS = 2
 VICTIMS = ("validator-1", "trainer-1", "relay-1")
 # Bounds on what the attack may cost a victim, above its own figures when it became ready:
 # 4 SUBMIT slots x an 18 MiB frame x a small multiple (4) of its size, plus 96 MiB of slack.
@@ -139,7 +142,11 @@ def violations(
 
 
 def test_a_hostile_peer_cannot_stop_starve_or_bloat_the_devnet(tmp_path: Path) -> None:
-    plan = DevnetPlan(trainers=1, relays=1, workers=2, validators=1, steps=STEPS, ledger="signed")
+    # Two submissions' worth of signal groups per step (the default is one): the run's first versions, the
+    # replayer's window, last long enough for an attacker that starts with the swarm.
+    plan = DevnetPlan(
+        trainers=1, relays=1, workers=2, validators=VALIDATORS, steps=STEPS, ledger="signed", min_batch_groups=48
+    )
     devnet = Devnet(plan, tmp_path / "run")
     devnet.prepare()
     assert devnet.ledger is not None
