@@ -454,7 +454,9 @@ class _Reader:
         try:
             raw = self.unpacker.unpack()
         except _Nested:
-            raise _malformed(Reason.WRONG_FIELD_TYPE, where, f"expected {spec.item.kind} items, got a container")
+            raise _malformed(
+                Reason.WRONG_FIELD_TYPE, where, f"expected {spec.item.kind} items, got a container"
+            ) from None
         value = _check_value(spec, raw, where)
         packed = msgpack.packb(value, use_bin_type=True)
         self._canonical(pos, where, self.data[pos : self.unpacker.tell()] == packed)
