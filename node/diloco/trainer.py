@@ -272,7 +272,11 @@ class DilocoTrainerWork:
         self.emit("round_start", round=r, theta=base.hex())
         own = self.holdings.contribution(r, self.me)
         if own is None or own.delta is None or own.contribution.message.base != base:
-            own = await self._contribute(r, theta, base)
+            made = await self._contribute_unless_overtaken(r, theta, base, peers)
+            if made is None:
+                self.emit("overtaken", round=r)
+                return False
+            own = made
         self.emit("contributed", round=r, digest=own.contribution.digest.hex())
         support: dict[bytes, set[bytes]] = {base: {self.me}}
         deadline = trio.current_time() + self.plan.collect_timeout_ms / 1000
@@ -321,6 +325,36 @@ class DilocoTrainerWork:
     def _outer_step(self, deltas: list[dict[str, torch.Tensor]]) -> None:
         assert self.outer is not None
         self.outer.step(average(deltas))
+
+    async def _contribute_unless_overtaken(
+        self, r: int, theta: dict[str, torch.Tensor], base: bytes, peers: PeerSource
+    ) -> HeldContribution | None:
+        """Our contribution to round r, or None when a peer offers an outer state past r first.
+
+        A trainer that came back late, or whose inner steps wait for data that no longer comes (rollouts
+        of versions the run has left behind), would otherwise wait forever in a round the others closed
+        without it; leaving it for a resync is what a crash would have done (the round's rows go back).
+        """
+        made: HeldContribution | None = None
+        async with trio.open_nursery() as race:
+
+            async def contribute() -> None:
+                nonlocal made
+                made = await self._contribute(r, theta, base)
+                race.cancel_scope.cancel()
+
+            async def watch() -> None:
+                while True:
+                    offers: dict[bytes, tuple[OuterState, str]] = {}
+                    await self._gather_newer(peers, r, offers)
+                    if offers:
+                        race.cancel_scope.cancel()
+                        return
+                    await trio.sleep(self.settings.retry_s)
+
+            race.start_soon(contribute)
+            race.start_soon(watch)
+        return made
 
     async def _contribute(self, r: int, theta: dict[str, torch.Tensor], base: bytes) -> HeldContribution:
         inner = await self.inner(r, theta)

@@ -9,6 +9,7 @@ contribution whose payload is not one the run's compression produces.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -197,3 +198,39 @@ def test_a_restarted_trainer_reuses_its_signed_messages(tmp_path: Path) -> None:
         assert state.message.contributors == first.entries(0)  # both contributions, ascending by author
 
     trio.run(reopen)
+
+
+class StuckInRound:
+    """An inner round that never ends in round `stuck`: a trainer waiting for data that no longer comes
+    (in an RL run, rollouts of versions the run has left behind)."""
+
+    def __init__(self, inner: Any, stuck: int) -> None:
+        self.inner, self.stuck = inner, stuck
+
+    async def __call__(self, round_index: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if round_index == self.stuck:
+            await trio.sleep_forever()
+        return await self.inner(round_index, theta)
+
+    def statistics(self) -> dict[str, Any]:
+        return dict(self.inner.statistics())
+
+
+def test_a_trainer_stuck_in_a_round_the_others_closed_resyncs_instead_of_waiting(tmp_path: Path) -> None:
+    keys = identities(3)
+    plan, envelope = tiny_plan(keys, rounds=4, collect_timeout_ms=600, vote_timeout_ms=600)
+    trainers = [make_trainer(tmp_path, k, plan, envelope, trainer_data(i, batches=8)) for i, k in enumerate(keys)]
+    stuck = trainers[2]
+    stuck.work.inner = StuckInRound(stuck.work.inner, 1)  # type: ignore[assignment]
+
+    async def bounded() -> None:
+        with trio.fail_after(120):  # without leaving the round, the stuck trainer would wait forever
+            await run_all(tmp_path, trainers)
+
+    trio.run(bounded)
+    assert [e["round"] for e in stuck.events if e["event"] == "overtaken"] == [1]
+    resync = [e for e in stuck.events if e["event"] == "resync"]
+    assert resync and resync[0]["previous"] == 1 and resync[0]["round"] >= 2
+    straggler = "0x" + keys[2].address.hex()
+    assert straggler not in rounds_of(trainers[0])[1][0]
+    assert len({content_digest(t.theta) for t in trainers if t.theta is not None}) == 1
