@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 
@@ -22,6 +25,9 @@ ACCEPTED = ProtocolSpec(
 )
 
 CONTRACT_ENV = "SWARMNODE_CONTRACT"
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
 class RunMismatch(RuntimeError):
@@ -60,3 +66,49 @@ def open_work_ledger(url: str) -> Ledger | None:
 def set_threads(threads: int) -> None:
     """Torch intra-op threads for this process: the devnet runs eight processes on two cores."""
     torch.set_num_threads(threads)
+
+
+# --- tables keyed by what a peer chooses (identities are free): every one is bounded ---------------
+
+
+class TtlCache(Generic[K, V]):
+    """At most `max_entries` values, each for `ttl_s`; the oldest go first. Time is an argument."""
+
+    def __init__(self, ttl_s: float, max_entries: int) -> None:
+        if max_entries < 1:
+            raise ValueError("a cache holds at least one entry")
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K, now: float) -> V | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if entry[0] <= now:
+            del self._entries[key]
+            return None
+        return entry[1]
+
+    def put(self, key: K, value: V, now: float) -> None:
+        self._entries.pop(key, None)
+        self._entries[key] = (now + self.ttl_s, value)
+        while self._entries and (
+            len(self._entries) > self.max_entries or next(iter(self._entries.values()))[0] <= now
+        ):
+            self._entries.popitem(last=False)
+
+
+def bounded_get(table: OrderedDict[K, V], key: K, make: Callable[[], V], cap: int) -> V:
+    """`table[key]`, made if absent, marked most recently used; the least recently used go over `cap`."""
+    value = table.get(key)
+    if value is None:
+        value = table[key] = make()
+        while len(table) > cap:
+            table.popitem(last=False)
+    else:
+        table.move_to_end(key)
+    return value

@@ -67,7 +67,7 @@ from node.rl.rollouts import unpack_logprobs
 from node.rl.run import BASE_CHECKPOINT, devnet_optimizer, devnet_run
 from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats, signal_groups
 from node.roles.base import RoleNet
-from node.swarm.common import ACCEPTED, RunMismatch, load_run_setup, set_threads
+from node.swarm.common import ACCEPTED, RunMismatch, bounded_get, load_run_setup, set_threads
 from node.swarm.inbox import RETENTION_VERSIONS, InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
@@ -482,14 +482,7 @@ def pull_limit(held: int, cap: int) -> int:
 
 def count_verdict(verdicts: OrderedDict[str, Counter[str]], worker: str, outcome: str, cap: int) -> None:
     """Count one gossiped verdict about `worker`; past `cap` workers the least recently counted goes."""
-    counts = verdicts.get(worker)
-    if counts is None:
-        counts = verdicts[worker] = Counter()
-        while len(verdicts) > cap:
-            verdicts.popitem(last=False)
-    else:
-        verdicts.move_to_end(worker)
-    counts[outcome] += 1
+    bounded_get(verdicts, worker, Counter, cap)[outcome] += 1
 
 
 def validator_in_good_standing(ledger: Ledger, address: bytes) -> bool:

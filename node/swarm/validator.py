@@ -61,10 +61,10 @@ import hmac
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import trio
@@ -87,7 +87,7 @@ from node.rl.validation import Accepted, BadProof, ProofFailure, ValidationConte
 from node.roles.base import RoleNet
 from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
 from node.swarm.accepted import MAX_CURSOR, AcceptedStore, Decided, PendingItem, StoreStatistics
-from node.swarm.common import ACCEPTED, load_run_setup, set_threads
+from node.swarm.common import ACCEPTED, TtlCache, bounded_get, load_run_setup, set_threads
 from node.swarm.follow import SwarmFollower
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened
@@ -100,8 +100,6 @@ from protocol.types import MIB
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
 
 QUEUED = 100  # SubmitAck status: durably queued for judgement
 WAIT_FOR_CHECKPOINT_S = 60.0  # how long a submission waits for a checkpoint version not held yet
@@ -318,52 +316,6 @@ def contribution_for(verdict: Verdict, sealed: bytes, parameters: int) -> Record
         rollout_digest=verdict.submission_digest,
         verdict=sealed,
     )
-
-
-# --- bounded maps ------------------------------------------------------------------------------------
-
-
-class TtlCache(Generic[K, V]):
-    """At most `max_entries` values, each for `ttl_s`; the oldest go first. Time is an argument."""
-
-    def __init__(self, ttl_s: float, max_entries: int) -> None:
-        if max_entries < 1:
-            raise ValueError("a cache holds at least one entry")
-        self.ttl_s = ttl_s
-        self.max_entries = max_entries
-        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: K, now: float) -> V | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        if entry[0] <= now:
-            del self._entries[key]
-            return None
-        return entry[1]
-
-    def put(self, key: K, value: V, now: float) -> None:
-        self._entries.pop(key, None)
-        self._entries[key] = (now + self.ttl_s, value)
-        while self._entries and (
-            len(self._entries) > self.max_entries or next(iter(self._entries.values()))[0] <= now
-        ):
-            self._entries.popitem(last=False)
-
-
-def bounded_get(table: OrderedDict[K, V], key: K, make: Callable[[], V], cap: int) -> V:
-    """`table[key]`, made if absent, marked most recently used; the least recently used go over `cap`."""
-    value = table.get(key)
-    if value is None:
-        value = table[key] = make()
-        while len(table) > cap:
-            table.popitem(last=False)
-    else:
-        table.move_to_end(key)
-    return value
 
 
 # --- the ledger, from trio ----------------------------------------------------------------------------

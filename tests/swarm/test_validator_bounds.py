@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import trio
-from libp2p.peer.id import ID
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+from libp2p.peer.id import ID
 
 from crypto.hashing import sha256
 from ledger import testing as T
@@ -22,7 +22,7 @@ from node.rl import validation as validation_module
 from node.rl.model import state_dict_of
 from node.swarm import validator as validator_module
 from node.swarm.accepted import MAX_JUDGED_PER_ASSIGNMENT, AcceptedStore
-from node.swarm.validator import TtlCache, bounded_get
+from node.swarm.common import TtlCache, bounded_get
 from protocol.errors import Ignore, Reason, Reject
 from tests.swarm.test_validator_work import (  # noqa: F401  (fixtures)
     FORGED,
