@@ -338,7 +338,7 @@ class WorkerStats:
 
 # Answers that say "not here, not now", not "no": another validator (or this one later) may take it.
 TRY_ANOTHER = frozenset(
-    {Reason.NOT_FOR_US, Reason.CLOCK_SKEW, Reason.REPLAYED_SEQ, Reason.UNKNOWN_CHECKPOINT}
+    {Reason.NOT_FOR_US, Reason.CLOCK_SKEW, Reason.REPLAYED_SEQ, Reason.UNKNOWN_CHECKPOINT, Reason.BUSY}
 )
 
 

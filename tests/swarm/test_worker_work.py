@@ -463,6 +463,7 @@ def test_ack_classes():
     assert not try_another(int(Reason.BAD_PROOF)) and not try_another(int(Reason.DUPLICATE))
     assert not try_another(int(Reason.STALE)) and not try_another(int(Reason.NOT_STAKED))
     assert try_another(int(Reason.NOT_FOR_US)) and try_another(int(Reason.UNKNOWN_CHECKPOINT))
+    assert try_another(int(Reason.BUSY))  # the validator cannot read stake now, or has not loaded the run
     assert try_another(int(Reason.BAD_SIGNATURE)) and try_another(int(Reason.WRONG_SENDER))
 
 
