@@ -42,6 +42,11 @@ def step_counter(step: int) -> int:
     return step & (2**ASSIGNMENT_STEP_BITS - 1)
 
 
+def step_version(step: int) -> int:
+    """The checkpoint version an assignment step is bound to (its high bits)."""
+    return step >> ASSIGNMENT_STEP_BITS
+
+
 def assigned_tasks(descriptor: RunDescriptor, dataset_ids: Sequence[bytes], worker: bytes, step: int) -> list[bytes]:
     return assign_tasks(dataset_ids, worker, step, descriptor.grpo.prompts_per_step)
 

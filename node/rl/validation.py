@@ -53,7 +53,7 @@ from crypto.toploc import (
 from node.rl.engine import InferenceEngine, Prefill
 from node.rl.grpo import group_advantages
 from node.rl.model import ModelConfig
-from node.rl.rollouts import assigned_tasks, completion_rewards, step_counter, unpack_logprobs
+from node.rl.rollouts import assigned_tasks, completion_rewards, step_counter, step_version, unpack_logprobs
 from node.rl.sampling import (
     SEED_BITS,
     SamplingCheck,
@@ -211,15 +211,21 @@ def check_staleness(sub: RolloutSubmission, ctx: ValidationContext) -> None:
         raise Reject(Reason.BAD_HASH, f"checkpoint v{version} root differs from the trainer's manifest")
 
 
-def check_assignment(sub: RolloutSubmission, worker: bytes, ctx: ValidationContext) -> None:
-    """The step names the claimed version and an allowed counter; tasks, prompts and seeds are the
-    assignment's. The seeds hash the step in, so completions made for another assignment fail here."""
-    descriptor = ctx.descriptor
-    if sub.step >> 32 != sub.checkpoint_version:
+def check_step(sub: RolloutSubmission, descriptor: RunDescriptor) -> None:
+    """The step names the claimed version and a counter below the run's `max_submissions_per_version`
+    (cheap: a validator also runs it at SUBMIT, before storing anything)."""
+    if step_version(sub.step) != sub.checkpoint_version:
         raise Reject(Reason.BAD_ASSIGNMENT, "assignment step is not bound to the claimed checkpoint version")
     counter, allowed = step_counter(sub.step), descriptor.max_submissions_per_version
     if counter >= allowed:
         raise Reject(Reason.BAD_ASSIGNMENT, f"counter {counter}: the run allows {allowed} per version")
+
+
+def check_assignment(sub: RolloutSubmission, worker: bytes, ctx: ValidationContext) -> None:
+    """The step names the claimed version and an allowed counter; tasks, prompts and seeds are the
+    assignment's. The seeds hash the step in, so completions made for another assignment fail here."""
+    descriptor = ctx.descriptor
+    check_step(sub, descriptor)
     expected = assigned_tasks(descriptor, ctx.dataset_ids, worker, sub.step)
     claimed = [g.task_id for g in sub.groups]
     if claimed != expected:

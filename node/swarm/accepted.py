@@ -46,6 +46,7 @@ from pathlib import Path
 
 import trio
 
+from node.rl.rollouts import step_version
 from protocol.errors import Ignore, Reason, Reject
 from protocol.messages import AcceptedRollout
 
@@ -123,11 +124,6 @@ MAX_JUDGED_PER_ASSIGNMENT = 4  # judgements of one (worker, step): a verdict, or
 
 def _u64(value: int) -> bytes:
     return value.to_bytes(8, "big")
-
-
-def _version(step: bytes) -> int:
-    """The checkpoint version an assignment step is bound to: its high 32 bits."""
-    return int.from_bytes(step, "big") >> 32
 
 
 @dataclass(frozen=True)
@@ -224,7 +220,7 @@ class AcceptedStore:
                 steps = self._db.execute("SELECT rowid, step FROM judged").fetchall()
                 self._db.executemany(
                     "UPDATE judged SET version = ? WHERE rowid = ?",
-                    [(_version(bytes(step)), rowid) for rowid, step in steps],
+                    [(step_version(int.from_bytes(step, "big")), rowid) for rowid, step in steps],
                 )
             if "version" not in accepted:
                 self._db.execute("ALTER TABLE accepted ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
@@ -288,7 +284,7 @@ class AcceptedStore:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                if min(checkpoint_version, step >> 32) < self._floor:
+                if min(checkpoint_version, step_version(step)) < self._floor:
                     raise Ignore(
                         Reason.STALE, f"version {checkpoint_version} is below the retained v{self._floor}"
                     )
@@ -459,7 +455,7 @@ class AcceptedStore:
                 if submission is not None:
                     cursor = self._db.execute(
                         "INSERT INTO accepted (digest, verdict, submission, version) VALUES (?, ?, ?, ?)",
-                        (item.digest, verdict, submission, item.step >> 32),
+                        (item.digest, verdict, submission, step_version(item.step)),
                     )
                     index = cursor.lastrowid
                 self._db.execute("COMMIT")
@@ -485,7 +481,7 @@ class AcceptedStore:
                 verdict,
                 judged_ms,
                 int(ignored),
-                item.step >> 32,
+                step_version(item.step),
             ),
         )
 

@@ -63,7 +63,7 @@ from node.p2p.peers import PeerRecord
 from node.p2p.reqresp import RequestFailed
 from node.rl.engine import TransformersEngine
 from node.rl.model import ModelConfig, load_checkpoint, model_config_hash, state_dict_of
-from node.rl.rollouts import unpack_logprobs
+from node.rl.rollouts import step_version, unpack_logprobs
 from node.rl.run import BASE_CHECKPOINT, devnet_optimizer, devnet_run
 from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats, signal_groups
 from node.roles.base import RoleNet
@@ -160,7 +160,7 @@ def check_checkpoint(sub: RolloutSubmission, roots: Mapping[int, bytes]) -> None
     a version below them is merely stale (Ignore); one above, or missing in between, we never published.
     """
     version = sub.checkpoint_version
-    if version >= MAX_VERSION or sub.step >> 32 != version:
+    if version >= MAX_VERSION or step_version(sub.step) != version:
         raise Reject(Reason.BAD_ASSIGNMENT, f"step {sub.step} is not bound to checkpoint version {version}")
     if not roots:
         raise Ignore(Reason.UNKNOWN_CHECKPOINT, "nothing is published yet")

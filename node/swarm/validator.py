@@ -82,8 +82,15 @@ from node.p2p.gossip import Delivery
 from node.rl.engine import TransformersEngine
 from node.rl.run import BASE_CHECKPOINT, RunSetup
 from node.rl.tasks import Task
-from node.rl.rollouts import step_counter
-from node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, judge_fault, judge_total
+from node.rl.validation import (
+    Accepted,
+    BadProof,
+    ProofFailure,
+    ValidationContext,
+    check_step,
+    judge_fault,
+    judge_total,
+)
 from node.roles.base import RoleNet
 from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
 from node.swarm.accepted import MAX_CURSOR, AcceptedStore, Decided, PendingItem, StoreStatistics
@@ -575,7 +582,7 @@ class SwarmValidatorWork:
                 raise Ignore(Reason.WRONG_RUN, f"submission for run {sub.run!r}, not {self.run_id!r}")
             if self.setup is None:
                 raise Ignore(Reason.BUSY, "not judging yet: the run is still loading")
-            self._check_step(sub)
+            check_step(sub, self.setup.descriptor)  # the store then holds at most the run's counters
             self._check_fresh(sub)
             self._check_known(sub)
             await self._check_staked(opened.sender)
@@ -614,18 +621,6 @@ class SwarmValidatorWork:
             self._stake_reads.put(sender, eligible, trio.current_time())
         if not eligible:
             raise Reject(Reason.NOT_STAKED, f"sender {sender.hex()} is not registered with enough stake")
-
-    def _check_step(self, sub: RolloutSubmission) -> None:
-        """The assignment step names the claimed version and a counter the run allows: the store then
-        holds at most `max_submissions_per_version` assignments per worker and version (checked again,
-        slashable, when judged)."""
-        assert self.setup is not None
-        allowed = self.setup.descriptor.max_submissions_per_version
-        if sub.step >> 32 != sub.checkpoint_version:
-            raise Reject(Reason.BAD_ASSIGNMENT, "assignment step is not bound to the claimed version")
-        counter = step_counter(sub.step)
-        if counter >= allowed:
-            raise Reject(Reason.BAD_ASSIGNMENT, f"counter {counter}: the run allows {allowed} per version")
 
     def _check_fresh(self, sub: RolloutSubmission) -> None:
         if self.engines is None or self.setup is None:
