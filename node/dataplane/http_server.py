@@ -29,7 +29,8 @@ from urllib.parse import parse_qsl
 import h11
 import trio
 
-from node.dataplane.ratelimit import LOOPBACK_NETWORKS, Slots, TokenBucket, address_key, in_networks
+from node.dataplane.ratelimit import LOOPBACK_NETWORKS, TokenBucket, address_key, in_networks
+from node.p2p.ratelimit import Slots
 from protocol.types import KIB, MIB
 
 SERVER_NAME = "swarmnode"

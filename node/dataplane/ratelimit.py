@@ -2,7 +2,7 @@
 
 Addresses are what a remote peer cannot mint for free in bulk, so caps count per address: an IPv4 address,
 or an IPv6 /64 (the block one subscriber is handed; its 2^64 addresses cost nothing more). A `Slots` table
-bounds both the total and each address's share, and admits or refuses at once: nothing ever queues for a
+(`node.p2p.ratelimit.Slots`) bounds both the total and each address's share, and admits or refuses at once: nothing ever queues for a
 slot, so refusing costs no memory beyond the open connection itself.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import trio
 
@@ -74,51 +73,3 @@ def in_networks(host: str, networks: Iterable[str]) -> bool:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return any(ip in ipaddress.ip_network(net, strict=False) for net in networks)
-
-
-@dataclass
-class Slots:
-    """At most `total` slots held, and at most `per_key` by one key unless the caller says it is exempt.
-
-    `try_acquire` never waits: it answers at once whether the slot was taken, and a refusal changes
-    nothing. Every `acquire` must be paired with one `release` of the same key.
-    """
-
-    total: int
-    per_key: int
-    held: dict[str, int] = field(default_factory=dict)
-    in_use: int = 0
-
-    def __post_init__(self) -> None:
-        if self.total < 1 or self.per_key < 1:
-            raise ValueError("slot caps must be at least 1")
-
-    def count(self, key: str) -> int:
-        return self.held.get(key, 0)
-
-    def key_full(self, key: str, exempt: bool = False) -> bool:
-        return not exempt and self.count(key) >= self.per_key
-
-    def full(self) -> bool:
-        return self.in_use >= self.total
-
-    def try_acquire(self, key: str, exempt: bool = False) -> bool:
-        if self.full() or self.key_full(key, exempt):
-            return False
-        self.acquire(key)
-        return True
-
-    def acquire(self, key: str) -> None:
-        """Take a slot without checking the caps (the caller made room, e.g. by evicting)."""
-        self.held[key] = self.count(key) + 1
-        self.in_use += 1
-
-    def release(self, key: str) -> None:
-        left = self.count(key) - 1
-        if left < 0:
-            raise RuntimeError(f"release of a slot {key!r} does not hold")
-        if left:
-            self.held[key] = left
-        else:
-            del self.held[key]  # the table holds only keys with a slot: bounded by `total`
-        self.in_use -= 1

@@ -1,11 +1,11 @@
-"""Token buckets: sizing gossip rates explicitly instead of py-libp2p's fixed 10 msg/s per topic.
-
-Pure state; the caller passes the current time, so tests need no clock.
+"""Rationing as pure state: token buckets (gossip rates sized explicitly instead of py-libp2p's fixed
+10 msg/s per topic) and slot tables counted per key and in total (request/response streams, HTTP
+connections). The caller passes the current time, so tests need no clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -64,54 +64,68 @@ class KeyedBuckets:
         return len(self._buckets)
 
 
-class StreamSlots:
-    """Concurrent admissions for one protocol: at most `per_peer` for any one key and `total` overall.
+@dataclass
+class Slots:
+    """At most `total` slots held, and at most `per_key` by one key (a peer, a client address) unless the
+    caller says it is exempt.
 
-    Counting per peer as well as in total is what keeps one peer from taking every slot: a peer over
-    its share is refused while others are still admitted. Pure bookkeeping, no I/O; a key with no
-    slot in use is forgotten, so memory is bounded by `total`.
+    Counting per key as well as in total is what keeps one peer from taking every slot: a key over its
+    share is refused while others are still admitted. `try_acquire` never waits and a refusal changes
+    nothing (it is only counted); every acquire is paired with one `release` of the same key. A key with
+    no slot held is forgotten, so the table is bounded by `total`. Used by request/response streams and
+    by the HTTP data plane's connections and long polls.
     """
 
-    def __init__(self, total: int, per_peer: int) -> None:
-        if total < 1 or per_peer < 1:
-            raise ValueError("stream slots need total >= 1 and per_peer >= 1")
-        self.total = total
-        self.per_peer = per_peer
-        self._held: dict[object, int] = {}
-        self._in_use = 0
-        self.refused_peer = 0
-        self.refused_total = 0
+    total: int
+    per_key: int
+    held: dict[object, int] = field(default_factory=dict)
+    in_use: int = 0
+    refused_key: int = 0
+    refused_total: int = 0
 
-    def try_acquire(self, key: object) -> bool:
+    def __post_init__(self) -> None:
+        if self.total < 1 or self.per_key < 1:
+            raise ValueError("slot caps must be at least 1")
+
+    def count(self, key: object) -> int:
+        return self.held.get(key, 0)
+
+    def key_full(self, key: object, exempt: bool = False) -> bool:
+        return not exempt and self.count(key) >= self.per_key
+
+    def full(self) -> bool:
+        return self.in_use >= self.total
+
+    def try_acquire(self, key: object, exempt: bool = False) -> bool:
         """Take a slot for `key` if its share and the total allow; never blocks."""
-        held = self._held.get(key, 0)
-        if held >= self.per_peer:
-            self.refused_peer += 1
+        if self.key_full(key, exempt):
+            self.refused_key += 1
             return False
-        if self._in_use >= self.total:
+        if self.full():
             self.refused_total += 1
             return False
-        self._held[key] = held + 1
-        self._in_use += 1
+        self.acquire(key)
         return True
 
-    def release(self, key: object) -> None:
-        held = self._held.get(key, 0)
-        if held <= 0:
-            raise RuntimeError(f"release of a slot {key!r} does not hold")
-        if held == 1:
-            del self._held[key]
-        else:
-            self._held[key] = held - 1
-        self._in_use -= 1
+    def acquire(self, key: object) -> None:
+        """Take a slot without checking the caps (the caller made room, e.g. by evicting)."""
+        self.held[key] = self.count(key) + 1
+        self.in_use += 1
 
-    def held(self, key: object) -> int:
-        return self._held.get(key, 0)
+    def release(self, key: object) -> None:
+        left = self.count(key) - 1
+        if left < 0:
+            raise RuntimeError(f"release of a slot {key!r} does not hold")
+        if left:
+            self.held[key] = left
+        else:
+            del self.held[key]
+        self.in_use -= 1
 
     def statistics(self) -> dict[str, int]:
         return {
-            "in_use": self._in_use,
-            "peers": len(self._held),
-            "refused_peer": self.refused_peer,
+            "in_use": self.in_use,
+            "keys": len(self.held),
+            "refused_key": self.refused_key,
             "refused_total": self.refused_total,
         }

@@ -35,7 +35,7 @@ from libp2p.peer.id import ID
 from crypto.identity import NodeIdentity
 from node.p2p.clock import SeqCounter, wall_ms
 from node.p2p.host import TRANSPORT_ERRORS
-from node.p2p.ratelimit import StreamSlots
+from node.p2p.ratelimit import Slots
 from node.p2p.scoring import Fault, PeerGuard
 from protocol.envelope import ENVELOPE_OVERHEAD, Opened, ReplayWindow, open_envelope, seal
 from protocol.errors import Ignore, ProtocolError, Reject
@@ -177,7 +177,7 @@ Admit = Callable[[ID], bool]
 class _Inbound:
     """What one served protocol holds: its slots and the optional admission predicate."""
 
-    streams: StreamSlots
+    streams: Slots
     serving: trio.CapacityLimiter
     admit: Admit | None
 
@@ -226,9 +226,9 @@ class RequestResponse:
         when given, refuses a peer before it takes a slot."""
         serving = spec.max_inbound or self.settings.max_inbound_per_protocol
         inbound = _Inbound(
-            StreamSlots(
+            Slots(
                 total=spec.max_streams or STREAMS_PER_SERVING_SLOT * serving,
-                per_peer=spec.max_per_peer or self.settings.max_per_peer,
+                per_key=spec.max_per_peer or self.settings.max_per_peer,
             ),
             trio.CapacityLimiter(serving),
             admit,
@@ -253,7 +253,7 @@ class RequestResponse:
             await abort(stream)
             return
         if not inbound.streams.try_acquire(peer):
-            over_share = inbound.streams.held(peer) >= inbound.streams.per_peer
+            over_share = inbound.streams.key_full(peer)
             self.stats[f"{key}:refused_peer_busy" if over_share else f"{key}:refused_busy"] += 1
             await abort(stream)
             return

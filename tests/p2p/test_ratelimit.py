@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.p2p.ratelimit import KeyedBuckets, StreamSlots, TokenBucket
+from node.p2p.ratelimit import KeyedBuckets, Slots, TokenBucket
 
 
 def test_bucket_allows_burst_then_rate() -> None:
@@ -39,28 +39,28 @@ def test_keyed_buckets_are_independent_and_bounded() -> None:
 
 
 def test_stream_slots_count_per_peer_and_in_total() -> None:
-    slots = StreamSlots(total=3, per_peer=2)
+    slots = Slots(total=3, per_key=2)
     assert slots.try_acquire("hostile") and slots.try_acquire("hostile")
     assert not slots.try_acquire("hostile")  # over its share, while the total still has room
     assert slots.try_acquire("honest")
     assert not slots.try_acquire("other")  # total full
-    assert slots.statistics() == {"in_use": 3, "peers": 2, "refused_peer": 1, "refused_total": 1}
+    assert slots.statistics() == {"in_use": 3, "keys": 2, "refused_key": 1, "refused_total": 1}
     slots.release("hostile")
     assert slots.try_acquire("other")
     for peer in ("hostile", "honest", "other"):
         slots.release(peer)
-    assert slots.statistics()["in_use"] == 0 and slots.statistics()["peers"] == 0  # idle peers are forgotten
+    assert slots.statistics()["in_use"] == 0 and slots.statistics()["keys"] == 0  # idle peers are forgotten
     with pytest.raises(RuntimeError):
         slots.release("hostile")
     with pytest.raises(ValueError):
-        StreamSlots(total=0, per_peer=1)
+        Slots(total=0, per_key=1)
 
 
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 5)), max_size=200))
 def test_stream_slots_never_exceed_their_bounds(ops: list[tuple[bool, int]]) -> None:
     """Whatever the order of acquires and releases, no peer holds more than its share, nor all more than
     the total, and the bookkeeping matches a plain model."""
-    slots = StreamSlots(total=4, per_peer=2)
+    slots = Slots(total=4, per_key=2)
     model: dict[int, int] = {}
     for acquire, peer in ops:
         if acquire:
@@ -71,5 +71,5 @@ def test_stream_slots_never_exceed_their_bounds(ops: list[tuple[bool, int]]) -> 
         elif model.get(peer):
             slots.release(peer)
             model[peer] -= 1
-        assert all(slots.held(p) == n <= 2 for p, n in model.items())
+        assert all(slots.count(p) == n <= 2 for p, n in model.items())
         assert slots.statistics()["in_use"] == sum(model.values()) <= 4
