@@ -35,10 +35,10 @@ from protocol.ledger_messages import (
     StakeUnbond,
     StakeWithdraw,
 )
+from protocol.runs import step_counter, step_version
 
 Operation = RegisterNode | StakeDeposit | StakeUnbond | StakeWithdraw | RecordContribution | Slash
 Assignment = tuple[str, bytes, int]  # (run, worker, step): what one credit pays for, once
-STEP_COUNTER_BITS = 32  # step = checkpoint_version << 32 | counter (protocol/messages.py)
 
 
 @dataclass
@@ -96,7 +96,7 @@ def assignment_of(op: RecordContribution) -> Assignment:
 
 def describe_assignment(assignment: Assignment) -> str:
     run, worker, step = assignment
-    version, counter = step >> STEP_COUNTER_BITS, step & ((1 << STEP_COUNTER_BITS) - 1)
+    version, counter = step_version(step), step_counter(step)
     return f"run {run!r}, worker {short(worker)}, step {step} (version {version}, counter {counter})"
 
 

@@ -21,6 +21,7 @@ from protocol.envelope import seal
 from protocol.errors import Reason
 from protocol.ledger_messages import ComputeSpec, RecordContribution, Slash
 from protocol.messages import Completion, RolloutGroup, RolloutSubmission, Verdict
+from protocol.runs import assignment_step
 
 if TYPE_CHECKING:
     from web3 import Web3
@@ -97,11 +98,6 @@ def verdict_envelope(
         mean_mant_err=0.0,
     )
     return seal(validator, verdict, run=run, seq=seq, ts=0)
-
-
-def assignment_step(version: int, counter: int) -> int:
-    """The step of an assignment: checkpoint version in the high 32 bits, the worker's counter below."""
-    return version << 32 | counter
 
 
 def contribution(

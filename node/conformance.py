@@ -167,8 +167,8 @@ def check_dataset_hash(inp: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_assignment(inp: dict[str, Any]) -> dict[str, Any]:
-    from node.rl.rollouts import assignment_step
     from node.rl.tasks import assign_tasks
+    from protocol.runs import assignment_step
 
     ids = [_hex(x) for x in inp["dataset_ids"]]
     try:

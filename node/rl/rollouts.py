@@ -21,30 +21,7 @@ from node.rl.sampling import derive_seed
 from node.rl.tasks import Task, assign_tasks, grade
 from node.rl.tokenizer import completion_text, encode_prompt
 from protocol.messages import Completion, RolloutGroup, RolloutSubmission, RunDescriptor
-
-ASSIGNMENT_STEP_BITS = 32
-
-
-def assignment_step(checkpoint_version: int, counter: int) -> int:
-    """The `step` fed to task assignment and sampling seeds: a worker's n-th submission on a version.
-
-    Binding the version in means a worker cannot replay an old easy assignment on a new policy;
-    the counter lets one worker submit several batches per version (the run caps how many:
-    `RunDescriptor.max_submissions_per_version`).
-    """
-    if not 0 <= counter < 2**ASSIGNMENT_STEP_BITS:
-        raise ValueError(f"submission counter {counter} out of range")
-    return (checkpoint_version << ASSIGNMENT_STEP_BITS) | counter
-
-
-def step_counter(step: int) -> int:
-    """The counter part of an assignment step (its low 32 bits)."""
-    return step & (2**ASSIGNMENT_STEP_BITS - 1)
-
-
-def step_version(step: int) -> int:
-    """The checkpoint version an assignment step is bound to (its high bits)."""
-    return step >> ASSIGNMENT_STEP_BITS
+from protocol.runs import assignment_step
 
 
 def assigned_tasks(descriptor: RunDescriptor, dataset_ids: Sequence[bytes], worker: bytes, step: int) -> list[bytes]:

@@ -53,7 +53,7 @@ from crypto.toploc import (
 from node.rl.engine import InferenceEngine, Prefill
 from node.rl.grpo import group_advantages
 from node.rl.model import ModelConfig
-from node.rl.rollouts import assigned_tasks, completion_rewards, step_counter, step_version, unpack_logprobs
+from node.rl.rollouts import assigned_tasks, completion_rewards, unpack_logprobs
 from node.rl.sampling import (
     SEED_BITS,
     SamplingCheck,
@@ -67,6 +67,7 @@ from node.rl.tasks import GraderFault, Task
 from node.rl.tokenizer import EOS_ID, encode_prompt
 from protocol.errors import Ignore, ProtocolError, Reason, Reject
 from protocol.messages import Completion, RolloutSubmission, RunDescriptor, ValidatorPolicy
+from protocol.runs import step_counter, step_version
 
 ADVANTAGE_TOLERANCE = 1e-4
 LOGPROB_TOLERANCE = 1e-3

@@ -46,9 +46,9 @@ from pathlib import Path
 
 import trio
 
-from node.rl.rollouts import step_version
 from protocol.errors import Ignore, Reason, Reject
 from protocol.messages import AcceptedRollout
+from protocol.runs import step_version
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (

@@ -63,7 +63,7 @@ from node.p2p.peers import PeerRecord
 from node.p2p.reqresp import RequestFailed
 from node.rl.engine import TransformersEngine
 from node.rl.model import ModelConfig, load_checkpoint, model_config_hash, state_dict_of
-from node.rl.rollouts import step_version, unpack_logprobs
+from node.rl.rollouts import unpack_logprobs
 from node.rl.run import BASE_CHECKPOINT, devnet_optimizer, devnet_run
 from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats, signal_groups
 from node.roles.base import RoleNet
@@ -85,6 +85,7 @@ from protocol.messages import (
     RunDescriptor,
     Verdict,
 )
+from protocol.runs import step_version
 from protocol.shards import is_retained, verify_manifest
 from protocol.types import MIB
 

@@ -937,7 +937,7 @@ async def send_staked(ctx: Context, attack: str, identity: NodeIdentity, sealed:
 
 async def replay(ctx: Context) -> None:
     """Cached replays on version 0 while it is fresh, then one honest submission sealed twice."""
-    from node.rl.rollouts import assignment_step
+    from protocol.runs import assignment_step
 
     generator = await staked_generator(ctx)
     replayer = ctx.keys["replayer"]

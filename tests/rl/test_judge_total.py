@@ -27,13 +27,14 @@ from crypto.identity import NodeIdentity
 from crypto.merkle import merkle_root
 from node.rl.engine import InferenceEngine, TransformersEngine
 from node.rl.model import ModelConfig, file_sha256, load_checkpoint, model_config_hash
-from node.rl.rollouts import assigned_tasks, assignment_step, build_submission
+from node.rl.rollouts import assigned_tasks, build_submission
 from node.rl.run import BASE_CHECKPOINT, dataset_hash, devnet_dataset, devnet_grpo, devnet_policy
 from node.rl.tokenizer import EOS_ID, VOCAB_SIZE
 from node.rl.validation import Accepted, ValidationContext, judge_total, validate_submission
 from protocol.envelope import ReplayWindow, open_envelope, seal
 from protocol.errors import Ignore, ProtocolError, Reason, Reject
 from protocol.messages import RolloutSubmission, RunDescriptor
+from protocol.runs import assignment_step
 
 RUN = "judge-total"
 WORKER = NodeIdentity(b"\x11" * 32)

@@ -31,7 +31,7 @@ from node.p2p.reqresp import PeerUnreachable
 from node.rl.engine import TransformersEngine
 from node.rl.grpo import group_advantages
 from node.rl.model import load_model, model_config_hash
-from node.rl.rollouts import assigned_tasks, assignment_step, completion_rewards
+from node.rl.rollouts import assigned_tasks, completion_rewards
 from node.rl.run import BASE_CHECKPOINT, RunSetup, dataset_hash, devnet_dataset, devnet_grpo, devnet_policy
 from node.rl.tokenizer import completion_text, encode_prompt
 from node.rl.validation import BadProof, ValidationContext, validate_submission
@@ -61,13 +61,14 @@ from node.swarm.worker import (
     make_submission,
     plan_counter,
     prepare_weights,
-    submission_budget,
     require_eligible,
+    submission_budget,
     try_another,
 )
 from protocol.envelope import Opened, open_envelope, seal
 from protocol.errors import Reason, Reject
 from protocol.messages import RolloutSubmission, RunDescriptor, SubmitAck, Verdict
+from protocol.runs import assignment_step
 from tests.p2p.helpers import swarm, wait_until
 
 pytestmark = pytest.mark.timeout(60)
