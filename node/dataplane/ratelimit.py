@@ -2,8 +2,8 @@
 
 Addresses are what a remote peer cannot mint for free in bulk, so caps count per address: an IPv4 address,
 or an IPv6 /64 (the block one subscriber is handed; its 2^64 addresses cost nothing more). A `Slots` table
-(`node.p2p.ratelimit.Slots`) bounds both the total and each address's share, and admits or refuses at once: nothing ever queues for a
-slot, so refusing costs no memory beyond the open connection itself.
+(`node.p2p.ratelimit.Slots`) bounds both the total and each address's share, and admits or refuses at
+once: nothing ever queues for a slot, so refusing costs no memory beyond the open connection itself.
 """
 
 from __future__ import annotations
@@ -48,28 +48,31 @@ class TokenBucket:
             return need
 
 
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP literal `host` names (zone id dropped, IPv4-mapped IPv6 as IPv4), or None for anything else."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
 def address_key(host: str) -> str:
     """The unit a per-address cap counts: the IPv4 address, or the IPv6 /64 (IPv4-mapped IPv6 is IPv4).
 
     A host that is not an IP literal (a Unix socket path, a test double) is its own key.
     """
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
+    ip = _ip(host)
+    if ip is None:
         return host
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
         return str(ipaddress.IPv6Network((ip, IPV6_PREFIX), strict=False))
     return str(ip)
 
 
 def in_networks(host: str, networks: Iterable[str]) -> bool:
     """Whether `host` (an IP literal; IPv4-mapped IPv6 counts as IPv4) lies in any of `networks`."""
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return any(ip in ipaddress.ip_network(net, strict=False) for net in networks)
+    ip = _ip(host)
+    return ip is not None and any(ip in ipaddress.ip_network(net, strict=False) for net in networks)
