@@ -15,8 +15,10 @@ Design decisions (spec/shards.md is the normative text):
 API, by role:
 
 - Origin (trainer): `OriginNode(root, identity, run).run()` serves; `node.origin.publish(state_dict,
-  version=, parent_version=, model_config_hash=)` writes the shards, signs the manifest and returns
-  `(manifest, envelope)`: gossip the envelope on `swarm/<run>/checkpoints`.
+  version=, parent_version=, model_config_hash=, layout="model", files=model_folder_files(folder))` writes
+  the files of a Hugging Face folder (weights shards, index, config and tokenizer), signs the manifest and
+  returns `(manifest, envelope)`: gossip the envelope on `swarm/<run>/checkpoints`. A complete version's
+  directory on any node (`store.complete_dir(v)`) is then a folder transformers and vLLM load directly.
 - Relay: `FollowerNode(FollowerNodeConfig(root, run, trainer, identity, peers={...}))`, then `run()`.
   Feed it with `node.manifests.send(envelope)` and `node.book.observe(have)` (or give `peers` and let it
   poll them); it fetches, verifies, serves, prunes; `node.catalog` and its `have` endpoint say what it holds.

@@ -1,5 +1,9 @@
 """The trainer's side of the broadcast: cut a state dict into shards, sign the manifest, serve the shards.
 
+A policy version is published in the model layout (node/dataplane/checkpoint.py): a Hugging Face folder
+with the run's config and tokenizer files (`model_folder_files`), so a relay's copy loads in transformers
+and vLLM as it is. Other payloads (DiLoCo) keep the pieces layout, the default.
+
 Publishing writes every shard into `<version>.partial/`, hashes it, signs the manifest, then renames the
 directory into place and lists the version in the catalog, so the origin never announces or serves a
 version it does not hold whole. The signed envelope it returns is what the control plane gossips on
@@ -8,7 +12,10 @@ version it does not hold whole. The signed envelope it returns is what the contr
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,12 +23,33 @@ import trio
 
 from crypto.identity import NodeIdentity
 from node.dataplane.catalog import Catalog
-from node.dataplane.checkpoint import build_manifest, plan_shards, shard_info
+from node.dataplane.checkpoint import (
+    CONFIG_FILE,
+    MODEL_LAYOUT,
+    PIECES_LAYOUT,
+    Layout,
+    build_manifest,
+    plan_files,
+    shard_info,
+)
 from node.dataplane.follower import wall_ms
 from node.dataplane.store import ShardStore
 from protocol.envelope import seal
 from protocol.messages import CheckpointManifest
 from protocol.shards import DEFAULT_SHARD_SIZE, versions_to_prune
+
+
+def model_folder_files(folder: str | os.PathLike[str]) -> dict[str, bytes]:
+    """The files a model checkpoint carries beside its weights: config.json, generation_config.json (if
+    present) and the tokenizer files, read byte for byte from the run's model folder (blocking)."""
+    from node.rl import model  # imports transformers (2 s): only a trainer calls this, never a relay
+
+    folder = Path(folder)
+    if not (folder / model.CONFIG_FILE).is_file():
+        raise model.ModelFolderError(f"{folder}: no {model.CONFIG_FILE}")
+    optional = [n for n in (model.GENERATION_CONFIG_FILE,) if (folder / n).is_file()]
+    names = [model.CONFIG_FILE, *optional, *model.tokenizer_files(folder)]
+    return {name: (folder / name).read_bytes() for name in names}
 
 
 class Sealer:
@@ -70,12 +98,23 @@ class Origin:
         version: int,
         parent_version: int,
         model_config_hash: bytes,
+        layout: Layout = PIECES_LAYOUT,
+        files: Mapping[str, bytes] | None = None,
     ) -> tuple[CheckpointManifest, bytes]:
-        """Write, hash and sign version `version`; returns the manifest and its signed envelope."""
+        """Write, hash and sign version `version`; returns the manifest and its signed envelope.
+
+        `layout="model"` publishes a Hugging Face folder: `files` (`model_folder_files`) must hold the
+        config.json whose sha256 is `model_config_hash`. Everything is checked before anything is written.
+        """
         latest = self.catalog.latest_version
         if latest is not None and version <= latest:
             raise ValueError(f"version {version} is not newer than the published {latest}")
-        plans = await trio.to_thread.run_sync(plan_shards, state_dict, self.shard_size)
+        config = (files or {}).get(CONFIG_FILE)
+        if layout == MODEL_LAYOUT and (
+            config is None or hashlib.sha256(config).digest() != model_config_hash
+        ):
+            raise ValueError(f"a model checkpoint carries the {CONFIG_FILE} of model_config_hash")
+        plans = await trio.to_thread.run_sync(plan_files, layout, state_dict, self.shard_size, files)
         infos = []
         for plan in plans:
             data = await trio.to_thread.run_sync(plan.serialize)

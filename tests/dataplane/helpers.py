@@ -12,11 +12,15 @@ import trio
 from crypto.identity import NodeIdentity
 from node.dataplane.catalog import Catalog
 from node.dataplane.checkpoint import build_manifest, shard_info
+from node.dataplane.downloader import DownloadConfig
 from node.dataplane.faults import Fault, FaultyService
 from node.dataplane.http_server import HttpServer, ServerConfig
 from node.dataplane.origin import Sealer
+from node.dataplane.roles import FollowerNode, FollowerNodeConfig
 from node.dataplane.service import ShardService
+from node.dataplane.sources import ScoringConfig
 from node.dataplane.store import ShardStore
+from node.dataplane.testing import role_key
 from protocol.envelope import seal
 from protocol.messages import CheckpointManifest, ShardHave, ShardInfo
 from protocol.shards import encode_bitfield
@@ -121,3 +125,34 @@ async def wait_until(predicate, poll: float = 0.01) -> None:
     """Poll a counter that has no event of its own (a server's byte count)."""
     while not predicate():  # noqa: ASYNC110 - counters are not events
         await trio.sleep(poll)
+
+
+# --- in-process role nodes ---------------------------------------------------------------------------
+
+FAST_SCORING = ScoringConfig(backoff_base=0.05, backoff_max=0.5)
+
+
+async def run_node(node, completed, *, task_status):
+    """Run a node inside its own cancel scope, so a test can kill just this node."""
+    with trio.CancelScope() as scope:
+        node.scope = scope
+        await node.run(completed, task_status=task_status)
+
+
+def follower_node(tmp_path, name, key, peers, *, worker, rate=None, async_level=2):
+    """A relay (`worker=False`: serves, keeps `async_level` versions) or a worker (newest only, silent)."""
+    config = FollowerNodeConfig(
+        root=tmp_path / name,
+        run=RUN,
+        trainer=TRAINER.address,
+        identity=role_key(key),
+        peers=peers,
+        newest_only=worker,
+        serve=not worker,
+        async_level=async_level,
+        server=ServerConfig(upload_rate=rate, chunk_size=16 * 1024),
+        download=DownloadConfig(parallel_shards=4, stall_timeout=1.0),
+        scoring=FAST_SCORING,
+        seed=key,
+    )
+    return FollowerNode(config)

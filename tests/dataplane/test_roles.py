@@ -6,44 +6,13 @@ import torch
 import trio
 
 from node.dataplane.checkpoint import load_checkpoint, state_digest
-from node.dataplane.downloader import DownloadConfig
-from node.dataplane.http_server import ServerConfig
-from node.dataplane.roles import FollowerNode, FollowerNodeConfig, OriginNode
-from node.dataplane.sources import ScoringConfig
-from node.dataplane.testing import role_key
-from tests.dataplane.helpers import RUN, TRAINER, wait_until
-
-FAST = ScoringConfig(backoff_base=0.05, backoff_max=0.5)
+from node.dataplane.roles import OriginNode
+from tests.dataplane.helpers import RUN, TRAINER, follower_node, run_node, wait_until
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {f"layer{i}": torch.randn(128, 256, generator=g) for i in range(8)}  # 8 x 128 KiB
-
-
-async def _run_node(node, completed, *, task_status):
-    """Run a node inside its own cancel scope, so a test can kill just this node."""
-    with trio.CancelScope() as scope:
-        node.scope = scope
-        await node.run(completed, task_status=task_status)
-
-
-def _follower(tmp_path, name, key, peers, *, worker, rate=None, async_level=2):
-    config = FollowerNodeConfig(
-        root=tmp_path / name,
-        run=RUN,
-        trainer=TRAINER.address,
-        identity=role_key(key),
-        peers=peers,
-        newest_only=worker,
-        serve=not worker,
-        async_level=async_level,
-        server=ServerConfig(upload_rate=rate, chunk_size=16 * 1024),
-        download=DownloadConfig(parallel_shards=4, stall_timeout=1.0),
-        scoring=FAST,
-        seed=key,
-    )
-    return FollowerNode(config)
 
 
 def test_a_checkpoint_reaches_every_worker_through_relays_even_when_one_dies(tmp_path):
@@ -52,16 +21,18 @@ def test_a_checkpoint_reaches_every_worker_through_relays_even_when_one_dies(tmp
             origin = OriginNode(tmp_path / "origin", TRAINER, RUN, shard_size=128 * 1024)
             await nursery.start(origin.run)
             relays = [
-                _follower(tmp_path, f"relay{i}", 1 + i, {origin.endpoint: 1.0}, worker=False, rate=2_000_000)
+                follower_node(
+                    tmp_path, f"relay{i}", 1 + i, {origin.endpoint: 1.0}, worker=False, rate=2_000_000
+                )
                 for i in range(2)
             ]
             for relay in relays:
-                await nursery.start(_run_node, relay, None)
+                await nursery.start(run_node, relay, None)
             peers = {relay.endpoint: 1.0 for relay in relays}
             done_send, done = trio.open_memory_channel(8)
-            workers = [_follower(tmp_path, f"worker{i}", 10 + i, peers, worker=True) for i in range(3)]
+            workers = [follower_node(tmp_path, f"worker{i}", 10 + i, peers, worker=True) for i in range(3)]
             for worker in workers:
-                await nursery.start(_run_node, worker, done_send)
+                await nursery.start(run_node, worker, done_send)
 
             state = _state(1)
             manifest, _ = await origin.origin.publish(
@@ -89,11 +60,11 @@ def test_workers_follow_successive_versions_and_relays_prune(tmp_path):
         async with trio.open_nursery() as nursery:
             origin = OriginNode(tmp_path / "origin", TRAINER, RUN, shard_size=256 * 1024, async_level=0)
             await nursery.start(origin.run)
-            relay = _follower(tmp_path, "relay", 1, {origin.endpoint: 1.0}, worker=False, async_level=0)
-            await nursery.start(_run_node, relay, None)
+            relay = follower_node(tmp_path, "relay", 1, {origin.endpoint: 1.0}, worker=False, async_level=0)
+            await nursery.start(run_node, relay, None)
             done_send, done = trio.open_memory_channel(8)
-            worker = _follower(tmp_path, "worker", 2, {relay.endpoint: 1.0}, worker=True, async_level=0)
-            await nursery.start(_run_node, worker, done_send)
+            worker = follower_node(tmp_path, "worker", 2, {relay.endpoint: 1.0}, worker=True, async_level=0)
+            await nursery.start(run_node, worker, done_send)
             with trio.fail_after(30):
                 for version in (1, 2, 3):
                     manifest, _ = await origin.origin.publish(
