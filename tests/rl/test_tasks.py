@@ -8,21 +8,31 @@ import time
 import pytest
 
 from node.rl.tasks import (
+    MAX_TARGET_LENGTH,
     Task,
     arithmetic,
     assign_tasks,
+    canonical_json,
     code,
     grade,
     math,
     read_jsonl,
     task_from_json,
     task_id,
+    task_length_target,
     task_to_json,
     write_jsonl,
 )
 from node.rl.tasks.code import Outcome, SandboxLimits, run_python
+from protocol.messages import GrpoParams
 
 FAST = SandboxLimits(wall_time_s=2.0, cpu_time_s=2, memory_bytes=256 * 2**20)
+
+
+def devnet_grpo_params(length_target: int) -> GrpoParams:
+    return GrpoParams(group_size=8, prompts_per_step=4, max_new_tokens=6, temperature=1.0, learning_rate=2e-4,
+                      clip_epsilon=0.2, clip_delta=4.0, max_grad_norm=1.0, token_budget=192,
+                      length_target=length_target, length_penalty=0.0003)
 
 
 # ---------------------------------------------------------------------------- ids, datasets, assignment
@@ -50,6 +60,28 @@ def test_jsonl_round_trip_and_tamper_detection(tmp_path):
         task_from_json('{"kind":"a","prompt":"b","target":"c","extra":1}')
     with pytest.raises(ValueError, match="strings"):
         task_from_json('{"kind":"a","prompt":"b","target":3}')
+
+
+def test_target_length_enters_the_id_only_when_set():
+    plain = Task("math", "x?", "1")
+    assert Task("math", "x?", "1", 0).task_id == plain.task_id  # ids of tasks without one are unchanged
+    long = Task("math", "x?", "1", 512)
+    assert canonical_json(long) == '{"kind":"math","prompt":"x?","target":"1","target_length":512}'
+    assert long.task_id == hashlib.sha256(canonical_json(long).encode()).digest() != plain.task_id
+    assert task_from_json(task_to_json(long)) == long and '"target_length":512' in task_to_json(long)
+    assert "target_length" not in task_to_json(plain)
+    for bad in (-1, MAX_TARGET_LENGTH + 1, True, 1.0, "5"):
+        with pytest.raises(ValueError, match="target_length"):
+            Task("math", "x?", "1", bad)
+    with pytest.raises(ValueError, match="target_length"):
+        task_from_json('{"kind":"math","prompt":"x?","target":"1","target_length":-3}')
+
+
+def test_a_tasks_length_target_overrides_the_runs():
+    grpo = devnet_grpo_params(length_target=300)
+    assert task_length_target(Task("math", "x?", "1"), grpo) == 300
+    assert task_length_target(Task("math", "x?", "1", 1000), grpo) == 1000
+    assert task_length_target(Task("math", "x?", "1"), devnet_grpo_params(length_target=0)) == 0
 
 
 def test_assignment_is_deterministic_distinct_and_per_worker():

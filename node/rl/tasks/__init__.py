@@ -1,51 +1,42 @@
-"""Verifiable tasks: ids, datasets, deterministic assignment and exact reward functions per task kind."""
+"""Verifiable tasks: ids, dataset files, deterministic assignment and exact reward functions per task kind."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
-
-from node.rl.tasks import arithmetic, code, math
 from node.rl.tasks.core import (
+    MAX_TARGET_LENGTH,
     Grade,
     GraderFault,
     Task,
     assign_tasks,
     canonical_json,
+    dataset_hash,
     read_jsonl,
     task_from_json,
     task_id,
+    task_length_target,
     task_to_json,
     write_jsonl,
 )
-
-GRADERS: Mapping[str, Callable[[Task, str], Grade]] = MappingProxyType(
-    {arithmetic.KIND: arithmetic.grade, math.KIND: math.grade, code.KIND: code.grade}
-)
-
-
-def grade(task: Task, completion: str) -> Grade:
-    """Reward of a completion's text (up to EOS) for `task`, by the grader of its kind.
-
-    Deterministic for a given task and text, or GraderFault (no reward: a machine-dependent limit hit).
-    """
-    grader = GRADERS.get(task.kind)
-    if grader is None:
-        raise ValueError(f"no grader for task kind {task.kind!r}")
-    return grader(task, completion)
-
+from node.rl.tasks.files import TaskFileError, read_tasks, write_tasks
+from node.rl.tasks.graders import GRADERS, grade
 
 __all__ = [
     "GRADERS",
+    "MAX_TARGET_LENGTH",
     "Grade",
     "GraderFault",
     "Task",
+    "TaskFileError",
     "assign_tasks",
     "canonical_json",
+    "dataset_hash",
     "grade",
     "read_jsonl",
+    "read_tasks",
     "task_from_json",
     "task_id",
+    "task_length_target",
     "task_to_json",
     "write_jsonl",
+    "write_tasks",
 ]

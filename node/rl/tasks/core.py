@@ -1,9 +1,12 @@
 """Tasks, their content-hash ids, JSONL datasets and deterministic assignment.
 
 Decisions:
-- A task is (kind, prompt, target): `target` is what the grader checks against (the expected answer for
-  arithmetic and math, the test code for code tasks). Its id is sha256 of the canonical JSON of those three
-  fields, so any peer holding the dataset can recompute and check it.
+- A task is (kind, prompt, target, target_length): `target` is what the grader checks against (the expected
+  answer for arithmetic and math, the test code for code tasks); `target_length` is INTELLECT-2's optional
+  length target in tokens (0: none). Its id is sha256 of the canonical JSON of those fields, so any peer
+  holding the dataset can recompute and check it; `target_length` enters it only when non-zero, so tasks
+  without one keep the ids they had before the field existed.
+- A task's own length target overrides the run's (`task_length_target`): a dataset can mix lengths.
 - Assignment: the first `count` *distinct* dataset indices of
   `int(sha256(domain || worker u32-len-prefixed || step u64 || counter u32)) mod len(dataset)` for
   counter = 0, 1, 2, ...; distinct because a repeated task would get repeated seeds (the seed derives from
@@ -17,8 +20,14 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from crypto.merkle import merkle_root
+from protocol.messages import GrpoParams
 
 ASSIGN_DOMAIN = b"swarmnode/tasks/assign/v1"
+MAX_TARGET_LENGTH = 1 << 20  # tokens: beyond any model's context, and the JSON number stays small
 
 
 @dataclass(frozen=True)
@@ -28,9 +37,16 @@ class Task:
     kind: str
     prompt: str
     target: str
+    target_length: int = 0  # tokens the completion should take (a system message asks for it); 0: none
 
-    @property
+    def __post_init__(self) -> None:
+        if type(self.target_length) is not int or not 0 <= self.target_length <= MAX_TARGET_LENGTH:
+            raise ValueError(f"target_length must be an integer 0 ... {MAX_TARGET_LENGTH}, "
+                             f"got {self.target_length!r}")
+
+    @cached_property
     def task_id(self) -> bytes:
+        """`task_id(self)`, hashed once (the task is frozen)."""
         return task_id(self)
 
 
@@ -51,10 +67,17 @@ class Grade:
     reason: str
 
 
+def task_fields(task: Task) -> dict[str, Any]:
+    """The fields the id covers: kind, prompt, target, and target_length only when non-zero."""
+    body: dict[str, Any] = {"kind": task.kind, "prompt": task.prompt, "target": task.target}
+    if task.target_length:
+        body["target_length"] = task.target_length
+    return body
+
+
 def canonical_json(task: Task) -> str:
     """Sorted keys, no spaces, non-ASCII kept as UTF-8: the bytes the task id hashes."""
-    body = {"kind": task.kind, "prompt": task.prompt, "target": task.target}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(task_fields(task), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def task_id(task: Task) -> bytes:
@@ -64,22 +87,30 @@ def task_id(task: Task) -> bytes:
 
 def task_to_json(task: Task) -> str:
     """One JSONL line: the canonical fields plus the hex id (checked on read)."""
-    body = {"kind": task.kind, "prompt": task.prompt, "target": task.target, "task_id": task_id(task).hex()}
+    body = {**task_fields(task), "task_id": task_id(task).hex()}
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+_JSON_FIELDS = frozenset({"kind", "prompt", "target", "target_length", "task_id"})
+
+
 def task_from_json(line: str) -> Task:
-    """Parse one JSONL line; unknown fields or a wrong `task_id` raise ValueError."""
+    """Parse one JSONL line; unknown fields, a bad `target_length` or a wrong `task_id` raise ValueError."""
     body = json.loads(line)
-    if not isinstance(body, dict) or set(body) - {"kind", "prompt", "target", "task_id"}:
+    if not isinstance(body, dict) or set(body) - _JSON_FIELDS:
         raise ValueError(f"not a task object: {line[:80]!r}")
     kind, prompt, target = (body.get(k) for k in ("kind", "prompt", "target"))
     if not (isinstance(kind, str) and isinstance(prompt, str) and isinstance(target, str)):
         raise ValueError(f"task fields must be strings: {line[:80]!r}")
-    task = Task(kind, prompt, target)
+    task = Task(kind, prompt, target, body.get("target_length", 0))
     if "task_id" in body and body["task_id"] != task_id(task).hex():
         raise ValueError(f"task_id {body['task_id']} does not match the task's content")
     return task
+
+
+def dataset_hash(tasks: Sequence[Task]) -> bytes:
+    """The RunDescriptor's `dataset_hash`: the RFC 6962 Merkle root over the task ids in dataset order."""
+    return merkle_root([t.task_id for t in tasks])
 
 
 def write_jsonl(tasks: Iterable[Task], path: str | os.PathLike[str]) -> None:
@@ -93,6 +124,11 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[Task]:
     """Read a dataset written by `write_jsonl` (blank lines skipped)."""
     with open(path, encoding="utf-8") as f:
         return [task_from_json(line) for line in f if line.strip()]
+
+
+def task_length_target(task: Task, grpo: GrpoParams) -> int:
+    """The length target of `task`'s rewards: its own when it has one, else the run's (0: no length term)."""
+    return task.target_length or grpo.length_target
 
 
 def assign_tasks(dataset_ids: Sequence[bytes], worker_address: bytes, step: int, count: int) -> list[bytes]:
