@@ -1,44 +1,54 @@
 """vLLM engine for workers on a GPU: same interface as `TransformersEngine`, vLLM for generation.
 
-NOT RUN HERE: this file was written on a CPU machine without vLLM and without a GPU lent to its task;
-`tests/rl/test_vllm_engine.py` (marked `gpu`) has never run. It follows ../shared/gpu/VLLM.md, which measured
-the capture with vllm 0.26.0 on an H100, and the v1 logits-processor interface
-(`vllm.v1.sample.logits_processor.LogitsProcessor`: `update_state(BatchUpdate)` with added
+NOT RUN YET: written on a machine without vLLM and without a GPU. The parts that need neither (which row
+belongs to which request, our sampler inside vLLM's batch, the noise kernel) run in
+`tests/rl/test_vllm_engine.py` on the CPU; the engine itself is tested there under the `gpu` mark, which
+has never run. It follows ../shared/gpu/VLLM.md (the capture measured with vllm 0.26.0 on an H100) and
+vLLM 0.26.0's source for the v1 logits-processor interface (`update_state(BatchUpdate)` with added
 `(index, params, prompt_ids, output_ids)`, removed indices, moved `(a, b, direction)`, then `apply(logits)`).
 Expect to fix details on the first GPU run.
 
 How it works:
+- The model is the run's Hugging Face folder, loaded by vLLM as it is (`LLM(model=folder)`); the tokenizer,
+  EOS ids and context length come from the same folder (`load_tokenizer`). vLLM runs without its tokenizer
+  (token ids in, token ids out) and ignores the folder's sampling defaults (`generation_config="vllm"`).
 - Sampling is ours, not vLLM's. vLLM's sampler draws from its own RNG, which a validator cannot re-derive.
   Each request runs with `temperature=0` (vLLM's greedy argmax) and our logits processor rewrites its row to
-  `logits / T + gumbel(seed, position)` (`node.rl.sampling`, the same noise the CPU engine and the validator
+  `logits / T + gumbel(seed, position)` (`node.rl.sampling`, the noise the CPU engine and the validator
   use), so vLLM's argmax *is* our Gumbel-max sample. The per-request seed and temperature travel in
-  `SamplingParams.extra_args`. The validator checks the tokens against its own (bf16 or fp32) prefill logits
-  with `check_sampling`; bf16 logits differ from the prover's by ~1e-2, so the tolerance must be calibrated
-  for the run's precision (as the TOPLOC bounds are), not the fp32 default.
+  `SamplingParams.extra_args`. The noise (about 40 integer operations over the vocabulary) is fused into one
+  kernel by `torch.compile` on CUDA: unfused it would cost about a decode step. The validator checks tokens
+  against its own bf16 or fp32 prefill logits with `check_sampling`; bf16 logits differ from the prover's
+  by ~1e-2, so the tolerance must be calibrated for the run's precision (as the TOPLOC bounds are).
+- Generation stops on any of the model's EOS ids (`stop_token_ids`); instruct models have several.
 - Hidden rows: `llm.apply_model` wraps `model.compute_logits` so it stores its `hidden_states` argument (the
-  lm_head input, after the final norm; logits run outside CUDA graphs). Rows are mapped to requests inside
-  the logits processor, which sees the same batch order as that call and knows which request owns each row
-  from vLLM's own batch updates, never by position in the output list. A request's p-th row is taken when
-  it has p output tokens; a mismatch raises rather than misaligning (which would fail every TOPLOC chunk).
-- Requirements this relies on: `VLLM_ENABLE_V1_MULTIPROCESSING=0` (engine in-process, so the wrapper, the
-  processor and this object share memory), async scheduling off (output lists must be current in `apply`),
-  prompts short enough not to be chunked (a partially prefilled request's row would be a spurious sample).
+  lm_head input, after the final norm; logits run outside CUDA graphs). The logits processor sees the same
+  batch in the same order and knows which request owns each row from vLLM's own batch updates, never from
+  positions in the output list. A request's row for generated position p is taken while it has p output
+  tokens; a later row at the same p replaces it (a chunked prefill samples and discards a token at every
+  partial step, so the last row before the output grows is the real one); a request with more outputs
+  than rows raises rather than misaligning (which would fail every TOPLOC chunk). Rows stay on the GPU,
+  one gather per step, until the group is done (VLLM.md: a per-step copy to the CPU cost 1.28x).
+- Requirements: `VLLM_ENABLE_V1_MULTIPROCESSING=0` (engine in-process, so the wrapper, the processor and
+  this object share memory); async scheduling off (output lists must be current in `apply`); the v1 model
+  runner (vLLM 0.26 falls back to it whenever custom logits processors are given; we also say so with
+  `VLLM_USE_V2_MODEL_RUNNER=0`); no speculative decoding (one row per request per step).
 - Logprobs are computed from the captured rows with the transformers copy's lm_head, under
   softmax(logits / T), as in `TransformersEngine`; vLLM's own logprobs are of its raw or processed logits.
-- `prefill`, `prefill_batch` and `logprobs` run on a transformers copy of the weights on the same GPU (bf16):
-  VLLM.md measured a transformers forward at 0.22 s against 0.58 s for vLLM's `prompt_logprobs` on the same
-  prefill, and the trainer needs autograd anyway. This costs a second copy of the weights in GPU memory.
-- `load_weights` pushes the tensors through vLLM's `model.load_weights` (HF names) and into the copy, then
-  resets the prefix cache.
+- `prefill`, `prefill_batch` and `logprobs` run on a transformers copy of the weights on the same GPU in
+  the engine's dtype: VLLM.md measured a transformers forward at 0.22 s against 0.58 s for vLLM's
+  `prompt_logprobs` on the same prefill, and the trainer needs autograd anyway. This costs a second copy of
+  the weights in GPU memory.
+- `load_weights` loads the tensors into the transformers copy first (strict: same names, same shapes, so a
+  wrong state is refused before vLLM is touched), then through vLLM's `model.load_weights` (HF names),
+  then resets the prefix cache.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,37 +62,157 @@ from node.rl.engine import (
     check_group_request,
     truncate_at_eos,
 )
-from node.rl.model import ModelConfig, build_model, load_checkpoint, model_config_hash, write_hf_dir
-from node.rl.sampling import gumbel_from_keys, position_key, scale_logits, token_logprobs
-from node.rl.tokenizer import EOS_ID
+from node.rl.model import ModelInfo, load_model, load_weights
+from node.rl.sampling import noise_bits, position_key, token_logprobs
+from node.rl.tokenizer import ChatTokenizer, load_tokenizer
 
 EXTRA_KEY = "swarmnode_request"
+# Share of GPU memory vLLM may take (weights, activations, KV cache): the measured recipe's value, which
+# leaves room for the transformers copy of the weights and the validator's prefill on the same GPU.
+GPU_MEMORY_UTILIZATION = 0.3
+
+PerturbFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class CaptureError(RuntimeError):
+    """Captured rows do not line up with vLLM's batch: a bug or an unsupported vLLM setting, never data."""
+
+
+# --------------------------------------------------------------------------- our sampler inside the batch
+
+
+def perturbed_rows(scores: torch.Tensor, keys: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """(B, V) fp32 scores whose argmax is our sample: logits / T + Gumbel noise, raw logits where T is 0.
+
+    The batched, tensor-input form of `sampling.perturbed_scores` (keys (B, 2) int64 from `position_key`,
+    temperatures (B,) fp32), written as one expression graph so `torch.compile` fuses it into one kernel.
+    """
+    scores = scores.to(torch.float32)
+    sampled = (temperatures > 0)[:, None]
+    scaled = scores / torch.where(sampled, temperatures[:, None], torch.ones_like(temperatures[:, None]))
+    u = ((noise_bits(keys, scores.shape[-1]) >> 9) * 2 + 1).to(torch.float32) * 2.0**-24
+    return torch.where(sampled, scaled - torch.log(-torch.log(u)), scaled)
 
 
 @dataclass
-class _Request:
-    """One completion in flight: its sampler inputs and the rows captured so far (on the GPU)."""
+class CapturedRequest:
+    """One completion in flight: its sampler inputs and, per generated position, its row in the capture."""
 
     seed: int
     temperature: float
-    rows: list[torch.Tensor] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
 
 
 @dataclass
-class _Shared:
-    """What the compute_logits wrapper, the logits processor and the engine share (one per engine)."""
+class Capture:
+    """What the compute_logits wrapper, the logits processor and the engine share (one per engine).
+
+    `hidden` is the latest batch of lm_head inputs; each step's rows that belong to our requests are
+    gathered into `steps`, and a request's `rows` index their concatenation.
+    """
 
     hidden: torch.Tensor | None = None
-    requests: dict[int, _Request] = field(default_factory=dict)
+    steps: list[torch.Tensor] = field(default_factory=list)
+    captured: int = 0
+    requests: dict[int, CapturedRequest] = field(default_factory=dict)
+
+    def begin(self, requests: Mapping[int, CapturedRequest]) -> None:
+        if self.requests:
+            raise CaptureError("a generation is already in flight on this engine (it is not re-entrant)")
+        self.hidden, self.steps, self.captured = None, [], 0
+        self.requests = dict(requests)
+
+    def finish(self) -> torch.Tensor | None:
+        """All rows captured since `begin`, concatenated (None if none); forgets the requests."""
+        rows = torch.cat(self.steps) if self.steps else None
+        self.hidden, self.steps, self.captured, self.requests = None, [], 0, {}
+        return rows
 
 
-def _processor_class(shared: _Shared) -> type:
-    """A LogitsProcessor subclass bound to `shared` (vLLM instantiates it: the state rides on the class)."""
+class BatchSampler:
+    """The logits processor's state and work, without vLLM: which batch index holds which of our requests,
+    and, per step, our sampler over those rows and the capture of their hidden states."""
+
+    def __init__(self, capture: Capture, perturb: PerturbFn = perturbed_rows, pin_memory: bool = False
+                 ) -> None:
+        self.capture = capture
+        self.perturb = perturb
+        self.pin_memory = pin_memory
+        self.slots: dict[int, tuple[CapturedRequest, Sequence[int]]] = {}
+
+    def update(
+        self,
+        removed: Iterable[int],
+        added: Iterable[tuple[int, Mapping[str, Any] | None, Sequence[int]]],
+        moved: Iterable[tuple[int, int, bool]],
+    ) -> None:
+        """Apply one batch update: removed indices, added (index, extra_args, live output list), moved
+        (a, b, swap): a's request goes to b, and b's to a when `swap`; in vLLM's order."""
+        for index in removed:
+            self.slots.pop(index, None)
+        for index, extra, output in added:
+            key = (extra or {}).get(EXTRA_KEY)
+            if key is None:
+                self.slots.pop(index, None)  # not ours: vLLM samples it as asked
+                continue
+            request = self.capture.requests.get(key)
+            if request is None:
+                raise CaptureError(f"batch index {index}: request key {key} is not in flight")
+            self.slots[index] = (request, output)
+        for a, b, swap in moved:
+            slot_a, slot_b = self.slots.pop(a, None), self.slots.pop(b, None)
+            if slot_a is not None:
+                self.slots[b] = slot_a
+            if swap and slot_b is not None:
+                self.slots[a] = slot_b
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Capture our requests' rows of this step and rewrite their logits so the argmax is our sample."""
+        if not self.slots:
+            return logits
+        hidden = self.capture.hidden
+        if hidden is None or hidden.shape[0] != logits.shape[0]:
+            shape = None if hidden is None else tuple(hidden.shape)
+            raise CaptureError(f"captured hidden rows {shape} do not line up with logits "
+                               f"{tuple(logits.shape)}")
+        index, keys, temps = [], [], []
+        first = self.capture.captured
+        for j, (i, (request, output)) in enumerate(sorted(self.slots.items())):
+            position = len(output)
+            if position == len(request.rows):
+                request.rows.append(first + j)
+            elif position == len(request.rows) - 1:
+                request.rows[position] = first + j  # the previous row's token was discarded (chunked prefill)
+            else:
+                raise CaptureError(f"batch index {i}: {position} outputs but {len(request.rows)} rows "
+                                   "captured")
+            index.append(i)
+            keys.append(position_key(request.seed, position))
+            temps.append(request.temperature)
+        ints = torch.tensor([[i, k0, k1] for i, (k0, k1) in zip(index, keys, strict=True)], dtype=torch.int64)
+        floats = torch.tensor(temps, dtype=torch.float32)
+        if self.pin_memory:
+            ints, floats = ints.pin_memory(), floats.pin_memory()
+        ints = ints.to(logits.device, non_blocking=True)
+        floats = floats.to(logits.device, non_blocking=True)
+        rows = ints[:, 0]
+        self.capture.steps.append(hidden[rows].detach())
+        self.capture.captured = first + len(index)
+        logits[rows] = self.perturb(logits[rows], ints[:, 1:], floats).to(logits.dtype)
+        return logits
+
+
+def _processor_class(capture: Capture, compile_sampler: bool) -> type:
+    """A vLLM LogitsProcessor over a BatchSampler bound to `capture` (vLLM instantiates the class, so the
+    shared state rides on it)."""
     from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality
 
     class GumbelMaxProcessor(LogitsProcessor):  # type: ignore[misc]
         def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-            self.slots: dict[int, tuple[_Request, list[int]]] = {}
+            on_cuda = torch.device(device).type == "cuda"
+            fused = compile_sampler and on_cuda
+            perturb = torch.compile(perturbed_rows, dynamic=True) if fused else perturbed_rows
+            self.sampler = BatchSampler(capture, perturb, pin_memory=is_pin_memory)
 
         def is_argmax_invariant(self) -> bool:
             return False
@@ -90,44 +220,19 @@ def _processor_class(shared: _Shared) -> type:
         def update_state(self, batch_update: Any) -> None:
             if batch_update is None:
                 return
-            for index in batch_update.removed:
-                self.slots.pop(index, None)
-            for index, params, _prompt, output in batch_update.added:
-                key = (params.extra_args or {}).get(EXTRA_KEY)
-                if key is None:
-                    self.slots.pop(index, None)
-                else:
-                    self.slots[index] = (shared.requests[key], output)
-            for a, b, direction in batch_update.moved:
-                slot_a, slot_b = self.slots.pop(a, None), self.slots.pop(b, None)
-                if slot_a is not None:
-                    self.slots[b] = slot_a
-                if direction == MoveDirectionality.SWAP and slot_b is not None:
-                    self.slots[a] = slot_b
+            self.sampler.update(
+                batch_update.removed,
+                [(index, params.extra_args, output) for index, params, _prompt, output in batch_update.added],
+                [(a, b, direction == MoveDirectionality.SWAP) for a, b, direction in batch_update.moved],
+            )
 
         def apply(self, logits: torch.Tensor) -> torch.Tensor:
-            if not self.slots:
-                return logits
-            hidden = shared.hidden
-            if hidden is None or hidden.shape[0] != logits.shape[0]:
-                raise RuntimeError("captured hidden rows do not line up with the logits batch")
-            index, keys, temps = [], [], []
-            for i, (req, output) in sorted(self.slots.items()):
-                position = len(req.rows)
-                if len(output) != position:
-                    raise RuntimeError(f"request at {i}: {len(output)} outputs but {position} rows captured")
-                req.rows.append(hidden[i].detach().clone())
-                index.append(i)
-                keys.append(position_key(req.seed, position))
-                temps.append(req.temperature)
-            rows = torch.tensor(index, device=logits.device)
-            scores = torch.stack([scale_logits(logits[i], t) for i, t in zip(index, temps, strict=True)])
-            noise = gumbel_from_keys(keys, logits.shape[-1], logits.device)
-            sampled = torch.tensor([t > 0 for t in temps], device=logits.device)[:, None]
-            logits[rows] = torch.where(sampled, scores + noise, scores).to(logits.dtype)
-            return logits
+            return self.sampler.apply(logits)
 
     return GumbelMaxProcessor
+
+
+# --------------------------------------------------------------------------- the engine
 
 
 class VLLMEngine:
@@ -135,108 +240,149 @@ class VLLMEngine:
 
     def __init__(
         self,
-        checkpoint: str | os.PathLike[str],
+        folder: str | os.PathLike[str],
         *,
-        dtype: str = "bfloat16",
-        gpu_memory_utilization: float = 0.3,
-        workdir: str | os.PathLike[str] | None = None,
+        dtype: torch.dtype = torch.bfloat16,
+        gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        compile_sampler: bool = True,
     ) -> None:
-        # Process-wide by necessity (vLLM reads them at start): the engine in-process, and apply_model
-        # allowed to take our closures (they never leave this process).
+        # Process-wide by necessity (vLLM reads them at start): the engine in-process, the v1 model runner
+        # (the one custom logits processors run in), and apply_model allowed to take our closures (they
+        # never leave this process).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         from vllm import LLM
 
-        cfg, state = load_checkpoint(checkpoint)
-        self._cfg = cfg
-        self._tmp = tempfile.TemporaryDirectory(prefix="swarmnode-vllm-")  # kept alive with the engine
-        model_dir = write_hf_dir(
-            state, cfg, Path(workdir if workdir is not None else self._tmp.name) / "model"
-        )
-        self._shared = _Shared()
+        self._tokenizer, self._info = load_tokenizer(folder)
+        self._max_model_len = min(max_model_len or self._info.max_positions, self._info.max_positions)
+        self._capture = Capture()
         self._next_key = 0
+        self._failed: BaseException | None = None
         self.llm = LLM(
-            model=str(model_dir),
+            model=str(folder),
             skip_tokenizer_init=True,
-            dtype=dtype,
+            generation_config="vllm",
+            dtype=str(dtype).removeprefix("torch."),
             seed=0,
             gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=cfg.max_positions,
-            max_num_batched_tokens=max(8192, cfg.max_positions),
+            max_model_len=self._max_model_len,
+            enforce_eager=enforce_eager,
             async_scheduling=False,
-            enable_prefix_caching=False,
-            logits_processors=[_processor_class(self._shared)],
+            enable_prefix_caching=True,
+            logits_processors=[_processor_class(self._capture, compile_sampler)],
         )
         self.llm.apply_model(self._install_capture)
-        torch_dtype = getattr(torch, dtype)
-        hf = build_model(cfg, seed=0)
-        hf.load_state_dict(state, strict=True)
-        self._hf = TransformersEngine(cfg, hf.to(torch_dtype), device="cuda")
+        self._hf = TransformersEngine(self._info, self._tokenizer, load_model(folder, dtype), device="cuda")
 
     def _install_capture(self, model: Any) -> str:
-        shared, original = self._shared, model.compute_logits
+        capture, original = self._capture, model.compute_logits
 
         def compute_logits(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            shared.hidden = hidden_states
+            capture.hidden = hidden_states
             return original(hidden_states, *args, **kwargs)
 
         model.compute_logits = compute_logits
         return type(model).__name__
 
     @property
-    def config(self) -> ModelConfig:
-        return self._cfg
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        return self._tokenizer
+
+    @property
+    def transformers(self) -> TransformersEngine:
+        """The transformers copy of the weights (prefill, logprobs; the benchmark's validator)."""
+        return self._hf
+
+    # ------------------------------------------------------------------ worker
 
     def generate_group(
         self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int, temperature: float
     ) -> list[Completion]:
         """n completions of one prompt, sampled by our Gumbel-max inside vLLM's batch."""
+        return self.generate_groups([prompt_ids], n, [seeds], max_new_tokens, temperature)[0]
+
+    def generate_groups(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        seeds: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float,
+    ) -> list[list[Completion]]:
+        """`generate_group` for several prompts in one vLLM batch (a worker's whole assignment at once)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        check_group_request(self._cfg, prompt_ids, n, seeds, max_new_tokens)
-        keys = list(range(self._next_key, self._next_key + n))
-        self._next_key += n
-        requests = [_Request(seed=int(s), temperature=temperature) for s in seeds]
-        self._shared.requests.update(zip(keys, requests, strict=True))
+        if len(prompts) != len(seeds):
+            raise ValueError(f"{len(prompts)} prompts for {len(seeds)} seed lists")
+        for prompt_ids, group_seeds in zip(prompts, seeds, strict=True):
+            check_group_request(self._info, prompt_ids, n, group_seeds, max_new_tokens)
+            if len(prompt_ids) + max_new_tokens > self._max_model_len:
+                raise ValueError(f"prompt of {len(prompt_ids)} + {max_new_tokens} new tokens exceeds this "
+                                 f"engine's {self._max_model_len} positions")
+        if temperature < 0:
+            raise ValueError(f"negative temperature {temperature}")
+        if self._failed is not None:
+            raise CaptureError(f"an earlier generation failed ({self._failed!r}); its requests may still "
+                               "be in vLLM's batch: open a new engine")
+        requests = [CapturedRequest(seed=int(s), temperature=temperature) for group in seeds for s in group]
+        keys = list(range(self._next_key, self._next_key + len(requests)))
+        self._next_key += len(requests)
         params = [
             SamplingParams(
                 temperature=0.0,
                 max_tokens=max_new_tokens,
-                stop_token_ids=[EOS_ID],
+                stop_token_ids=list(self._info.eos_token_ids),
                 detokenize=False,
                 extra_args={EXTRA_KEY: k},
             )
             for k in keys
         ]
-        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(n)]
+        self._capture.begin(dict(zip(keys, requests, strict=True)))
         try:
-            outputs = self.llm.generate([prompt] * n, params, use_tqdm=False)
+            outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        except BaseException as exc:
+            self._failed = exc
+            raise
         finally:
-            for k in keys:
-                self._shared.requests.pop(k, None)
-        result = []
-        for req, out in zip(requests, outputs, strict=True):
-            tokens = list(out.outputs[0].token_ids)
-            if len(req.rows) == len(tokens) + 1 and out.outputs[0].finish_reason == "stop":
-                tokens.append(EOS_ID)  # vLLM left the stop token out of token_ids
-            tokens = list(truncate_at_eos(tokens))
-            if len(req.rows) < len(tokens):
-                raise RuntimeError(f"{len(req.rows)} rows captured for {len(tokens)} tokens")
-            rows = torch.stack(req.rows[: len(tokens)])
-            with torch.no_grad():
-                logits = self._hf.model.lm_head(rows.to(self._hf.model.lm_head.weight.dtype)).float()
-                logps = token_logprobs(logits, torch.tensor(tokens, device=logits.device), temperature)
-            result.append(
-                Completion(
-                    tokens=tuple(tokens),
-                    logprobs=logps.cpu(),
-                    hidden_rows=rows.float().cpu(),
-                    seed=req.seed,
-                    ended_with_eos=bool(tokens) and tokens[-1] == EOS_ID,
-                )
-            )
-        return result
+            captured = self._capture.finish()
+        completions = [self._completion(req, out.outputs[0], captured, temperature)
+                       for req, out in zip(requests, outputs, strict=True)]
+        return [completions[g * n : (g + 1) * n] for g in range(len(prompts))]
+
+    def _completion(self, request: CapturedRequest, output: Any, captured: torch.Tensor | None,
+                    temperature: float) -> Completion:
+        """One vLLM output as a Completion: tokens to the first EOS, their rows, logprobs from the rows."""
+        eos = self._info.eos_token_ids
+        tokens = list(output.token_ids)
+        stop = output.stop_reason
+        if output.finish_reason == "stop" and isinstance(stop, int) and (not tokens or tokens[-1] != stop):
+            tokens.append(stop)  # should vLLM leave the stop token out of token_ids
+        tokens = list(truncate_at_eos(tokens, eos))
+        if captured is None or len(request.rows) != len(tokens):
+            raise CaptureError(f"{len(request.rows)} rows captured for {len(tokens)} tokens")
+        rows = captured[torch.tensor(request.rows, device=captured.device)]
+        lm_head = self._hf.model.lm_head
+        with torch.no_grad():
+            logits = lm_head(rows.to(lm_head.weight.dtype)).float()
+            logps = token_logprobs(logits, torch.tensor(tokens, device=logits.device), temperature)
+        return Completion(
+            tokens=tuple(tokens),
+            logprobs=logps.cpu(),
+            hidden_rows=rows.float().cpu(),
+            seed=request.seed,
+            ended_with_eos=bool(tokens) and tokens[-1] in eos,
+        )
+
+    # ------------------------------------------------------------------ validator, trainer
 
     def prefill(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Prefill:
         return self._hf.prefill(prompt_ids, completion_ids)
@@ -254,13 +400,8 @@ class VLLMEngine:
         return self._hf.logprobs(prompts, completions, temperature, grad)
 
     def load_weights(self, source: WeightsSource) -> None:
-        """Hot-swap weights in vLLM and in the transformers copy."""
-        if isinstance(source, Mapping):
-            state = dict(source)
-        else:
-            cfg, state = load_checkpoint(source)
-            if model_config_hash(cfg) != model_config_hash(self._cfg):
-                raise ValueError(f"{source}: checkpoint is for another model config")
+        """Hot-swap weights: the transformers copy first (strict), then vLLM, then its prefix cache."""
+        state = dict(source) if isinstance(source, Mapping) else load_weights(source, self._info.config_hash)
+        self._hf.load_weights(state)
         self.llm.apply_model(lambda model: model.load_weights(iter(state.items())))
         self.llm.reset_prefix_cache()
-        self._hf.load_weights(state)
