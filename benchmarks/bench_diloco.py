@@ -1,11 +1,12 @@
 """DiLoCo benchmark: loss at equal compute, bytes per outer step, and (modelled) time spent communicating.
 
-Usage: `python benchmarks/bench_diloco.py [--trainers 4] [--steps 500] [--inner-steps 1 10 50] [--threads 1]
-[--network-trainers 2] [--network-rounds 20] [--network-inner-steps 10 50] [--no-network]`.
+Usage: `python benchmarks/bench_diloco.py [--model DIR] [--trainers 4] [--steps 500] [--inner-steps 1 10 50]
+[--threads 1] [--network-trainers 2] [--network-rounds 20] [--network-inner-steps 10 50] [--no-network]`.
 
 Sections (each a function returning its own keys; `SECTIONS` runs them in order):
-- loss: pre-training of the project's tiny model (the base checkpoint's config, fresh weights from a seed)
-  on arithmetic lines (`node.rl.diloco.pretraining_batches`), held-out next-token loss on lines from
+- loss: pre-training of the project's tiny model (the config of the `--model` folder, the devnet's by
+  default, with fresh weights from a seed: `node.diloco.plan.fresh_model`) on arithmetic lines in that
+  folder's tokens (`node.rl.diloco.pretraining_batches`), held-out next-token loss on lines from
   another seed. Every configuration takes the same number of inner steps per trainer (`--steps`, so equal
   compute) on the same data: trainer k owns `--steps` batches of `--batch-size` lines.
   - DiLoCo with K=`--trainers` trainers for each H in `--inner-steps` (`--steps / H` rounds, fp16
@@ -50,33 +51,33 @@ Sections (each a function returning its own keys; `SECTIONS` runs them in order)
   (round trips, hashing, signatures, the outer step) on top of which a real link adds the modelled
   transfer time; on 2 shared cores the two trainers also compete with anything else running.
 
-Measured (defaults: K=4, 500 inner steps per trainer, 16 lines per step, inner AdamW lr 1e-3, 1 thread, about
-2 minutes on 2 shared cores, 3.3 with the network section): held-out loss from 4.56 at init to 1.688 for ddp
-(64 lines per step) and 1.774-1.779 for a lone trainer; DiLoCo fp16 H=1 2.058, H=10 1.765, H=50 1.790, H=50
-int8 1.775, H=50 with plain averaging (outer lr 1, no momentum) 1.760. So at this scale DiLoCo recovers at
-most about a fifth of what synchronous data parallelism gains over a lone trainer
-(`*_gain_vs_ddp_gain_ratio`), the OpenDiLoCo outer optimizer (lr 0.7, Nesterov 0.9) does no better than plain
-averaging over so few outer steps (10-50), and H=1 with that outer optimizer is far worse than either (it
-multiplies AdamW's step by up to lr/(1-momentum) = 7). A 2000-step run (H=50: 40 outer steps) gave the same
-picture (ddp 1.605, lone 1.659, DiLoCo 1.658); inner lr 3e-3, a warm start from the base checkpoint and outer
-settings (0.7, 0.5) or (1.0, 0.9) did not change it (H=10/H=50 between 1.75 and 1.89), (1.5, 0.9) was far
-worse (2.06/2.70). int8 with error feedback costs nothing measurable against fp16. Bytes: one fp16 payload is
-0.505 of an fp32 gradient (int8 0.26), so per outer step ddp moves 2H (fp16) or about 3.9H (int8) times more
-payload; with the comm model above, ddp spends 50% of its time communicating at 1 Gbit/s and 91% at 100
-Mbit/s, DiLoCo fp16 at H=50 2% and 17%.
+Measured (defaults, on a tiny Qwen2 folder as `swarmnode model init` writes it, tokenizer trained on the
+devnet chats, vocabulary 461, 180,672 parameters; K=4, 500 inner steps per trainer, 16 lines per step, inner
+AdamW lr 1e-3, 1 thread, 5.6 minutes on 2 shared cores with the network section): held-out loss from 6.095 at
+init to 1.706 for ddp (64 lines per step) and 1.756-1.793 (mean 1.779) for a lone trainer; DiLoCo fp16 H=1
+2.069, H=10 1.843, H=50 1.790, H=50 int8 1.793, H=50 with plain averaging (outer lr 1, no momentum) 1.748. So
+at this scale DiLoCo with the OpenDiLoCo outer optimizer (lr 0.7, Nesterov 0.9) ends where a lone trainer does
+(`h50_gain_vs_ddp_gain_ratio` -0.16; H=10 -0.88), plain averaging recovers about two fifths of what
+synchronous data parallelism gains over a lone trainer (0.42), and H=1 with that outer optimizer is far worse
+than either (it multiplies AdamW's step by up to lr/(1-momentum) = 7). The char-level model of the previous
+version (99 characters, 136k parameters) gave the same picture (ddp 1.688, lone 1.774-1.779, H=50 1.790, plain
+averaging 1.760); there a 2000-step run, inner lr 3e-3, a warm start and outer settings (0.7, 0.5) or (1.0,
+0.9) did not change it, and (1.5, 0.9) was far worse. int8 with error feedback costs nothing measurable
+against fp16 (relative error 4.2e-3 per tensor against 2.7e-4). Bytes: one fp16 payload is 0.504 of an fp32
+gradient (int8 0.257), so per outer step ddp moves 2H (fp16) or about 3.9H (int8) times more payload; with the
+comm model above (0.022 s per inner step), ddp spends 28% of its time communicating at 1 Gbit/s and 80% at 100
+Mbit/s, DiLoCo fp16 at H=50 0.8% and 7.3%.
 
-Network section (2 trainer processes, 20 rounds per H, about 70 s): H=10 a round took 0.410 s, 0.333 s
-computing and 0.077 s exchanging (0.020 s of it waiting for the other trainer), so 19% of wall time
-went to communication and coordination against a modelled 7.5% at 1 Gbit/s; H=50 1.355 s = 1.227 s +
-0.129 s (0.062 s waiting), 9.5% against a modelled 1.6%. Each trainer served 276,327 bytes per round in
-3 requests (a contribution envelope, its payload shard, a vote): 1.005 times the one fp16 payload the
-comm model counts for K=2. The per-round exchange (80-130 ms on loopback, where bytes cost almost
-nothing) is a fixed overhead the model leaves out: it exceeds the modelled transfer time of one payload
-at 1 Gbit/s (2.2 ms) many times over. The compute phase ran 3-4 times slower per inner step than the same
-step timed alone (`_compute_vs_inner_steps_ratio` 4.1 and 3.0): the two trainers shared 2 cores with other
-work, which inflates compute and so lowers the measured fractions. A short run on a quieter machine (3 rounds
-at H=10) gave a compute phase equal to H steps timed alone (ratio 1.0), a 15 ms exchange and a fraction of
-0.16: the measured numbers move with the machine's load, the modelled ones hardly.
+Network section (2 trainer processes, 20 rounds per H, 47 s): H=10 a round took 0.325 s, 0.262 s computing and
+0.062 s exchanging (0.029 s of it waiting for the other trainer), so 19% of wall time went to communication
+and coordination against a modelled 3.8% at 1 Gbit/s; H=50 0.810 s = 0.751 s + 0.059 s (0.029 s waiting), 7.2%
+against a modelled 0.8%. Each trainer served 366,447 bytes per round in 4 requests: 1.007 times the one fp16
+payload the comm model counts for K=2. The per-round exchange (about 60 ms on loopback, where bytes cost
+almost nothing) is a fixed overhead the model leaves out: it exceeds the modelled transfer time of one payload
+at 1 Gbit/s (2.9 ms) many times over. The compute phase against the same steps timed alone in the loss section
+(`_compute_vs_inner_steps_ratio`) was 1.19 at H=10 and 0.68 at H=50: other work shared the 2 cores and slowed
+the loss section's timing as much as the processes', so the measured numbers move with the machine's load, the
+modelled ones hardly (the previous version measured 3-4 here under heavier load).
 
 Progress goes to stderr; the last line on stdout is one JSON object (snake_case keys, ratios end in
 `_ratio`).
@@ -100,11 +101,12 @@ from safetensors.torch import save
 
 from crypto.identity import NodeIdentity
 from node.dataplane.testing import RoleProcess, stop_all
-from node.diloco.plan import build_plan, sign_plan
+from node.diloco.plan import build_plan, fresh_model, sign_plan
 from node.diloco.testing import TrainerSpec, spawn_trainer, trainer_key
 from node.rl.diloco import (
     Compressor,
     DilocoParams,
+    LmBatch,
     OuterOptimizer,
     RoundRecord,
     average,
@@ -117,8 +119,8 @@ from node.rl.diloco import (
     reference_diloco,
     trainable_state,
 )
-from node.rl.model import ModelConfig, build_model, load_checkpoint
-from node.rl.run import BASE_CHECKPOINT
+from node.rl.run import DEVNET_MODEL
+from node.rl.tokenizer import load_tokenizer
 
 Section = Callable[[argparse.Namespace, dict[str, float | int]], dict[str, float | int]]
 DATA_SEED = 1000  # trainer k's data seed is DATA_SEED + k
@@ -135,11 +137,17 @@ def _log(text: str) -> None:
 
 
 def _setup(args: argparse.Namespace):
-    cfg, _ = load_checkpoint(BASE_CHECKPOINT)
-    factory = partial(build_model, cfg, MODEL_SEED)
-    data = [pretraining_batches(DATA_SEED + k, args.steps, args.batch_size) for k in range(args.trainers)]
-    held_out = pretraining_batches(HELD_OUT_SEED, args.eval_batches, 64)
+    factory = partial(fresh_model, args.model, MODEL_SEED)
+    tokenizer, info = load_tokenizer(args.model)
+    lines = partial(pretraining_batches, tokenizer, info)
+    data = [lines(DATA_SEED + k, args.steps, args.batch_size) for k in range(args.trainers)]
+    held_out = lines(HELD_OUT_SEED, args.eval_batches, 64)
     return factory, data, held_out
+
+
+def _concat(batches: list[LmBatch]) -> LmBatch:
+    """The K trainers' batches of one step as one batch (what data-parallel training sees)."""
+    return LmBatch(torch.cat([b.ids for b in batches]), torch.cat([b.mask for b in batches]))
 
 
 def _adamw_run(factory, batches, params: DilocoParams) -> tuple[torch.nn.Module, float]:
@@ -198,7 +206,7 @@ def loss_section(args: argparse.Namespace, result: dict[str, float | int]) -> di
         "init_loss": round(init, 4),
     }
 
-    ddp_model, ddp_s = _adamw_run(factory, [torch.cat([d[t] for d in data]) for t in range(steps)], base)
+    ddp_model, ddp_s = _adamw_run(factory, [_concat([d[t] for d in data]) for t in range(steps)], base)
     ddp = eval_loss(ddp_model, held_out)
     _log(f"ddp ({k * args.batch_size} lines per step): {ddp:.4f} ({ddp_s:.1f}s)")
     singles, single_s = [], []
@@ -344,7 +352,7 @@ def _network_run(
     k, rounds = args.network_trainers, args.network_rounds
     common = (
         *("--batches", str(rounds * h), "--batch-size", str(args.batch_size)),
-        *("--model-seed", str(MODEL_SEED), "--threads", "1", "--join-wait", "90"),
+        *("--model", str(args.model), "--model-seed", str(MODEL_SEED), "--threads", "1", "--join-wait", "90"),
     )
     specs = [
         TrainerSpec(f"h{h}-trainer-{i}", trainer_key(i), tmp / f"h{h}-{i}", DATA_SEED + i, common)
@@ -353,7 +361,7 @@ def _network_run(
     plan = build_plan(
         f"bench-diloco-h{h}",
         [s.key.address for s in specs],
-        cfg=ModelConfig(),
+        model=args.model,
         model_seed=MODEL_SEED,
         rounds=rounds,
         inner_steps=h,
@@ -427,6 +435,7 @@ SECTIONS: list[Section] = [loss_section, bytes_section, comm_section, network_se
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEVNET_MODEL, help="model folder (config, tokenizer)")
     parser.add_argument("--trainers", type=int, default=4, help="K, DiLoCo trainers (and ddp workers)")
     parser.add_argument("--steps", type=int, default=500, help="inner steps per trainer (equal compute)")
     parser.add_argument("--inner-steps", type=int, nargs="+", default=[1, 10, 50], help="H values")

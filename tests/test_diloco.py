@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import itertools
-from functools import partial
+from functools import cache
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load, save
 
 from node.rl.diloco import (
     PRETRAIN_SEQ_LEN,
+    PRETRAIN_TASKS,
     SCALE_SUFFIX,
     Compressor,
     DilocoParams,
     InnerTrainer,
+    LmBatch,
     OuterOptimizer,
     RoundRecord,
     average,
@@ -22,17 +26,36 @@ from node.rl.diloco import (
     eval_loss,
     lm_loss,
     load_trainable,
-    pretraining_batches,
     pseudo_gradient,
     reference_diloco,
     round_batches,
     trainable_state,
 )
-from node.rl.model import ModelConfig, build_model
-from node.rl.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from node.rl.diloco import pretraining_batches as lines_of
+from node.rl.model import ModelInfo, ModelRecipe, build_model, hf_config
+from node.rl.tasks.arithmetic import generate_tasks
+from node.rl.tokenizer import ChatTokenizer, load_tokenizer
+from tests.tinymodel import tiny_folder
 
-TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
-factory = partial(build_model, TINY, 11)
+# smaller than the tiny folder's model (one layer, width 32), with its tokenizer and special tokens
+TINY = ModelRecipe(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+
+
+@cache
+def _tokenizer() -> tuple[ChatTokenizer, ModelInfo]:
+    return load_tokenizer(tiny_folder())
+
+
+def factory() -> torch.nn.Module:
+    info = _tokenizer()[1]
+    recipe = ModelRecipe(**{**TINY.__dict__, "vocab_size": info.vocab_size})
+    config = hf_config(recipe, eos_token_id=info.eos_token_ids[0], pad_token_id=info.pad_token_id)
+    return build_model(config, 11)
+
+
+def pretraining_batches(seed: int, n_batches: int, batch_size: int, **kwargs: int) -> list[LmBatch]:
+    """`node.rl.diloco.pretraining_batches` in the tiny folder's tokens."""
+    return lines_of(*_tokenizer(), seed, n_batches, batch_size, **kwargs)
 
 
 @pytest.fixture(autouse=True)
@@ -339,26 +362,62 @@ def test_average_rejects_mismatched_contributions() -> None:
 # --- data and inner trainer --------------------------------------------------------------------------
 
 
-def test_pretraining_batches_are_framed_padded_and_deterministic() -> None:
+def test_pretraining_batches_are_the_lines_in_the_models_tokens_padded_and_deterministic() -> None:
+    tokenizer, info = _tokenizer()
     batches = pretraining_batches(seed=5, n_batches=3, batch_size=4)
     assert len(batches) == 3 and all(
-        b.shape == (4, PRETRAIN_SEQ_LEN) and b.dtype == torch.int64 for b in batches
+        b.ids.shape == b.mask.shape == (4, PRETRAIN_SEQ_LEN) and b.ids.dtype == torch.int64 for b in batches
     )
-    assert all(torch.equal(a, b) for a, b in zip(batches, pretraining_batches(5, 3, 4), strict=True))
-    assert not torch.equal(batches[0], pretraining_batches(6, 1, 4)[0])
-    row = batches[0][0].tolist()
-    assert row[0] == BOS_ID and EOS_ID in row and all(t == PAD_ID for t in row[row.index(EOS_ID) + 1 :])
+    again = pretraining_batches(5, 3, 4)
+    assert all(
+        torch.equal(a.ids, b.ids) and torch.equal(a.mask, b.mask) for a, b in zip(batches, again, strict=True)
+    )
+    assert not torch.equal(batches[0].ids, pretraining_batches(6, 1, 4)[0].ids)
+    assert tokenizer.tokenizer.bos_token_id is None  # the tiny folder's tokenizer has none to put first
+    tasks = generate_tasks(PRETRAIN_TASKS, 5, 12)
+    rows = [(ids, mask) for b in batches for ids, mask in zip(b.ids.tolist(), b.mask.tolist(), strict=True)]
+    for task, (ids, mask) in zip(tasks, rows, strict=True):
+        n = sum(mask)
+        assert mask == [True] * n + [False] * (len(mask) - n), "real tokens first, then padding"
+        assert ids[n - 1] == info.eos_token_ids[0] and set(ids[n:]) <= {info.pad_token_id}
+        assert tokenizer.completion_text(ids) == task.prompt + task.target
     with pytest.raises(ValueError, match="seq_len"):
         pretraining_batches(5, 1, 64, seq_len=8)
+    with pytest.raises(ValueError, match="positions"):
+        pretraining_batches(5, 1, 4, seq_len=info.max_positions + 1)
     with pytest.raises(ValueError, match="at least one"):
         pretraining_batches(5, 0, 4)
 
 
-def test_lm_loss_ignores_padding() -> None:
+@pytest.mark.parametrize(
+    "ids, mask",
+    [
+        (torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, 4, dtype=torch.bool)),
+        (torch.zeros(8, dtype=torch.int64), torch.ones(8, dtype=torch.bool)),
+        (torch.zeros(2, 4, dtype=torch.int64), torch.ones(2, 3, dtype=torch.bool)),
+        (torch.zeros(2, 4, dtype=torch.int64), torch.ones(2, 4, dtype=torch.int64)),
+    ],
+    ids=["int32-ids", "1-d", "mask-shape", "int-mask"],
+)
+def test_a_malformed_batch_is_refused(ids: torch.Tensor, mask: torch.Tensor) -> None:
+    with pytest.raises(ValueError):
+        LmBatch(ids, mask)
+
+
+@settings(max_examples=20, deadline=None)
+@given(fill=st.integers(0, 1 << 20), extra=st.integers(0, 6))
+def test_lm_loss_counts_only_the_real_tokens_whatever_the_padding_holds(fill: int, extra: int) -> None:
+    """Padding with any id (an EOS id included, as many models pad) and any width leaves the loss as is."""
+    fill %= _tokenizer()[1].vocab_size
     model = factory()
     batch = pretraining_batches(1, 1, 2)[0]
-    wider = torch.cat([batch, torch.full((2, 5), PAD_ID)], dim=1)
-    torch.testing.assert_close(lm_loss(model, batch), lm_loss(model, wider))
+    ids = torch.cat([batch.ids, torch.zeros(2, extra, dtype=torch.int64)], dim=1)
+    mask = torch.cat([batch.mask, torch.zeros(2, extra, dtype=torch.bool)], dim=1)
+    other = LmBatch(ids.masked_fill(~mask, fill), mask)
+    torch.testing.assert_close(lm_loss(model, batch), lm_loss(model, other), rtol=0, atol=1e-6)
+    shorter = LmBatch(batch.ids, batch.mask.clone())
+    shorter.mask[0, int(batch.mask[0].sum()) - 1] = False  # drop the first line's EOS target
+    assert not torch.equal(lm_loss(model, batch), lm_loss(model, shorter))
 
 
 def test_round_batches_wrap_around() -> None:
@@ -380,7 +439,7 @@ def test_inner_trainer_checks_its_inputs() -> None:
     assert trainer.steps == 0
 
 
-def _plain_adamw(data: list[torch.Tensor], params: DilocoParams) -> torch.nn.Module:
+def _plain_adamw(data: list[LmBatch], params: DilocoParams) -> torch.nn.Module:
     model = factory()
     opt = torch.optim.AdamW(
         model.parameters(),
@@ -421,7 +480,7 @@ def test_one_trainer_many_steps_lr1_no_momentum_is_plain_training() -> None:
     batch = pretraining_batches(seed=9, n_batches=1, batch_size=16)[0]
     with torch.no_grad():
         torch.testing.assert_close(
-            other(input_ids=batch).logits, model(input_ids=batch).logits, rtol=0, atol=1e-5
+            other(input_ids=batch.ids).logits, model(input_ids=batch.ids).logits, rtol=0, atol=1e-5
         )
 
 
@@ -436,7 +495,7 @@ def test_identical_trainers_act_as_one() -> None:
         model = factory()
         load_trainable(model, theta)
         with torch.no_grad():
-            logits.append(model(input_ids=batch).logits)
+            logits.append(model(input_ids=batch.ids).logits)
     # (Δ + Δ + Δ) / 3 is Δ up to float rounding
     torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)
 

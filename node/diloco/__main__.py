@@ -1,11 +1,12 @@
 """DiLoCo trainers as processes: `python -m node.diloco plan|trainer ...`.
 
-`plan` builds and signs the run (the owner's key, the trainers' addresses, H, learning rates, momentum,
-compression, timeouts) into a file. `trainer` runs one trainer: a libp2p node that finds the run's other
-trainers through the DHT, an HTTP data plane serving its contributions and outer states, and the rounds.
-It prints JSON lines on stdout (`listening`, `joined`, `round_start`, `contributed`, `round_done`,
-`resync`, `skipped`, `refused`, `done`, `final`, `stats`) and, once the run's rounds are done, keeps
-serving (late joiners download the final outer state) until SIGTERM or SIGINT, which print `stats`.
+`plan` builds and signs the run (the owner's key, the trainers' addresses, the model folder, H, learning
+rates, momentum, compression, timeouts) into a file. `trainer` runs one trainer (a fresh model of the folder's
+config from `--model-seed`, pre-trained on arithmetic lines in the folder's tokens): a libp2p node that finds
+the run's other trainers through the DHT, an HTTP data plane serving its contributions and outer states, and
+the rounds. It prints JSON lines on stdout (`listening`, `joined`, `round_start`, `contributed`, `round_done`,
+`resync`, `skipped`, `refused`, `done`, `final`, `stats`) and, once the run's rounds are done, keeps serving
+(late joiners download the final outer state) until SIGTERM or SIGINT, which print `stats`.
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ from node.config import LivenessSettings, NodeConfig
 from node.dataplane.http_server import HttpServer, ServerConfig
 from node.diloco.faults import straggling
 from node.diloco.holdings import Holdings
-from node.diloco.plan import build_plan, checkpoint_digest, read_plan, sign_plan
+from node.diloco.plan import build_plan, checkpoint_digest, config_hash, fresh_model, read_plan, sign_plan
 from node.diloco.role import DilocoTrainer, DilocoWork
 from node.diloco.service import DilocoService
 from node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
 from node.p2p.dht import DiscoverySettings
-from node.rl.diloco import LossFn, content_digest, lm_loss, pretraining_batches
-from node.rl.model import ModelConfig, build_model, model_config_hash
+from node.rl.diloco import LmBatch, LossFn, content_digest, lm_loss, pretraining_batches
+from node.rl.model import ModelFolderError
+from node.rl.run import DEVNET_MODEL
+from node.rl.tokenizer import load_tokenizer
 from node.runtime import NodeRuntime, configure_logging
 from protocol.types import MIB
 
@@ -54,25 +57,26 @@ def _key(text: str) -> NodeIdentity:
 
 
 def run_plan(args: argparse.Namespace) -> None:
-    cfg, initial = ModelConfig(), None
-    if args.base_checkpoint:  # an RL run: θ_0 is the run's base checkpoint
-        cfg, initial = checkpoint_digest(Path(args.base_checkpoint))
-    plan = build_plan(
-        args.run,
-        [parse_address(a) for a in args.trainer],
-        cfg=cfg,
-        model_seed=args.model_seed,
-        initial=initial,
-        rounds=args.rounds,
-        inner_steps=args.inner_steps,
-        inner_lr=args.inner_lr,
-        outer_lr=args.outer_lr,
-        outer_momentum=args.outer_momentum,
-        nesterov=not args.no_nesterov,
-        compression=args.compression,
-        collect_timeout_ms=int(args.collect_timeout * 1000),
-        vote_timeout_ms=int(args.vote_timeout * 1000),
-    )
+    model = Path(args.model)
+    try:
+        plan = build_plan(
+            args.run,
+            [parse_address(a) for a in args.trainer],
+            model=model,
+            model_seed=args.model_seed,
+            initial=checkpoint_digest(model) if args.base_weights else None,  # an RL run: θ_0 is its base
+            rounds=args.rounds,
+            inner_steps=args.inner_steps,
+            inner_lr=args.inner_lr,
+            outer_lr=args.outer_lr,
+            outer_momentum=args.outer_momentum,
+            nesterov=not args.no_nesterov,
+            compression=args.compression,
+            collect_timeout_ms=int(args.collect_timeout * 1000),
+            vote_timeout_ms=int(args.vote_timeout * 1000),
+        )
+    except ModelFolderError as exc:
+        raise SystemExit(str(exc)) from None
     owner = _key(args.owner_key)
     Path(args.out).write_bytes(sign_plan(owner, plan))
     emit(
@@ -114,11 +118,15 @@ def prepare_trainer(args: argparse.Namespace) -> Prepared:
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     plan, plan_envelope = read_plan(Path(args.plan), parse_address(args.owner))
-    cfg = ModelConfig()
-    if model_config_hash(cfg) != plan.model_config_hash:
-        raise SystemExit("the run names another model config than this trainer builds")
-    model = build_model(cfg, args.model_seed)
-    data = pretraining_batches(args.data_seed, args.batches, args.batch_size)
+    folder = Path(args.model)
+    try:
+        if config_hash(folder) != plan.model_config_hash:
+            raise SystemExit(f"the run names another model config than {folder / 'config.json'}")
+        tokenizer, info = load_tokenizer(folder)
+        model = fresh_model(folder, args.model_seed)
+    except ModelFolderError as exc:
+        raise SystemExit(str(exc)) from None
+    data = pretraining_batches(tokenizer, info, args.data_seed, args.batches, args.batch_size)
     holdings = Holdings(
         data_dir / "diloco", identity, plan, plan_envelope, shard_size=int(args.shard_mb * MIB)
     )
@@ -128,7 +136,7 @@ def prepare_trainer(args: argparse.Namespace) -> Prepared:
         fetch_timeout_s=args.fetch_timeout,
         resync_timeout_s=args.resync_timeout,
     )
-    loss_fn: LossFn[torch.Tensor] = lm_loss
+    loss_fn: LossFn[LmBatch] = lm_loss
     if args.straggle_seconds > 0:
         loss_fn = straggling(lm_loss, data, args.straggle_round, plan.inner_steps, args.straggle_seconds)
     inner = DataInnerRound(model, params_of(plan), data, loss_fn)
@@ -204,10 +212,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compression", choices=("none", "fp16", "int8"), default="fp16")
     p.add_argument("--collect-timeout", type=float, default=30.0, help="seconds")
     p.add_argument("--vote-timeout", type=float, default=30.0, help="seconds")
-    p.add_argument("--model-seed", type=int, default=0)
+    p.add_argument("--model", default=str(DEVNET_MODEL), help="the run's Hugging Face model folder")
+    p.add_argument("--model-seed", type=int, default=0, help="θ_0 is a fresh model of the folder's config")
     p.add_argument(
-        "--base-checkpoint",
-        help="an RL run's base checkpoint: θ_0 and the model come from it (--inner-lr must then be the "
+        "--base-weights",
+        action="store_true",
+        help="an RL run: θ_0 is the folder's own weights, not a fresh model (--inner-lr must then be the "
         "run's GRPO learning rate)",
     )
     p.add_argument("--out", required=True)
@@ -221,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--bootstrap", action="append", default=[], help="multiaddr with /p2p/<peer id>")
     t.add_argument("--http-host", default="127.0.0.1")
     t.add_argument("--http-port", type=int, default=0)
+    t.add_argument("--model", default=str(DEVNET_MODEL), help="the run's model folder (config, tokenizer)")
     t.add_argument("--model-seed", type=int, default=0)
     t.add_argument("--data-seed", type=int, required=True)
     t.add_argument("--batches", type=int, default=64)

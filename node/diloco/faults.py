@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 import torch
 
-from node.rl.diloco import LossFn, round_batches
+from node.rl.diloco import LmBatch, LossFn, round_batches
 
 
 def straggling(
-    loss_fn: LossFn[torch.Tensor], data: Sequence[torch.Tensor], round: int, inner_steps: int, seconds: float
-) -> LossFn[torch.Tensor]:
+    loss_fn: LossFn[LmBatch], data: Sequence[LmBatch], round: int, inner_steps: int, seconds: float
+) -> LossFn[LmBatch]:
     """`loss_fn`, except that the first inner step of `round` takes `seconds` longer.
 
     The batch identifies the round (`round_batches` is a pure function of data, round and H), so nothing
@@ -21,7 +21,7 @@ def straggling(
     """
     marker = round_batches(data, round, inner_steps)[0]
 
-    def slow(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    def slow(model: torch.nn.Module, batch: LmBatch) -> torch.Tensor:
         if batch is marker:
             time.sleep(seconds)  # runs in the trainer's worker thread, as a slow device would
         return loss_fn(model, batch)

@@ -1,30 +1,55 @@
-"""Build, sign and read the `DilocoRun` a run's owner hands to its trainers (spec/diloco.md, The run)."""
+"""Build, sign and read the `DilocoRun` a run's owner hands to its trainers (spec/diloco.md, The run).
+
+The run's model is a Hugging Face folder (`node.rl.model`): the plan names the sha256 of its `config.json`
+(as a RunDescriptor does) and the content digest of θ_0, either a fresh model of that config built from a
+seed (pre-training, `initial_digest`) or the folder's own weights (an RL run's base, `checkpoint_digest`).
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
+
+from transformers import PreTrainedModel
 
 from crypto.identity import NodeIdentity
 from node.p2p.clock import wall_ms
 from node.rl.diloco import content_digest, trainable_state
-from node.rl.model import ModelConfig, build_model, load_checkpoint, model_config_hash
+from node.rl.model import CONFIG_FILE, build_model, file_sha256, load_model, read_config
 from protocol.codec import decode
 from protocol.diloco import check_plan, verify_plan
 from protocol.envelope import Envelope, seal
 from protocol.messages import DilocoRun
 
 
-def initial_digest(cfg: ModelConfig, seed: int) -> bytes:
-    """The content digest of θ_0 for a model built from (config, seed): what every trainer starts from."""
-    return content_digest(trainable_state(build_model(cfg, seed)))
+def config_hash(folder: str | os.PathLike[str]) -> bytes:
+    """sha256 of the folder's `config.json` bytes: the plan's (and a RunDescriptor's) `model_config_hash`."""
+    read_config(folder)  # refuses a folder that is not a supported model
+    return file_sha256(Path(folder) / CONFIG_FILE)
+
+
+def fresh_model(folder: str | os.PathLike[str], seed: int) -> PreTrainedModel:
+    """A model of the folder's config initialised from `seed` (its `initializer_range` as the std)."""
+    config = read_config(folder)
+    return build_model(config, seed, float(config.initializer_range))
+
+
+def initial_digest(folder: str | os.PathLike[str], seed: int) -> bytes:
+    """The content digest of θ_0 for `fresh_model(folder, seed)`: a pre-training run's start."""
+    return content_digest(trainable_state(fresh_model(folder, seed)))
+
+
+def checkpoint_digest(folder: str | os.PathLike[str]) -> bytes:
+    """The content digest of the folder's own weights in float32: θ_0 of an RL run (its base)."""
+    return content_digest(trainable_state(load_model(folder)))
 
 
 def build_plan(
     run: str,
     trainers: Iterable[bytes],
     *,
-    cfg: ModelConfig,
+    model: str | os.PathLike[str],
     model_seed: int,
     rounds: int,
     inner_steps: int,
@@ -38,12 +63,13 @@ def build_plan(
     created_ms: int | None = None,
     initial: bytes | None = None,
 ) -> DilocoRun:
-    """The run's settings; θ_0 is the model built from (cfg, model_seed) unless `initial` names its digest."""
+    """The run's settings for the model folder `model`; θ_0 is a fresh model of its config from `model_seed`
+    unless `initial` names its digest (`checkpoint_digest(model)` for an RL run)."""
     plan = DilocoRun(
         run=run,
         trainers=tuple(sorted(set(trainers))),
-        model_config_hash=model_config_hash(cfg),
-        initial_digest=initial_digest(cfg, model_seed) if initial is None else initial,
+        model_config_hash=config_hash(model),
+        initial_digest=initial_digest(model, model_seed) if initial is None else initial,
         rounds=rounds,
         inner_steps=inner_steps,
         inner_lr=float(inner_lr),
@@ -57,14 +83,6 @@ def build_plan(
     )
     check_plan(plan)
     return plan
-
-
-def checkpoint_digest(path: Path) -> tuple[ModelConfig, bytes]:
-    """The model config and θ_0 content digest of a checkpoint file: what an RL run's trainers start from."""
-    cfg, state = load_checkpoint(path)
-    model = build_model(cfg, 0)
-    model.load_state_dict(state)
-    return cfg, content_digest(trainable_state(model))
 
 
 def sign_plan(owner: NodeIdentity, plan: DilocoRun) -> bytes:

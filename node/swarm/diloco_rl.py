@@ -51,7 +51,7 @@ from node.p2p.gossip import Delivery
 from node.p2p.reqresp import RequestFailed
 from node.rl.diloco import load_trainable, trainable_state
 from node.rl.engine import TransformersEngine
-from node.rl.run import BASE_CHECKPOINT
+from node.rl.tasks import Task
 from node.rl.trainer import GrpoTrainer, OptimizerParams
 from node.roles.base import RoleNet, RoleService
 from node.roles.trainer import MANIFEST, Trainer
@@ -144,14 +144,15 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         config: NodeConfig,
         identity: NodeIdentity,
         *,
-        base_checkpoint: Path = BASE_CHECKPOINT,
+        model_dir: Path | None = None,
+        tasks: Sequence[Task] | None = None,
         optim: OptimizerParams | None = None,
         ledger: Ledger | None = None,
         settings: TrainerSettings | None = None,
         bounds: TrainerBounds | None = None,
     ) -> None:
         super().__init__(
-            config, identity, base_checkpoint=base_checkpoint, optim=optim, ledger=ledger, bounds=bounds
+            config, identity, model_dir=model_dir, tasks=tasks, optim=optim, ledger=ledger, bounds=bounds
         )
         work = config.work
         self.lead = bytes.fromhex(work.diloco_lead.removeprefix("0x"))
@@ -198,7 +199,7 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
             raise RuntimeError("only the lead trainer describes the run; co-trainers fetch its record")
         if self.descriptor is None:
             self.descriptor = load_or_create_descriptor(
-                self.descriptor_path, run, trainer, self.base_checkpoint, self.co_trainers
+                self.descriptor_path, run, trainer, self.model_dir, self.tasks, self.co_trainers
             )
             self._check_plan(self.descriptor)
         return self.descriptor
@@ -224,8 +225,8 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         self.trainers = run_trainers(descriptor)
 
     def _load_trainer(self, descriptor: RunDescriptor) -> GrpoTrainer:
-        """Always the base weights: the outer state (holdings) says where the run is."""
-        engine = TransformersEngine.from_checkpoint(self.base_checkpoint)
+        """Always the model folder's base weights: the outer state (holdings) says where the run is."""
+        engine = TransformersEngine.from_folder(self.model_dir)
         return GrpoTrainer(engine, descriptor.grpo, optim=self.optim)
 
     def _release_unsaved(self, inbox: RolloutInbox, trainer: GrpoTrainer) -> None:

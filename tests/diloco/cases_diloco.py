@@ -47,6 +47,7 @@ from protocol.messages import (
     DilocoOuterState,
     DilocoRun,
     DilocoVote,
+    FileDigest,
     RunDescriptor,
     ShardInfo,
 )
@@ -432,6 +433,7 @@ def _descriptor(**changes: Any) -> RunDescriptor:
         run=RUN,
         trainer=RL_TRAINERS[0],
         model_config_hash=CONFIG,
+        tokenizer_files=(FileDigest("tokenizer.json", _d("tokenizer.json")),),
         base_checkpoint_hash=_d("base"),
         dataset_hash=_d("dataset"),
         task_kind="arithmetic",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,14 @@ import trio
 from crypto.identity import NodeIdentity
 from node.dataplane.http_server import HttpServer, ServerConfig
 from node.diloco.holdings import Holdings
-from node.diloco.plan import build_plan, sign_plan
+from node.diloco.plan import build_plan, fresh_model, sign_plan
 from node.diloco.service import DilocoService
 from node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
-from node.rl.diloco import lm_loss, pretraining_batches
-from node.rl.model import ModelConfig, build_model
+from node.rl.diloco import LmBatch, lm_loss, pretraining_batches
+from node.rl.model import ModelInfo
+from node.rl.tokenizer import ChatTokenizer, load_tokenizer
 from protocol.messages import DilocoRun
+from tests.tinymodel import tiny_folder
 
 RUN = "diloco-test"
 MODEL_SEED = 3
@@ -34,9 +37,24 @@ def identities(n: int) -> list[NodeIdentity]:
     return sorted(keys, key=lambda k: k.address)
 
 
+def model() -> torch.nn.Module:
+    """θ_0 of the test runs: a fresh model of the tiny folder's config from MODEL_SEED."""
+    return fresh_model(tiny_folder(), MODEL_SEED)
+
+
+@cache
+def _tokenizer() -> tuple[ChatTokenizer, ModelInfo]:
+    return load_tokenizer(tiny_folder())
+
+
+def lines(seed: int, batches: int, batch_size: int) -> list[LmBatch]:
+    """Pre-training batches in the tiny folder's tokens."""
+    return pretraining_batches(*_tokenizer(), seed, batches, batch_size)
+
+
 def tiny_plan(trainers: Sequence[NodeIdentity], **changes: Any) -> tuple[DilocoRun, bytes]:
     fields: dict[str, Any] = dict(
-        cfg=ModelConfig(),
+        model=tiny_folder(),
         model_seed=MODEL_SEED,
         rounds=2,
         inner_steps=2,
@@ -51,8 +69,8 @@ def tiny_plan(trainers: Sequence[NodeIdentity], **changes: Any) -> tuple[DilocoR
     return plan, sign_plan(OWNER, plan)
 
 
-def trainer_data(index: int, batches: int = 4, batch_size: int = 4) -> list[torch.Tensor]:
-    return pretraining_batches(1000 + index, batches, batch_size)
+def trainer_data(index: int, batches: int = 4, batch_size: int = 4) -> list[LmBatch]:
+    return lines(1000 + index, batches, batch_size)
 
 
 @dataclass
@@ -73,16 +91,16 @@ def make_trainer(
     identity: NodeIdentity,
     plan: DilocoRun,
     envelope: bytes,
-    data: list[torch.Tensor],
+    data: list[LmBatch],
     settings: TrainerSettings = FAST,
 ) -> LocalTrainer:
     events: list[dict[str, Any]] = []
     holdings = Holdings(tmp / identity.address.hex()[:8], identity, plan, envelope, shard_size=64 * 1024)
-    model = build_model(ModelConfig(), MODEL_SEED)
+    local = model()
     work = DilocoTrainerWork(
         holdings,
-        model,
-        DataInnerRound(model, params_of(plan), data, lm_loss),
+        local,
+        DataInnerRound(local, params_of(plan), data, lm_loss),
         settings=settings,
         emit=lambda event, **fields: events.append({"event": event, **fields}),
     )

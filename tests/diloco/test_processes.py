@@ -17,13 +17,14 @@ import pytest
 import torch
 
 from node.dataplane.testing import RoleProcess, stop_all
-from node.diloco.plan import build_plan, sign_plan
+from node.diloco.plan import build_plan, fresh_model, sign_plan
 from node.diloco.testing import TrainerSpec, spawn_trainer, trainer_key
 from node.diloco.trainer import params_of
 from node.rl.diloco import content_digest, lm_loss, pretraining_batches, reference_diloco
-from node.rl.model import ModelConfig, build_model
+from node.rl.tokenizer import load_tokenizer
 from protocol.messages import DilocoRun
 from tests.diloco.helpers import OWNER
+from tests.tinymodel import tiny_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -32,7 +33,7 @@ BATCHES, BATCH_SIZE, MODEL_SEED = 32, 8, 5
 
 def write_plan(tmp: Path, specs: list[TrainerSpec], **changes: Any) -> tuple[DilocoRun, Path]:
     fields: dict[str, Any] = dict(
-        cfg=ModelConfig(), model_seed=MODEL_SEED, rounds=3, inner_steps=4, compression="fp16"
+        model=tiny_folder(), model_seed=MODEL_SEED, rounds=3, inner_steps=4, compression="fp16"
     )
     fields.update(changes)
     plan = build_plan("diloco-procs", [s.key.address for s in specs], **fields)
@@ -42,7 +43,10 @@ def write_plan(tmp: Path, specs: list[TrainerSpec], **changes: Any) -> tuple[Dil
 
 
 def specs_for(tmp: Path, n: int, *extra: str) -> list[TrainerSpec]:
-    common = ("--batches", str(BATCHES), "--batch-size", str(BATCH_SIZE), "--model-seed", str(MODEL_SEED))
+    common = (
+        *("--batches", str(BATCHES), "--batch-size", str(BATCH_SIZE)),
+        *("--model", str(tiny_folder()), "--model-seed", str(MODEL_SEED)),
+    )
     return [
         TrainerSpec(f"trainer-{i}", trainer_key(i), tmp / f"trainer-{i}", 70 + i, (*common, *extra))
         for i in range(n)
@@ -60,8 +64,9 @@ def start_all(specs: list[TrainerSpec], plan: Path) -> list[RoleProcess]:
 
 def reference(plan: DilocoRun, specs: list[TrainerSpec]) -> dict[str, torch.Tensor]:
     torch.set_num_threads(1)  # as the trainer processes run
-    data = [pretraining_batches(s.data_seed, BATCHES, BATCH_SIZE) for s in specs]
-    model = lambda: build_model(ModelConfig(), MODEL_SEED)  # noqa: E731
+    tokenizer, info = load_tokenizer(tiny_folder())
+    data = [pretraining_batches(tokenizer, info, s.data_seed, BATCHES, BATCH_SIZE) for s in specs]
+    model = lambda: fresh_model(tiny_folder(), MODEL_SEED)  # noqa: E731
     return reference_diloco(model, data, params_of(plan), plan.rounds, lm_loss)
 
 

@@ -18,14 +18,13 @@ import trio
 from node.diloco.faults import straggling
 from node.diloco.holdings import Holdings
 from node.diloco.trainer import params_of
-from node.rl.diloco import content_digest, lm_loss, reference_diloco, trainable_state
-from node.rl.model import ModelConfig, build_model
+from node.rl.diloco import LmBatch, content_digest, lm_loss, reference_diloco, trainable_state
 from protocol import diloco as rules
 from tests.diloco.helpers import (
-    MODEL_SEED,
     LocalTrainer,
     identities,
     make_trainer,
+    model,
     serve,
     tiny_plan,
     train,
@@ -39,12 +38,10 @@ def one_thread() -> None:
 
 
 def reference(
-    data: list[list[torch.Tensor]], plan_kwargs: dict[str, object], rounds: int
+    data: list[list[LmBatch]], plan_kwargs: dict[str, object], rounds: int
 ) -> dict[str, torch.Tensor]:
     plan, _ = tiny_plan(identities(len(data)), **plan_kwargs)
-    return reference_diloco(
-        lambda: build_model(ModelConfig(), MODEL_SEED), data, params_of(plan), rounds, lm_loss
-    )
+    return reference_diloco(model, data, params_of(plan), rounds, lm_loss)
 
 
 def assert_same(theta: dict[str, torch.Tensor] | None, ref: dict[str, torch.Tensor]) -> None:
@@ -150,7 +147,7 @@ def test_a_malformed_payload_is_refused_and_left_out(tmp_path: Path) -> None:
     data = [trainer_data(i) for i in range(3)]
     honest = [make_trainer(tmp_path, k, plan, envelope, data[i]) for i, k in enumerate(keys[:2])]
     liar = Holdings(tmp_path / "liar", keys[2], plan, envelope, shard_size=64 * 1024)
-    theta = trainable_state(build_model(ModelConfig(), MODEL_SEED))
+    theta = trainable_state(model())
     bad = {name: torch.zeros(3, dtype=torch.float16) for name in theta}  # right names, wrong shapes
 
     async def main() -> None:
@@ -219,7 +216,9 @@ class StuckInRound:
 def test_a_trainer_stuck_in_a_round_the_others_closed_resyncs_instead_of_waiting(tmp_path: Path) -> None:
     keys = identities(3)
     plan, envelope = tiny_plan(keys, rounds=4, collect_timeout_ms=600, vote_timeout_ms=600)
-    trainers = [make_trainer(tmp_path, k, plan, envelope, trainer_data(i, batches=8)) for i, k in enumerate(keys)]
+    trainers = [
+        make_trainer(tmp_path, k, plan, envelope, trainer_data(i, batches=8)) for i, k in enumerate(keys)
+    ]
     stuck = trainers[2]
     stuck.work.inner = StuckInRound(stuck.work.inner, 1)  # type: ignore[assignment]
 

@@ -23,10 +23,10 @@ from crypto.identity import NodeIdentity
 from crypto.merkle import merkle_root
 from node.config import ConfigError, NodeConfig, WorkSettings, load_config
 from node.dataplane.http_server import BytesBody, Request, Response, simple_response
-from node.diloco.plan import build_plan, sign_plan
+from node.diloco.plan import build_plan, checkpoint_digest, sign_plan
 from node.p2p.clock import wall_ms
-from node.rl.model import load_checkpoint
-from node.rl.run import BASE_CHECKPOINT, devnet_run
+from node.rl.diloco import content_digest, trainable_state
+from node.rl.run import devnet_run
 from node.swarm.common import RunMismatch
 from node.swarm.diloco_rl import DilocoSwarmTrainerWork
 from node.swarm.inbox import InboxEntry
@@ -43,19 +43,19 @@ from protocol.messages import (
     ShardInfo,
 )
 from protocol.shards import manifest_path
+from tests.tinymodel import tiny_folder
 
 RUN = "testrun"
 LEAD = NodeIdentity(b"\x11" * 32)
 CO = NodeIdentity(b"\x12" * 32)
 OUTSIDER = NodeIdentity(b"\x13" * 32)
 WORKER = NodeIdentity(b"\x14" * 32)
-CFG, _ = load_checkpoint(BASE_CHECKPOINT)
 CREATED_MS = 1_767_225_600_000
 
 
 @functools.cache
 def _base_descriptor() -> RunDescriptor:
-    return devnet_run(LEAD.address, CFG, BASE_CHECKPOINT, CREATED_MS).descriptor
+    return devnet_run(LEAD.address, tiny_folder(), CREATED_MS).descriptor
 
 
 def descriptor(*co_trainers: bytes, **changes: Any) -> RunDescriptor:
@@ -66,7 +66,7 @@ def descriptor(*co_trainers: bytes, **changes: Any) -> RunDescriptor:
 def rl_plan(*trainers: NodeIdentity, run: str = RUN, **changes: Any) -> DilocoRun:
     """The plan that fits `descriptor()`: its trainers, its model, the GRPO learning rate as inner_lr."""
     fields: dict[str, Any] = dict(
-        cfg=CFG,
+        model=tiny_folder(),
         model_seed=0,
         initial=b"\x01" * 32,
         rounds=3,
@@ -168,7 +168,9 @@ def work_config(tmp: Path, plan_file: Path, lead: NodeIdentity = LEAD, run: str 
         role="trainer",
         data_dir=tmp / "data",
         http_port=0,
-        work=WorkSettings(diloco_plan=str(plan_file), diloco_lead=lead.checksum_address),
+        work=WorkSettings(
+            diloco_plan=str(plan_file), diloco_lead=lead.checksum_address, model=str(tiny_folder())
+        ),
     )
 
 
@@ -193,6 +195,18 @@ def test_only_the_lead_describes_the_run_and_its_descriptor_names_the_co_trainer
     assert lead.trainers == (LEAD.address, CO.address)
     with pytest.raises(RuntimeError, match="only the lead"):
         make_work(tmp_path, CO).run_descriptor(RUN, LEAD.address)
+
+
+def test_every_trainer_starts_from_the_model_folders_weights_the_plan_names(tmp_path: Path) -> None:
+    """θ_0 of an RL run is the folder's base weights: what `_load_trainer` loads digests to the plan's."""
+    initial = checkpoint_digest(tiny_folder())
+    plan = rl_plan(initial=initial)
+    for identity in (LEAD, CO):
+        work = make_work(tmp_path, identity, plan)
+        assert work.model_dir == tiny_folder()
+        trainer = work._load_trainer(descriptor())
+        assert content_digest(trainable_state(trainer.engine.model)) == initial == work.plan.initial_digest
+    assert plan.model_config_hash == descriptor().model_config_hash  # sha256 of the folder's config.json
 
 
 def test_the_lead_refuses_a_plan_that_does_not_fit_its_run(tmp_path: Path) -> None:
