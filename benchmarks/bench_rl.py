@@ -43,8 +43,7 @@ import torch
 from crypto.hashing import sha256
 from crypto.identity import NodeIdentity
 from node.rl.engine import TransformersEngine
-from node.rl.model import load_checkpoint
-from node.rl.run import BASE_CHECKPOINT, devnet_eval_tasks, devnet_optimizer, devnet_run
+from node.rl.run import DEVNET_MODEL, devnet_eval_tasks, devnet_optimizer, devnet_run
 from node.rl.sync import SyncStep, eval_reward, run_sync
 
 Section = Callable[[argparse.Namespace], dict[str, float | int]]
@@ -61,8 +60,7 @@ def _mean(values: list[float]) -> float:
 
 
 def sync_section(args: argparse.Namespace) -> dict[str, float | int]:
-    cfg, _ = load_checkpoint(BASE_CHECKPOINT)
-    setup = devnet_run(NodeIdentity(TRAINER_KEY).address, cfg, BASE_CHECKPOINT, created_ms=0)
+    setup = devnet_run(NodeIdentity(TRAINER_KEY).address, DEVNET_MODEL, created_ms=0)
     grpo, optim = setup.descriptor.grpo, devnet_optimizer()
     tasks = devnet_eval_tasks(args.eval_tasks)
     _log(
@@ -73,7 +71,7 @@ def sync_section(args: argparse.Namespace) -> dict[str, float | int]:
 
     started = time.perf_counter()
     base = eval_reward(
-        TransformersEngine.from_checkpoint(BASE_CHECKPOINT),
+        TransformersEngine.from_folder(DEVNET_MODEL),
         tasks,
         samples=args.eval_samples,
         max_new_tokens=grpo.max_new_tokens,
@@ -98,7 +96,7 @@ def sync_section(args: argparse.Namespace) -> dict[str, float | int]:
         run_started = time.perf_counter()
         history = run_sync(
             setup,
-            BASE_CHECKPOINT,
+            DEVNET_MODEL,
             args.steps,
             worker,
             optim=optim,

@@ -10,11 +10,11 @@ is shared, and the minimum is the least disturbed estimate of the same work.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -78,12 +78,12 @@ def _cheat_engines(base: Path) -> dict[str, object]:
     """Engines a cheating worker might run instead of the claimed checkpoint."""
     from node.rl.engine import TransformersEngine
 
-    noisy = TransformersEngine.from_checkpoint(base)
+    noisy = TransformersEngine.from_folder(base)
     gen = torch.Generator().manual_seed(11)
     with torch.no_grad():
         for p in noisy.model.parameters():
             p.mul_(1 + 0.01 * torch.randn(p.shape, generator=gen))
-    int8 = TransformersEngine.from_checkpoint(base)
+    int8 = TransformersEngine.from_folder(base)
     with torch.no_grad():
         for p in int8.model.parameters():
             if p.ndim == 2:  # per-row symmetric int8 of every matrix, as a quantised server would hold it
@@ -97,26 +97,23 @@ def tiny_model_section(args: argparse.Namespace) -> dict[str, float | int]:
     from crypto.toploc import CalibratedPolicy, judge
     from node.rl.calibration import submission_aggregate
     from node.rl.engine import TransformersEngine
-    from node.rl.rollouts import build_submission
-    from node.rl.run import BASE_CHECKPOINT, devnet_policy, devnet_run
+    from node.rl.rollouts import build_submission, task_prompt_ids
+    from node.rl.run import DEVNET_MODEL, devnet_policy, devnet_run
 
-    engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
-    setup = devnet_run(b"\x01" * 20, engine.config, BASE_CHECKPOINT, 0)
+    engine = TransformersEngine.from_folder(DEVNET_MODEL)
+    setup = devnet_run(b"\x01" * 20, DEVNET_MODEL, 0, info=engine.info)
     policy = devnet_policy()
     bounds = CalibratedPolicy(policy.max_mean_exp_mismatches, policy.max_mean_mant_err)
     grpo = setup.descriptor.grpo
-    prompts = [t.prompt for t in setup.tasks[:8]]
-
-    from node.rl.tokenizer import encode_prompt
-
+    prompts = [list(task_prompt_ids(t, engine.tokenizer)) for t in setup.tasks[:8]]
     seeds = list(range(grpo.group_size))
-    groups = [engine.generate_group(encode_prompt(p), grpo.group_size, seeds, grpo.max_new_tokens, 1.0)
+    groups = [engine.generate_group(p, grpo.group_size, seeds, grpo.max_new_tokens, 1.0)
               for p in prompts]
-    gen_s = _best_seconds(lambda: [engine.generate_group(encode_prompt(p), grpo.group_size, seeds,
+    gen_s = _best_seconds(lambda: [engine.generate_group(p, grpo.group_size, seeds,
                                                          grpo.max_new_tokens, 1.0) for p in prompts], args.repeats)
     rows = [c.hidden_rows for g in groups for c in g]
     proof_s = _best_seconds(lambda: [build_proofs(r) for r in rows], args.repeats)
-    pairs = [(encode_prompt(p), list(c.tokens)) for p, g in zip(prompts, groups, strict=True) for c in g]
+    pairs = [(p, list(c.tokens)) for p, g in zip(prompts, groups, strict=True) for c in g]
     proofs = [build_proofs(r) for r in rows]
 
     def validate() -> None:
@@ -136,7 +133,7 @@ def tiny_model_section(args: argparse.Namespace) -> dict[str, float | int]:
         honest_subs += 1
         honest_failed += not judge(submission_aggregate(sub, engine, 128, 32), bounds).passed
     detection: dict[str, float | int] = {}
-    for name, cheat in _cheat_engines(BASE_CHECKPOINT).items():
+    for name, cheat in _cheat_engines(DEVNET_MODEL).items():
         caught = 0
         for worker in workers[: args.cheat_submissions]:
             sub = build_submission(cheat, setup.descriptor, setup.dataset, setup.dataset_ids, worker, 0,  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ import secrets
 import sys
 from importlib.metadata import version as package_version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -18,6 +19,9 @@ from rich.table import Table
 
 from crypto.identity import NodeIdentity
 from crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore, save_keystore
+
+if TYPE_CHECKING:
+    from node.rl.tasks import Task
 
 DEFAULT_KEY = Path(os.environ.get("SWARMNODE_KEY", Path.home() / ".swarmnode" / "node.key"))
 console = Console()
@@ -138,34 +142,73 @@ def conformance(vectors: Path | None, verbose: bool) -> None:
     console.print(f"[green]all {len(results)} cases passed[/]")
 
 
+def model_options(fn: Any) -> Any:
+    """--model, --tasks and --max-new-tokens: the same arguments as `swarmnode devnet`."""
+    options = [
+        click.option("--model", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+                     help="A Hugging Face causal-LM folder (default: the built-in tiny Qwen2 of the devnet)."),
+        click.option("--tasks", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+                     help="Training tasks, JSONL or Parquet (default: generated two-digit additions)."),
+        click.option("--max-new-tokens", type=click.IntRange(1), default=6, show_default=True,
+                     help="The longest completion (6 fits the additions' answers; math and code need more)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def load_run_inputs(
+    model: Path | None, tasks: Path | None, eval_tasks: Path | None
+) -> tuple[Path, list[Task], list[Task]]:
+    """(model folder, training tasks, evaluation tasks) from the options, with clear errors."""
+    from node.devnet_rl import eval_tasks_of
+    from node.rl.run import DEVNET_MODEL, devnet_dataset
+    from node.rl.tasks.files import TaskFileError, read_tasks
+
+    folder = model or DEVNET_MODEL
+    try:
+        train_tasks = read_tasks(tasks) if tasks else devnet_dataset()
+        held_out = eval_tasks_of(str(tasks or ""), str(eval_tasks or ""))
+    except (TaskFileError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if not (folder / "config.json").is_file():
+        raise click.ClickException(f"{folder} is not a model folder (no config.json); see `swarmnode model init`")
+    return folder, train_tasks, held_out
+
+
 @main.command()
 @click.option("--sync", "sync_mode", is_flag=True, required=True,
               help="Single-process baseline: generate and train in one loop, no network "
                    "(the distributed run is `swarmnode devnet --steps N`).")
 @click.option("--steps", type=click.IntRange(1), default=30, show_default=True, help="GRPO steps to take.")
-@click.option("--base", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Base checkpoint (default: the committed devnet base).")
+@model_options
+@click.option("--eval-tasks", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Held-out tasks for the reward before and after (default with --tasks: its first 128 tasks, "
+                   "which are not held out).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for the final checkpoint and optimizer state.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per step.")
-def train(sync_mode: bool, steps: int, base: Path | None, out: Path | None, as_json: bool) -> None:
-    """Train the devnet model with GRPO in one process (the baseline the swarm is compared with)."""
+def train(sync_mode: bool, steps: int, model: Path | None, tasks: Path | None, max_new_tokens: int,
+          eval_tasks: Path | None, out: Path | None, as_json: bool) -> None:
+    """Train a model with GRPO in one process (the baseline the swarm is compared with)."""
     import time
     from dataclasses import asdict
 
     from crypto.hashing import sha256
     from node.rl.engine import TransformersEngine
-    from node.rl.model import load_checkpoint
-    from node.rl.run import BASE_CHECKPOINT, devnet_eval_tasks, devnet_run
+    from node.rl.model import ModelFolderError
+    from node.rl.run import devnet_run
     from node.rl.sync import SyncStep, eval_reward, run_sync
 
-    base = base or BASE_CHECKPOINT
-    if not base.exists():
-        raise click.ClickException(f"no base checkpoint at {base}; build it with scripts/make_base_checkpoint.py")
-    cfg, _ = load_checkpoint(base)
+    folder, train_tasks, held_out = load_run_inputs(model, tasks, eval_tasks)
     trainer = NodeIdentity(sha256(b"swarmnode-sync-trainer"))
     worker = NodeIdentity(sha256(b"swarmnode-sync-worker"))
-    setup = devnet_run(trainer.address, cfg, base, created_ms=int(time.time() * 1000))
+    try:
+        engine = TransformersEngine.from_folder(folder)
+    except (ModelFolderError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    setup = devnet_run(trainer.address, folder, int(time.time() * 1000), tasks=train_tasks, info=engine.info,
+                       max_new_tokens=max_new_tokens)
 
     def report(record: SyncStep) -> None:
         s = record.stats
@@ -177,13 +220,13 @@ def train(sync_mode: bool, steps: int, base: Path | None, out: Path | None, as_j
                           f"gen {record.generate_s:5.2f}s  train {record.train_s:5.2f}s")
 
     grpo = setup.descriptor.grpo
-    eval_tasks = devnet_eval_tasks()
-    base_reward = eval_reward(TransformersEngine.from_checkpoint(base), eval_tasks, samples=8,
-                              max_new_tokens=grpo.max_new_tokens, temperature=grpo.temperature)
+    base_reward = eval_reward(engine, held_out, samples=8, max_new_tokens=grpo.max_new_tokens,
+                              temperature=grpo.temperature)
+    del engine
     if not as_json:
-        console.print(f"held-out reward of the base: {base_reward:.3f} ({len(eval_tasks)} tasks x 8 samples)")
-    history = run_sync(setup, base, steps, worker.address, out_dir=out, on_step=report,
-                       eval_tasks=eval_tasks, eval_samples=8)
+        console.print(f"held-out reward of the base: {base_reward:.3f} ({len(held_out)} tasks x 8 samples)")
+    history = run_sync(setup, folder, steps, worker.address, out_dir=out, on_step=report,
+                       eval_tasks=held_out, eval_samples=8)
     first = sum(h.stats.mean_reward for h in history[:5]) / min(5, len(history))
     last = sum(h.stats.mean_reward for h in history[-5:]) / min(5, len(history))
     final = history[-1].eval_reward
@@ -209,27 +252,30 @@ def diloco(args: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="The run's checkpoint (default: the committed devnet base).")
+@model_options
 @click.option("--workers", type=click.IntRange(1), default=4, show_default=True, help="Simulated honest workers.")
 @click.option("--submissions", type=click.IntRange(1), default=4, show_default=True, help="Submissions per worker.")
 @click.option("--margin", type=click.FloatRange(1.0), default=3.0, show_default=True,
               help="Bound = honest maximum x margin (never below the float-noise floor).")
 @click.option("--json", "as_json", is_flag=True, help="Print the bounds as JSON for a run descriptor.")
-def calibrate(checkpoint: Path | None, workers: int, submissions: int, margin: float, as_json: bool) -> None:
-    """Measure honest TOPLOC statistics on a checkpoint and print the run's calibrated bounds."""
+def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, workers: int, submissions: int,
+              margin: float, as_json: bool) -> None:
+    """Measure honest TOPLOC statistics on a model and print the run's calibrated bounds.
+
+    Honest workers generate on the model (the worker engine) and a validator prefills the same tokens
+    (the validator engine); the bounds are the worst honest submission times --margin.
+    """
     import time
 
     from crypto.hashing import sha256
     from node.rl.calibration import calibrate_run
     from node.rl.engine import TransformersEngine
-    from node.rl.model import load_checkpoint
-    from node.rl.run import BASE_CHECKPOINT, devnet_run
+    from node.rl.run import devnet_run
 
-    checkpoint = checkpoint or BASE_CHECKPOINT
-    cfg, _ = load_checkpoint(checkpoint)
-    setup = devnet_run(b"\0" * 20, cfg, checkpoint, created_ms=int(time.time() * 1000))
-    engine = TransformersEngine.from_checkpoint(checkpoint)
+    folder, train_tasks, _ = load_run_inputs(model, tasks, None)
+    engine = TransformersEngine.from_folder(folder)
+    setup = devnet_run(b"\0" * 20, folder, int(time.time() * 1000), tasks=train_tasks, info=engine.info,
+                       max_new_tokens=max_new_tokens)
     addresses = [NodeIdentity(sha256(f"calibration-worker-{i}".encode())).address for i in range(workers)]
     with console.status("generating honest submissions") as status:
         result = calibrate_run(setup, engine, engine, addresses, submissions, margin,
@@ -249,10 +295,12 @@ def calibrate(checkpoint: Path | None, workers: int, submissions: int, margin: f
 
 def _register_groups() -> None:
     """Command groups that live beside their subsystems, added explicitly (no import-time registration)."""
-    from node import cli_ledger, cli_run
+    from node import cli_ledger, cli_model, cli_run, cli_tasks
 
     cli_ledger.register_commands(main)
+    cli_model.register_commands(main)
     cli_run.register_commands(main)
+    cli_tasks.register_commands(main)
     main.add_command(diloco)
 
 

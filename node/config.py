@@ -43,6 +43,9 @@ from node.p2p.scoring import ScoreParams
 ROLE_NAMES = ("trainer", "relay", "worker", "validator", "bootstrap")
 
 
+ENGINES = ("auto", "transformers", "vllm")
+
+
 class ConfigError(ValueError):
     """The config file or a flag is invalid; the message says which key."""
 
@@ -74,6 +77,12 @@ class WorkSettings:
     # validator's accepted log may hold (only items every trainer has pulled are cut to keep under it).
     retention_versions: int = 4
     accepted_max_mb: int = 2048
+    # The run's model and tasks, which every role checks against the signed RunDescriptor: a Hugging Face
+    # model folder and a JSONL/Parquet task file ("" = the devnet's built-in model and generated tasks).
+    model: str = ""
+    tasks: str = ""
+    engine: str = "auto"  # auto (vLLM when CUDA and the vllm extra are present, else transformers)
+    max_new_tokens: int = 6  # trainer, when it creates its run: the longest completion (GRPO max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,14 @@ def check_work(work: WorkSettings) -> WorkSettings:
         )
     if not 0 < work.shard_mb <= 1024:
         raise ConfigError("[work] shard_mb must be in (0, 1024]")
+    if work.max_new_tokens < 1:
+        raise ConfigError("[work] max_new_tokens must be >= 1")
+    if work.engine not in ENGINES:
+        raise ConfigError(f"[work] engine must be one of {', '.join(ENGINES)}, not {work.engine!r}")
+    for key in ("model", "tasks"):
+        path = getattr(work, key)
+        if path and not Path(path).expanduser().exists():
+            raise ConfigError(f"[work] {key} = {path!r} does not exist")
     if bool(work.diloco_plan) != bool(work.diloco_lead):
         raise ConfigError("[work] diloco_plan and diloco_lead go together (the plan file and its signer)")
     if work.diloco_lead:

@@ -146,7 +146,7 @@ def check_toploc_verify(inp: dict[str, Any]) -> dict[str, Any]:
 def _task(obj: dict[str, Any]) -> Task:
     from node.rl.tasks import Task
 
-    return Task(obj["kind"], obj["prompt"], obj["target"])
+    return Task(obj["kind"], obj["prompt"], obj["target"], obj.get("target_length", 0))
 
 
 def check_task_id(inp: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +157,7 @@ def check_task_id(inp: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_dataset_hash(inp: dict[str, Any]) -> dict[str, Any]:
-    from node.rl.run import dataset_hash
+    from node.rl.tasks import dataset_hash
 
     tasks = [_task(t) for t in inp["tasks"]]
     return {
@@ -225,14 +225,14 @@ def _rewards_descriptor(task_kind: str, length_target: int, length_penalty: floa
     """A descriptor that only fixes what scoring reads (the length-target term); the rest is placeholder."""
     import dataclasses
 
-    from node.rl.model import ModelConfig
     from node.rl.run import devnet_grpo, devnet_policy
 
     grpo = dataclasses.replace(
-        devnet_grpo(ModelConfig()), length_target=length_target, length_penalty=length_penalty
+        devnet_grpo(_model_engine(_devnet_root()).info), length_target=length_target,
+        length_penalty=length_penalty
     )
     zero = bytes(32)
-    return RunDescriptor("rewards", bytes(20), zero, zero, zero, task_kind, grpo, 0, devnet_policy(), 0)
+    return RunDescriptor("rewards", bytes(20), zero, (), zero, zero, task_kind, grpo, 0, devnet_policy(), 0)
 
 
 def check_rewards(inp: dict[str, Any]) -> dict[str, Any]:
@@ -240,37 +240,44 @@ def check_rewards(inp: dict[str, Any]) -> dict[str, Any]:
 
     from node.rl.grpo import group_advantages
     from node.rl.rollouts import completion_rewards
-    from node.rl.tokenizer import completion_text
 
     task = _task(inp["task"])
     completions = [list(c) for c in inp["completions"]]
+    tokenizer = _model_engine(_hex(inp["model"]).hex()).tokenizer
     descriptor = _rewards_descriptor(task.kind, inp["length_target"], inp["length_penalty"])
-    rewards = completion_rewards(task, completions, descriptor)
+    rewards = completion_rewards(task, completions, descriptor, tokenizer)
     return {
-        "texts": [completion_text(c) for c in completions],
+        "texts": [tokenizer.completion_text(c) for c in completions],
         "rewards": rewards,
         "advantages": group_advantages(torch.tensor(rewards)).tolist(),
     }
 
 
-@functools.lru_cache(maxsize=2)
-def _checkpoint_engine(sha256_hex: str) -> TransformersEngine:
-    """The engine of a checkpoint named by its file hash; vectors may only name the committed base."""
-    from node.rl.engine import TransformersEngine
-    from node.rl.model import file_sha256
-    from node.rl.run import BASE_CHECKPOINT
+@functools.lru_cache(maxsize=1)
+def _devnet_root() -> str:
+    """The base weights root (hex) of the devnet's committed model folder."""
+    from node.rl.model import model_commitment
+    from node.rl.run import DEVNET_MODEL
 
-    if file_sha256(BASE_CHECKPOINT).hex() != sha256_hex:
-        raise ValueError(f"checkpoint {sha256_hex} is not held here (only the committed base is)")
-    return TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    return model_commitment(DEVNET_MODEL).weights_root.hex()
+
+
+@functools.lru_cache(maxsize=2)
+def _model_engine(weights_root_hex: str) -> TransformersEngine:
+    """The engine of a model folder named by its base weights root; vectors may only name the devnet's."""
+    from node.rl.engine import TransformersEngine
+    from node.rl.run import DEVNET_MODEL
+
+    if _devnet_root() != weights_root_hex:
+        raise ValueError(f"model {weights_root_hex} is not held here (only the devnet's committed model is)")
+    return TransformersEngine.from_folder(DEVNET_MODEL)
 
 
 def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
     """A validator's verdict on one signed RolloutSubmission, checks 1-6 of spec/validation.md, through the
     total judge (`judge_total`): the model config is the held checkpoint's, which the descriptor names."""
     from node.rl.engine import InferenceEngine
-    from node.rl.model import model_config_hash
-    from node.rl.run import dataset_hash
+    from node.rl.tasks import dataset_hash
     from node.rl.validation import Accepted, BadProof, ValidationContext, judge_total
 
     descriptor = decode(RunDescriptor, _hex(inp["descriptor"]))
@@ -281,10 +288,10 @@ def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
     eligible = {_hex(a) for a in inp["eligible"]}
 
     def engine_for(version: int) -> InferenceEngine:
-        return _checkpoint_engine(_hex(held[version]["sha256"]).hex())
+        return _model_engine(_hex(held[version]["weights_root"]).hex())
 
-    model = engine_for(min(held)).config
-    if model_config_hash(model) != descriptor.model_config_hash:
+    engine = engine_for(min(held))
+    if engine.info.config_hash != descriptor.model_config_hash:
         raise ValueError("the held checkpoint's model config is not the one the descriptor names")
     ctx = ValidationContext(
         descriptor,
@@ -293,7 +300,8 @@ def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
         inp["newest_version"],
         {version: _hex(c["root"]) for version, c in held.items()},
         lambda worker: worker in eligible,
-        model,
+        engine.info,
+        engine.tokenizer,
     )
     try:
         opened = open_envelope(

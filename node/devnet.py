@@ -64,6 +64,13 @@ class DevnetPlan:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     round_timeout_ms: int = 60_000
+    # The run's model folder and task file, and the held-out tasks the report measures on ("": the
+    # devnet's built-in model, generated additions and their held-out set).
+    model: str = ""
+    tasks: str = ""
+    eval_tasks: str = ""
+    engine: str = "auto"
+    max_new_tokens: int = 6
 
     @property
     def rounds(self) -> int:
@@ -91,12 +98,14 @@ class DevnetPlan:
         self, name: str, role: str, *, plan_path: Path | None = None, lead: str = ""
     ) -> dict[str, Any]:
         """The [work] table of a node in a training run (`plan_path`, `lead`: its DiLoCo plan, if any)."""
-        work: dict[str, Any] = {"threads": self.threads}
+        work: dict[str, Any] = {"threads": self.threads, "engine": self.engine}
+        work |= {key: value for key, value in (("model", self.model), ("tasks", self.tasks)) if value}
         if role == "trainer":
             work |= {
                 "steps": self.steps,
                 "shard_mb": self.shard_mb,
                 "min_batch_groups": self.min_batch_groups,
+                "max_new_tokens": self.max_new_tokens,
             }
             if self.trainers > 1:
                 work |= {"diloco_plan": str(plan_path), "diloco_lead": lead}
@@ -228,20 +237,22 @@ class Devnet:
     def write_diloco_plan(self) -> None:
         """The run's DilocoRun, signed by the lead (trainer-1), naming every trainer (spec/diloco.md)."""
         from node.diloco.plan import build_plan, checkpoint_digest, sign_plan
-        from node.rl.run import BASE_CHECKPOINT, devnet_grpo
+        from node.rl.run import DEVNET_MODEL, devnet_grpo
+        from node.rl.tokenizer import load_tokenizer
 
         plan = self.plan
-        cfg, initial = checkpoint_digest(BASE_CHECKPOINT)
+        model_dir = Path(plan.model) if plan.model else DEVNET_MODEL
+        initial = checkpoint_digest(model_dir)
         trainers = [self.identities[n.name] for n in self.nodes.values() if n.role == "trainer"]
         signed = build_plan(
             plan.run,
             [t.address for t in trainers],
-            cfg=cfg,
+            model=model_dir,
             model_seed=0,
             initial=initial,
             rounds=plan.rounds,
             inner_steps=plan.inner_steps,
-            inner_lr=devnet_grpo(cfg).learning_rate,
+            inner_lr=devnet_grpo(load_tokenizer(model_dir)[1], plan.max_new_tokens).learning_rate,
             outer_lr=plan.outer_lr,
             outer_momentum=plan.outer_momentum,
             collect_timeout_ms=plan.round_timeout_ms,
@@ -615,6 +626,38 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
 @click.option(
     "--no-live", is_flag=True, help="No live table (for logs and CI); prints the summary at the end."
 )
+@click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The run's model: a Hugging Face causal-LM folder (Qwen2/2.5/3, Llama; default: the built-in tiny "
+    "Qwen2). `swarmnode model init` writes one.",
+)
+@click.option(
+    "--tasks",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The run's tasks: a JSONL or Parquet file (prompt, kind, answer or tests; default: generated "
+    "two-digit additions). `swarmnode tasks show FILE` checks one.",
+)
+@click.option(
+    "--eval-tasks",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Held-out tasks the report measures the reward on, before and after (default with --tasks: the "
+    "first 128 training tasks, which are not held out).",
+)
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(1),
+    default=6,
+    show_default=True,
+    help="The longest completion of the run (6 fits the additions' answers; math and code need more).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "transformers", "vllm"]),
+    default="auto",
+    show_default=True,
+    help="Inference engine of workers and validators: vllm needs CUDA and `pip install swarmnode[vllm]`.",
+)
 def devnet_command(
     steps: int,
     inner_steps: int,
@@ -635,6 +678,11 @@ def devnet_command(
     record_deliveries: bool,
     probe_rate: float,
     no_live: bool,
+    model: Path | None,
+    tasks: Path | None,
+    eval_tasks: Path | None,
+    max_new_tokens: int,
+    engine: str,
 ) -> None:
     """Run a swarm of separate node processes on 127.0.0.1 and show live status.
 
@@ -657,6 +705,11 @@ def devnet_command(
         inner_steps=inner_steps,
         outer_lr=outer_lr,
         outer_momentum=outer_momentum,
+        model=str(model.resolve()) if model else "",
+        tasks=str(tasks.resolve()) if tasks else "",
+        eval_tasks=str(eval_tasks.resolve()) if eval_tasks else "",
+        engine=engine,
+        max_new_tokens=max_new_tokens,
     )
     if steps and not (1 <= trainers <= 16 and validators >= 1 and relays >= 1 and workers + cheaters >= 1):
         raise click.UsageError(
@@ -719,13 +772,17 @@ def _run(
 def _report(devnet: Devnet, run_summary: dict[str, Any], console: Console, path: Path | None) -> None:
     """Held-out reward before and after, the final ledger, the tables, the plot and the JSON."""
     from node.devnet_report import NodeFacts, ReportInputs, build_summary, plot_summary, summary_tables
-    from node.devnet_rl import final_checkpoint, held_out_rewards, ledger_facts, write_json
+    from node.devnet_rl import eval_tasks_of, final_checkpoint, held_out_rewards, ledger_facts, write_json
 
     assert devnet.ledger is not None
     console.print("measuring the held-out reward of the base and the final checkpoint ...")
     trainer = next(n for n in devnet.nodes.values() if n.role == "trainer")
     final = final_checkpoint(trainer.data_dir, devnet.plan.run)
-    base_reward, final_reward = held_out_rewards(final[1] if final is not None else None)
+    plan = devnet.plan
+    eval_tasks = eval_tasks_of(plan.tasks, plan.eval_tasks)
+    base_reward, final_reward = held_out_rewards(
+        final[1] if final is not None else None, plan.model, eval_tasks, plan.max_new_tokens
+    )
     facts = ledger_facts(devnet.ledger)
     stakes_before = {
         n.address.lower(): DEVNET_STAKE_GWEI for n in devnet.nodes.values() if n.role in STAKED_ROLES

@@ -10,6 +10,7 @@ checkpoint with the same tasks and seeds (`node.rl.sync.eval_reward`).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from crypto.identity import NodeIdentity
 from ledger import Ledger
 from ledger.types import Params
+from node.rl.tasks import Task
 from protocol.ledger_messages import ComputeSpec
 
 DEVNET_STAKE_GWEI = 2 * 10**9  # twice the devnet's minimum: one slash leaves a node eligible, three eject it
@@ -181,15 +183,30 @@ def final_checkpoint(trainer_data: Path, run: str) -> tuple[int, dict[str, Any]]
     return version, load_checkpoint(store.complete_dir(version), manifest)
 
 
-def held_out_rewards(final_state: dict[str, Any] | None) -> tuple[float, float | None]:
-    """Held-out mean reward of the base checkpoint and of `final_state` (same tasks, same seeds)."""
+def eval_tasks_of(tasks: str, eval_tasks: str) -> list[Task]:
+    """The tasks the report measures on: `eval_tasks`, else the first 128 of `tasks` (not held out),
+    else the devnet's held-out additions."""
+    from node.rl.run import DEVNET_EVAL_SIZE, devnet_eval_tasks
+    from node.rl.tasks.files import read_tasks
+
+    if eval_tasks:
+        return read_tasks(Path(eval_tasks))
+    if tasks:
+        return read_tasks(Path(tasks))[:DEVNET_EVAL_SIZE]
+    return devnet_eval_tasks()
+
+
+def held_out_rewards(
+    final_state: dict[str, Any] | None, model: str, tasks: Sequence[Task], max_new_tokens: int
+) -> tuple[float, float | None]:
+    """Mean reward of the base model (`model`: a folder, "" for the devnet's) and of `final_state` on
+    `tasks` (same tasks, same seeds both times)."""
     from node.rl.engine import TransformersEngine
-    from node.rl.run import BASE_CHECKPOINT, devnet_eval_tasks, devnet_grpo
+    from node.rl.run import DEVNET_MODEL, devnet_grpo
     from node.rl.sync import eval_reward
 
-    engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
-    grpo = devnet_grpo(engine.config)
-    tasks = devnet_eval_tasks()
+    engine = TransformersEngine.from_folder(Path(model) if model else DEVNET_MODEL)
+    grpo = devnet_grpo(engine.info, max_new_tokens)
 
     def measure() -> float:
         return eval_reward(

@@ -62,6 +62,14 @@ class ValidatorPolicy:
 
 
 @dataclass(frozen=True)
+class FileDigest:
+    """A named file of a run's model folder and the sha256 of its bytes."""
+
+    name: Annotated[str, Pattern(r"[A-Za-z0-9._-]{1,128}")]
+    sha256: Digest
+
+
+@dataclass(frozen=True)
 class RunDescriptor:
     """The run a trainer owns; workers and validators follow only runs whose descriptor the trainer signed.
     `trainer` is the lead: it signs the descriptor and is the sole signer of the run's checkpoint manifests.
@@ -71,6 +79,11 @@ class RunDescriptor:
     `max_submissions_per_version` bounds a worker's counters on one checkpoint version (counters
     0 .. max - 1): a validator rejects a larger one 602 `BAD_ASSIGNMENT`, so one worker's credits and a
     validator's per-assignment records per version are bounded (spec/rollouts.md, Task assignment).
+    The model is a Hugging Face folder: `model_config_hash` is the sha256 of its `config.json`,
+    `tokenizer_files` names and hashes each tokenizer file, `base_checkpoint_hash` is the Merkle root over
+    the sha256 of its weights files in name order; `dataset_hash` is the Merkle root over the task ids in
+    dataset order (spec/rollouts.md, The run's model and tasks). Every role refuses a folder or task file
+    that differs, naming the file.
     """
 
     TYPE: ClassVar[str] = "run_descriptor"
@@ -79,6 +92,7 @@ class RunDescriptor:
     run: RunId
     trainer: Address
     model_config_hash: Digest
+    tokenizer_files: Annotated[tuple[FileDigest, ...], MaxLen(16)]
     base_checkpoint_hash: Digest
     dataset_hash: Digest
     task_kind: Annotated[str, MaxLen(64)]

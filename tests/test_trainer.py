@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -11,22 +12,27 @@ import torch
 
 from node.rl.engine import TransformersEngine
 from node.rl.grpo import group_advantages
-from node.rl.model import ModelConfig
+from node.rl.model import ModelMismatch, load_weights
 from node.rl.rollouts import pack_logprobs
 from node.rl.run import devnet_grpo, devnet_optimizer
-from node.rl.tokenizer import encode_prompt
+from node.rl.tokenizer import load_tokenizer
 from node.rl.trainer import GrpoTrainer, OptimizerParams, load_optimizer, optimizer_tensors
 from protocol.messages import Completion, RolloutGroup
+from tests.tinymodel import copy_folder, tiny_engine, tiny_folder
 
-TINY = ModelConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
 PROMPTS = ["12+7=", "40+41=", "3+99="]
 GROUP = 8
 MAX_NEW = 5
 
 
+@cache
+def tiny_info():
+    return load_tokenizer(tiny_folder())[1]
+
+
 def grpo_params(lr: float = 1e-3):
     return dataclasses.replace(
-        devnet_grpo(TINY),
+        devnet_grpo(tiny_info()),
         group_size=GROUP,
         prompts_per_step=len(PROMPTS),
         max_new_tokens=MAX_NEW,
@@ -40,7 +46,7 @@ def fixed_groups(engine: TransformersEngine) -> list[RolloutGroup]:
     learnable preference), with the sampler's logprobs as the old ones, exactly as a worker sends them."""
     groups = []
     for p, text in enumerate(PROMPTS):
-        prompt = encode_prompt(text)
+        prompt = engine.tokenizer.encode_prompt(text)
         seeds = [1000 * p + i for i in range(GROUP)]
         sampled = engine.generate_group(prompt, GROUP, seeds, MAX_NEW, 1.0)
         rewards = [float(c.tokens[0] % 2 == 0) for c in sampled]
@@ -74,7 +80,7 @@ def mean_logprob_by_sign(engine: TransformersEngine, groups: list[RolloutGroup])
 
 
 def test_grpo_steps_move_logprobs_with_the_advantage():
-    engine = TransformersEngine.from_seed(TINY, seed=3)
+    engine = tiny_engine()
     groups = fixed_groups(engine)
     pos0, neg0 = mean_logprob_by_sign(engine, groups)
     trainer = GrpoTrainer(engine, grpo_params(lr=1e-3), optim=OptimizerParams())
@@ -90,7 +96,7 @@ def test_grpo_steps_move_logprobs_with_the_advantage():
 
 
 def test_step_without_signal_changes_nothing():
-    engine = TransformersEngine.from_seed(TINY, seed=4)
+    engine = tiny_engine()
     groups = fixed_groups(engine)
     flat = [
         dataclasses.replace(
@@ -108,7 +114,7 @@ def test_warmup_schedule():
     optim = OptimizerParams(warmup_steps=4)
     assert [optim.lr_at(1e-3, s) for s in (1, 2, 4, 9)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3])
     assert OptimizerParams(warmup_steps=0).lr_at(1e-3, 1) == 1e-3
-    trainer = GrpoTrainer(TransformersEngine.from_seed(TINY, seed=5), grpo_params(lr=1e-3), optim=optim)
+    trainer = GrpoTrainer(tiny_engine(), grpo_params(lr=1e-3), optim=optim)
     trainer.step(fixed_groups(trainer.engine))
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-4)
     assert trainer.optimizer.param_groups[0]["betas"] == optim.betas
@@ -121,7 +127,7 @@ def optimizer_state(trainer: GrpoTrainer) -> tuple[dict[str, torch.Tensor], dict
 def test_save_resume_round_trips_weights_and_adamw_state_exactly(tmp_path: Path):
     grpo = grpo_params(lr=1e-3)
     optim = OptimizerParams(betas=(0.8, 0.95), eps=1e-7, warmup_steps=5)
-    trainer = GrpoTrainer(TransformersEngine.from_seed(TINY, seed=6), grpo, optim=optim)
+    trainer = GrpoTrainer(tiny_engine(), grpo, optim=optim)
     groups = fixed_groups(trainer.engine)
     trainer.step(groups)
     trainer.save(tmp_path)  # an older step on disk: resume must take the newest
@@ -130,7 +136,7 @@ def test_save_resume_round_trips_weights_and_adamw_state_exactly(tmp_path: Path)
     assert weights.name == "step-000002.safetensors"
     (tmp_path / "step-000003.json").write_text("{trunc")  # a torn record is skipped, not fatal
 
-    resumed = GrpoTrainer.resume(tmp_path, grpo)
+    resumed = GrpoTrainer.resume(tmp_path, tiny_folder(), grpo)
     assert resumed is not None and resumed.step_count == 2 and resumed.optim == optim
     for (name, a), b in zip(
         trainer.engine.model.state_dict().items(), resumed.engine.model.state_dict().values(), strict=True
@@ -152,13 +158,29 @@ def test_save_resume_round_trips_weights_and_adamw_state_exactly(tmp_path: Path)
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(grpo.learning_rate * 3 / 5)
 
 
+def test_saved_weights_name_the_model_config_and_resume_refuses_another(tmp_path: Path):
+    """The step's weights file carries the config hash: resuming on a folder with another config.json
+    (here: another rms_norm_eps, same shapes) is refused instead of silently training another model."""
+    trainer = GrpoTrainer(tiny_engine(), grpo_params())
+    trainer.step(fixed_groups(trainer.engine))
+    weights = trainer.save(tmp_path / "state")
+    state = load_weights(weights, trainer.engine.info.config_hash)
+    assert all(torch.equal(state[k], v) for k, v in trainer.engine.model.state_dict().items())
+    other = copy_folder("qwen2", tmp_path / "other")
+    config = json.loads((other / "config.json").read_text())
+    config["rms_norm_eps"] = 1e-5
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelMismatch, match="weights for model config"):
+        GrpoTrainer.resume(tmp_path / "state", other, grpo_params())
+
+
 def test_resume_of_an_empty_directory_is_none(tmp_path: Path):
-    assert GrpoTrainer.resume(tmp_path, grpo_params()) is None
+    assert GrpoTrainer.resume(tmp_path, tiny_folder(), grpo_params()) is None
 
 
 def test_optimizer_file_alone_restores_into_a_fresh_optimizer(tmp_path: Path):
     """`load_optimizer` is the inverse of the file `save` writes (hyper-parameters included)."""
-    trainer = GrpoTrainer(TransformersEngine.from_seed(TINY, seed=8), grpo_params(), optim=devnet_optimizer())
+    trainer = GrpoTrainer(tiny_engine(), grpo_params(), optim=devnet_optimizer())
     trainer.step(fixed_groups(trainer.engine))
     trainer.save(tmp_path)
     record = json.loads((tmp_path / "step-000001.json").read_text())

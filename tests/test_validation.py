@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,49 +11,52 @@ import torch
 from crypto.hashing import sha256
 from crypto.identity import NodeIdentity
 from node.rl.engine import TransformersEngine
-from node.rl.model import ModelConfig
+from node.rl.model import ModelRecipe, build_model, hf_config, model_commitment, save_model_folder
 from node.rl.rollouts import (
     assigned_tasks,
     assignment_step,
     build_submission,
     generate_group,
+    task_prompt_ids,
     to_wire_group,
 )
-from node.rl.run import dataset_hash, devnet_dataset, devnet_grpo, devnet_policy
+from node.rl.run import describe_run, devnet_dataset, devnet_grpo, devnet_policy
 from node.rl.validation import BadProof, ValidationContext, validate_submission
 from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import RolloutSubmission, RunDescriptor
+from protocol.messages import RolloutSubmission
+from tests.tinymodel import eos_prone, tiny_engine, tiny_folder
 
-CFG = ModelConfig()
 WORKER = NodeIdentity(sha256(b"validation-test-worker")).address
 ROOT = sha256(b"checkpoint-3")
 
 
+def run_engine() -> TransformersEngine:
+    """The run's model: the tiny folder's weights, EOS-prone so that honest groups hold EOS endings."""
+    return eos_prone(tiny_engine())
+
+
 @pytest.fixture(scope="module")
 def engine():
-    return TransformersEngine.from_seed(CFG, seed=7)
+    return run_engine()
 
 
 @pytest.fixture(scope="module")
-def setup():
+def setup(engine):
     tasks = devnet_dataset()
-    grpo = dataclasses.replace(devnet_grpo(CFG), prompts_per_step=2, group_size=4)
-    descriptor = RunDescriptor(
-        "test-run",
-        b"\x01" * 20,
-        b"\x02" * 32,
-        b"\x03" * 32,
-        dataset_hash(tasks),
-        "arithmetic",
-        grpo,
-        2,
-        devnet_policy(),
-        0,
+    grpo = dataclasses.replace(devnet_grpo(engine.info), prompts_per_step=2, group_size=4)
+    descriptor = describe_run(
+        run="test-run",
+        trainer=b"\x01" * 20,
+        model=model_commitment(tiny_folder()),
+        tasks=tasks,
+        grpo=grpo,
+        policy=devnet_policy(),
+        created_ms=0,
     )
     return descriptor, tasks
 
 
-def context(setup, newest=3, eligible=True):
+def context(setup, engine, newest=3, eligible=True):
     descriptor, tasks = setup
     return ValidationContext(
         descriptor,
@@ -61,6 +65,8 @@ def context(setup, newest=3, eligible=True):
         newest,
         {3: ROOT, 2: sha256(b"checkpoint-2")},
         lambda _: eligible,
+        engine.info,
+        engine.tokenizer,
     )
 
 
@@ -77,41 +83,41 @@ def judge(sub, ctx, engine, worker=WORKER):
 
 
 def test_honest_submission_is_accepted(honest, setup, engine):
-    accepted = judge(honest, context(setup), engine)
+    accepted = judge(honest, context(setup, engine), engine)
     assert accepted.tokens == sum(len(c.token_ids) for g in honest.groups for c in g.completions)
     assert accepted.mean_exp_mismatches <= 1.0
 
 
 def test_unstaked_worker_is_rejected(honest, setup, engine):
     with pytest.raises(Reject) as err:
-        judge(honest, context(setup, eligible=False), engine)
+        judge(honest, context(setup, engine, eligible=False), engine)
     assert err.value.reason == Reason.NOT_STAKED
 
 
 def test_stale_and_unknown_checkpoints_are_ignored(honest, setup, engine):
     with pytest.raises(Ignore) as err:
-        judge(honest, context(setup, newest=6), engine)
+        judge(honest, context(setup, engine, newest=6), engine)
     assert err.value.reason == Reason.STALE
     with pytest.raises(Ignore):
         judge(
             dataclasses.replace(honest, checkpoint_version=4, step=assignment_step(4, 0)),
-            context(setup),
+            context(setup, engine),
             engine,
         )
 
 
 def test_wrong_checkpoint_root_is_rejected(honest, setup, engine):
     with pytest.raises(Reject) as err:
-        judge(dataclasses.replace(honest, checkpoint_root=b"\x09" * 32), context(setup), engine)
+        judge(dataclasses.replace(honest, checkpoint_root=b"\x09" * 32), context(setup, engine), engine)
     assert err.value.reason == Reason.BAD_HASH
 
 
 def test_cherry_picked_tasks_are_rejected(honest, setup, engine):
     with pytest.raises(Reject) as err:
-        judge(dataclasses.replace(honest, groups=honest.groups[::-1]), context(setup), engine)
+        judge(dataclasses.replace(honest, groups=honest.groups[::-1]), context(setup, engine), engine)
     assert err.value.reason == Reason.BAD_ASSIGNMENT
     with pytest.raises(Reject) as err:  # someone else's assignment
-        judge(honest, context(setup), engine, worker=b"\x07" * 20)
+        judge(honest, context(setup, engine), engine, worker=b"\x07" * 20)
     assert err.value.reason == Reason.BAD_ASSIGNMENT
 
 
@@ -122,7 +128,7 @@ def test_forged_reward_is_rejected(honest, setup, engine):
         honest, groups=(dataclasses.replace(group, completions=forged),) + honest.groups[1:]
     )
     with pytest.raises(Reject) as err:
-        judge(sub, context(setup), engine)
+        judge(sub, context(setup, engine), engine)
     assert err.value.reason == Reason.BAD_REWARD
 
 
@@ -137,14 +143,16 @@ def test_tampered_prompt_is_caught_by_toploc(honest, setup, engine):
         generated = generate_group(engine, task, descriptor, WORKER, honest.step)
         if i == 0:
             prompt = list(generated.prompt_ids)
-            prompt[1] = prompt[1] + 1 if prompt[1] < 20 else prompt[1] - 1  # change one digit
+            text = [engine.tokenizer.tokenizer.decode([t]) for t in prompt]
+            at = next(i for i, piece in enumerate(text) if piece.isdigit())  # change one digit
+            prompt[at] = engine.tokenizer.encode(str((int(text[at]) + 1) % 10))[0]
             generated = dataclasses.replace(
                 generate_group(engine, task, descriptor, WORKER, honest.step, prompt),
                 prompt_ids=generated.prompt_ids,
             )
-        groups.append(to_wire_group(generated, descriptor))
+        groups.append(to_wire_group(generated, descriptor, engine.tokenizer))
     with pytest.raises(BadProof) as err:
-        judge(dataclasses.replace(honest, groups=tuple(groups)), context(setup), engine)
+        judge(dataclasses.replace(honest, groups=tuple(groups)), context(setup, engine), engine)
     group_size = setup[0].grpo.group_size
     assert err.value.failure.failing_chunks  # the first group's completions (one chunk each here)
     assert all(c < group_size for c in err.value.failure.failing_chunks)
@@ -152,7 +160,7 @@ def test_tampered_prompt_is_caught_by_toploc(honest, setup, engine):
 
 def test_perturbed_model_is_caught_by_toploc(setup, engine):
     descriptor, tasks = setup
-    cheat = TransformersEngine.from_seed(CFG, seed=7)
+    cheat = run_engine()
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in cheat.model.parameters():
@@ -161,26 +169,34 @@ def test_perturbed_model_is_caught_by_toploc(setup, engine):
         cheat, descriptor, {t.task_id: t for t in tasks}, [t.task_id for t in tasks], WORKER, 3, ROOT, 1
     )
     with pytest.raises(BadProof) as err:
-        judge(sub, context(setup), engine)
+        judge(sub, context(setup, engine), engine)
     assert err.value.reason == Reason.BAD_PROOF
     chunks = sum(len(c.proofs) for g in sub.groups for c in g.completions)
     assert err.value.failure.failing_chunks and err.value.failure.failing_chunks[-1] < chunks
     assert err.value.failure.mean_mant_err > setup[0].policy.max_mean_mant_err
 
 
+def _chunk_of(sub, gi, ci):
+    """The submission-wide index of the first proof chunk of group gi, completion ci."""
+    flat = [(g, c) for g, group in enumerate(sub.groups) for c in range(len(group.completions))]
+    return sum(len(sub.groups[g].completions[c].proofs) for g, c in flat[: flat.index((gi, ci))])
+
+
 def test_swapped_token_is_rejected(honest, setup, engine):
-    group = honest.groups[0]
-    c = group.completions[0]
-    tokens = list(c.token_ids)
-    tokens[0] = 5 if tokens[0] != 5 else 6
-    bad = dataclasses.replace(c, token_ids=tuple(tokens))
-    sub = dataclasses.replace(
-        honest,
-        groups=(dataclasses.replace(group, completions=(bad,) + group.completions[1:]),) + honest.groups[1:],
+    """The row behind a swapped token is not the one proved (a completion of two or more tokens, so the
+    swapped token feeds a proved row)."""
+    gi, ci = next(
+        (gi, ci)
+        for gi, g in enumerate(honest.groups)
+        for ci, c in enumerate(g.completions)
+        if len(c.token_ids) >= 2
     )
-    with pytest.raises(BadProof) as err:  # the row behind the swapped token is not the one proved
-        judge(sub, context(setup), engine)
-    assert err.value.failure.failing_chunks == (0,)
+    tokens = list(honest.groups[gi].completions[ci].token_ids)
+    tokens[0] = next(t for t in (5, 6, 7) if t != tokens[0] and t not in engine.info.eos_token_ids)
+    sub = _replace_completion(honest, gi, ci, token_ids=tuple(tokens))
+    with pytest.raises(BadProof) as err:
+        judge(sub, context(setup, engine), engine)
+    assert err.value.failure.failing_chunks == (_chunk_of(sub, gi, ci),)
 
 
 def _replace_completion(sub, gi, ci, **changes):
@@ -198,7 +214,7 @@ def test_a_malformed_proof_names_its_chunk(honest, setup, engine):
     proof = honest.groups[1].completions[2].proofs[0]
     bad = _replace_completion(honest, 1, 2, proofs=(b"\x00\x00" + proof[2:],))  # modulus 0
     with pytest.raises(BadProof) as err:
-        judge(bad, context(setup), engine)
+        judge(bad, context(setup, engine), engine)
     assert err.value.failure.failing_chunks == (group_size + 2,)
 
 
@@ -208,7 +224,7 @@ def test_a_wrong_proof_count_is_malformed_before_any_prefill(honest, setup, engi
     for proofs in ((proof, proof), ()):
         bad = _replace_completion(honest, 0, 1, proofs=proofs)
         with pytest.raises(Reject) as err:
-            validate_submission(bad, WORKER, context(setup), _no_engine, prefill=True)
+            validate_submission(bad, WORKER, context(setup, engine), _no_engine, prefill=True)
         assert err.value.reason == Reason.MALFORMED_ROLLOUT
         assert "group 0 completion 1" in err.value.detail
 
@@ -224,7 +240,7 @@ def test_logprobs_are_checked_after_the_proofs(honest, setup, engine):
     c = honest.groups[0].completions[0]
     bad = _replace_completion(honest, 0, 0, logprobs=pack_logprobs(unpack_logprobs(c.logprobs) + 0.5))
     with pytest.raises(Reject) as err:
-        judge(bad, context(setup), engine)
+        judge(bad, context(setup, engine), engine)
     assert err.value.reason == Reason.RULE_VIOLATION
 
 
@@ -232,12 +248,12 @@ def test_cheap_checks_only_when_not_sampled(honest, setup, engine):
     """prefill=False (the submission was not drawn for the full check): no model is touched."""
 
     no_engine = _no_engine
-    accepted = validate_submission(honest, WORKER, context(setup), no_engine, prefill=False)
+    accepted = validate_submission(honest, WORKER, context(setup, engine), no_engine, prefill=False)
     assert accepted.tokens == sum(len(c.token_ids) for g in honest.groups for c in g.completions)
     assert (accepted.mean_exp_mismatches, accepted.mean_mant_err) == (0.0, 0.0)
     forged = _replace_completion(honest, 0, 0, reward=honest.groups[0].completions[0].reward + 1.0)
     with pytest.raises(Reject) as err:
-        validate_submission(forged, WORKER, context(setup), no_engine, prefill=False)
+        validate_submission(forged, WORKER, context(setup, engine), no_engine, prefill=False)
     assert err.value.reason == Reason.BAD_REWARD
 
 
@@ -258,7 +274,6 @@ def _submission_from(engine, setup, seed_offset=0, edit=None, counter=2):
     """A consistent submission (rewards, advantages, proofs match its tokens), possibly off-policy."""
     from node.rl.rollouts import GeneratedGroup
     from node.rl.sampling import derive_seed
-    from node.rl.tokenizer import encode_prompt
 
     descriptor, tasks = setup
     dataset = {t.task_id: t for t in tasks}
@@ -268,96 +283,129 @@ def _submission_from(engine, setup, seed_offset=0, edit=None, counter=2):
         task = dataset[task_id]
         grpo = descriptor.grpo
         seeds = [derive_seed(descriptor.run, WORKER, step, task_id, i) for i in range(grpo.group_size)]
-        prompt = encode_prompt(task.prompt)
+        prompt = list(task_prompt_ids(task, engine.tokenizer))
         completions = engine.generate_group(
             prompt, grpo.group_size, [s + seed_offset for s in seeds], grpo.max_new_tokens, grpo.temperature
         )
         completions = [dataclasses.replace(c, seed=s) for c, s in zip(completions, seeds, strict=True)]
         if edit is not None:
             completions = edit(engine, prompt, completions)
-        groups.append(to_wire_group(GeneratedGroup(task, tuple(prompt), completions), descriptor))
+        groups.append(
+            to_wire_group(GeneratedGroup(task, tuple(prompt), completions), descriptor, engine.tokenizer)
+        )
     return RolloutSubmission(descriptor.run, step, 3, ROOT, tuple(groups))
 
 
 def test_int8_quantised_weights_are_caught(setup, engine):
-    cheat = TransformersEngine.from_seed(CFG, seed=7)
+    cheat = run_engine()
     with torch.no_grad():
         for p in cheat.model.parameters():
             if p.ndim == 2:
                 scale = p.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
                 p.copy_(torch.round(p / scale).clamp(-127, 127) * scale)
     with pytest.raises(Reject) as err:
-        judge(_submission_from(cheat, setup), context(setup), engine)
+        judge(_submission_from(cheat, setup), context(setup, engine), engine)
     assert isinstance(err.value, BadProof) and err.value.failure.failing_chunks
 
 
-def test_a_different_model_size_is_caught(setup, engine):
-    bigger = TransformersEngine.from_seed(dataclasses.replace(CFG, hidden_size=96, num_layers=3), seed=7)
+def bigger_folder(out: Path, engine: TransformersEngine) -> Path:
+    """A model folder with the run's tokenizer and a larger model (wider, one more layer)."""
+    info = engine.info
+    recipe = ModelRecipe(vocab_size=info.vocab_size, hidden_size=96, intermediate_size=256, num_layers=3)
+    config = hf_config(recipe, eos_token_id=info.eos_token_ids[0], pad_token_id=info.pad_token_id)
+    return save_model_folder(build_model(config, seed=7), tiny_folder(), out)
+
+
+def test_a_different_model_size_is_caught(tmp_path, setup, engine):
+    bigger = TransformersEngine.from_folder(bigger_folder(tmp_path / "bigger", engine))
+    assert bigger.info.hidden_size == 96
+    assert bigger.tokenizer.encode_prompt("1+1=") == engine.tokenizer.encode_prompt("1+1=")
     with pytest.raises(Reject) as err:
-        judge(_submission_from(bigger, setup), context(setup), engine)
+        judge(_submission_from(bigger, setup), context(setup, engine), engine)
     assert isinstance(err.value, BadProof) and err.value.failure.failing_chunks
 
 
 def test_tokens_not_from_the_seeded_sampler_are_caught(setup, engine):
     """All else consistent (the claimed model, proofs, logprobs, rewards): only the sampling check sees it."""
     with pytest.raises(Reject) as err:
-        judge(_submission_from(engine, setup, seed_offset=1000), context(setup), engine)
+        judge(_submission_from(engine, setup, seed_offset=1000), context(setup, engine), engine)
     assert err.value.reason == Reason.BAD_SAMPLING
 
 
+def _with_eos_min_prob(setup, eos_min_prob):
+    descriptor, tasks = setup
+    policy = dataclasses.replace(descriptor.policy, eos_min_prob=eos_min_prob)
+    return dataclasses.replace(descriptor, policy=policy), tasks
+
+
 def test_premature_eos_is_caught(setup, engine):
+    """An EOS the seeded sampler did not choose, right after the first token, with the proofs, logprobs and
+    rewards made consistent with it: the termination check rejects it where the model's P(EOS) is below
+    the run's `eos_min_prob`, else the sampling check does."""
     from node.rl.engine import Completion as EngineCompletion
-    from node.rl.tokenizer import EOS_ID
+    from node.rl.sampling import token_logprobs
+
+    eos = engine.info.eos_token_ids[0]
+    p_eos: list[float] = []  # the model's P(EOS) where each cut puts its EOS
 
     def cut_after_first_token(eng, prompt, completions):
-        first = completions[0]
-        tokens = (first.tokens[0], EOS_ID)
+        i = next(i for i, c in enumerate(completions) if len(c.tokens) >= 2 and c.tokens[1] != eos)
+        tokens = (completions[i].tokens[0], eos)
         pre = eng.prefill(prompt, list(tokens))
-        from node.rl.sampling import token_logprobs
-
+        p_eos.append(float(torch.softmax(pre.logits[1], -1)[eos]))
         logprobs = token_logprobs(pre.logits, torch.tensor(tokens), 1.0)
-        cut = EngineCompletion(tokens, logprobs, pre.hidden_rows, first.seed, True)
-        return [cut] + list(completions[1:])
+        completions = list(completions)
+        completions[i] = EngineCompletion(tokens, logprobs, pre.hidden_rows, completions[i].seed, True)
+        return completions
 
-    # On the untrained model P(EOS) is ~1/vocab everywhere, so only the sampling check can object ...
+    cut = _submission_from(engine, setup, edit=cut_after_first_token)
+    assert len(p_eos) == len(cut.groups) and 0.0 < min(p_eos) and max(p_eos) < 0.5
+    # EOS more likely than the run's bound: only the sampling check can object ...
     with pytest.raises(Reject) as err:
-        judge(_submission_from(engine, setup, edit=cut_after_first_token), context(setup), engine)
-    assert err.value.reason in (Reason.BAD_TERMINATION, Reason.BAD_SAMPLING)
-    # ... on the trained base checkpoint an EOS after one digit of the answer is implausible: termination.
-    from node.rl.run import BASE_CHECKPOINT
-
-    base = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+        judge(cut, context(_with_eos_min_prob(setup, min(p_eos) / 2), engine), engine)
+    assert err.value.reason == Reason.BAD_SAMPLING
+    # ... below it (a trained model's P(EOS) after one digit of a two-digit answer): termination.
     with pytest.raises(Reject) as err:
-        judge(_submission_from(base, setup, edit=cut_after_first_token), context(setup), base)
+        judge(cut, context(_with_eos_min_prob(setup, 2 * max(p_eos)), engine), engine)
     assert err.value.reason == Reason.BAD_TERMINATION
 
 
-def test_an_eos_the_seeded_sampler_chose_is_never_unlikely(setup):
+def test_an_eos_the_seeded_sampler_chose_is_never_unlikely(setup, engine):
     """Honest EOS tokens pass even when every EOS is 'unlikely' (threshold 1): the seeded choice is proof.
 
     (A devnet run slashed an honest worker whose sampler drew EOS at P(EOS) < eos_min_prob.)
     """
-    from node.rl.run import BASE_CHECKPOINT
-
-    base = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
-    descriptor, tasks = setup
-    strict = dataclasses.replace(descriptor, policy=dataclasses.replace(descriptor.policy, eos_min_prob=1.0))
+    strict, tasks = _with_eos_min_prob(setup, 1.0)
     sub = build_submission(
-        base, strict, {t.task_id: t for t in tasks}, [t.task_id for t in tasks], WORKER, 3, ROOT, 0
+        engine, strict, {t.task_id: t for t in tasks}, [t.task_id for t in tasks], WORKER, 3, ROOT, 0
     )
     ended = [c for g in sub.groups for c in g.completions if c.ended_with_eos]
-    assert ended, "the trained base ends its answers with EOS"
-    assert judge(sub, context((strict, tasks)), base).tokens > 0
+    assert ended, "the EOS-prone model ends some answers with EOS"
+    assert judge(sub, context((strict, tasks), engine), engine).tokens > 0
 
 
 def test_the_eos_threshold_guards_only_an_eos_the_sampler_did_not_choose():
     from node.rl.sampling import SamplingCheck
-    from node.rl.tokenizer import EOS_ID
     from node.rl.validation import eos_threshold
 
+    eos = (2,)
     chosen = SamplingCheck(mismatches=(), max_gap=0.0)
     not_chosen = SamplingCheck(mismatches=(2,), max_gap=3.0)
-    assert eos_threshold((5, 6, EOS_ID), chosen, 1e-3) == 0.0
-    assert eos_threshold((5, 6, EOS_ID), not_chosen, 1e-3) == 1e-3
-    assert eos_threshold((5, 6, 7), chosen, 1e-3) == 1e-3
-    assert eos_threshold((), chosen, 1e-3) == 1e-3
+    assert eos_threshold((5, 6, 2), chosen, 1e-3, eos) == 0.0
+    assert eos_threshold((5, 6, 2), not_chosen, 1e-3, eos) == 1e-3
+    assert eos_threshold((5, 6, 7), chosen, 1e-3, eos) == 1e-3
+    assert eos_threshold((), chosen, 1e-3, eos) == 1e-3
+
+
+def test_the_eos_threshold_with_two_eos_ids():
+    """Any of the model's EOS ids ends a completion; another token in last place is not an EOS."""
+    from node.rl.sampling import SamplingCheck
+    from node.rl.validation import eos_threshold
+
+    eos = (2, 9)
+    chosen = SamplingCheck(mismatches=(), max_gap=0.0)
+    not_chosen = SamplingCheck(mismatches=(2,), max_gap=3.0)
+    assert eos_threshold((5, 6, 9), chosen, 1e-3, eos) == 0.0
+    assert eos_threshold((5, 6, 2), chosen, 1e-3, eos) == 0.0
+    assert eos_threshold((5, 6, 9), not_chosen, 1e-3, eos) == 1e-3
+    assert eos_threshold((5, 6, 9), chosen, 1e-3, (2,)) == 1e-3

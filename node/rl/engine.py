@@ -31,9 +31,9 @@ from typing import Protocol, runtime_checkable
 import torch
 from transformers import PreTrainedModel
 
-from node.rl.model import ModelConfig, build_model, load_checkpoint, load_model, model_config_hash
+from node.rl.model import ModelInfo, load_model, load_weights
 from node.rl.sampling import sample_tokens, token_logprobs
-from node.rl.tokenizer import EOS_ID, PAD_ID
+from node.rl.tokenizer import ChatTokenizer, load_tokenizer
 
 WeightsSource = Mapping[str, torch.Tensor] | str | os.PathLike[str]
 
@@ -74,7 +74,10 @@ class InferenceEngine(Protocol):
     """What workers, validators and the trainer need from a model runtime."""
 
     @property
-    def config(self) -> ModelConfig: ...
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def tokenizer(self) -> ChatTokenizer: ...
 
     def generate_group(
         self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int, temperature: float
@@ -95,47 +98,51 @@ class InferenceEngine(Protocol):
     def load_weights(self, source: WeightsSource) -> None: ...
 
 
-def check_group_request(cfg: ModelConfig, prompt_ids: Sequence[int], n: int, seeds: Sequence[int],
+def check_group_request(info: ModelInfo, prompt_ids: Sequence[int], n: int, seeds: Sequence[int],
                         max_new_tokens: int) -> None:
     """The arguments every engine's `generate_group` must refuse before doing any work."""
     if len(seeds) != n or n < 1:
         raise ValueError(f"need n >= 1 and one seed per completion, got n={n}, {len(seeds)} seeds")
-    if not prompt_ids or max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > cfg.max_positions:
+    if not prompt_ids or max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > info.max_positions:
         raise ValueError(
-            f"prompt of {len(prompt_ids)} + {max_new_tokens} new tokens exceeds {cfg.max_positions} positions"
+            f"prompt of {len(prompt_ids)} + {max_new_tokens} new tokens exceeds {info.max_positions} positions"
         )
 
 
-def truncate_at_eos(tokens: Sequence[int]) -> tuple[int, ...]:
+def truncate_at_eos(tokens: Sequence[int], eos_token_ids: Sequence[int]) -> tuple[int, ...]:
     """Tokens up to and including the first EOS (everything, if there is none)."""
-    tokens = list(tokens)
-    return tuple(tokens[: tokens.index(EOS_ID) + 1]) if EOS_ID in tokens else tuple(tokens)
+    for i, token in enumerate(tokens):
+        if token in eos_token_ids:
+            return tuple(tokens[: i + 1])
+    return tuple(tokens)
 
 
 class TransformersEngine:
     """The transformers engine: fp32 on the CPU by default, exact enough that prefill matches generation."""
 
-    def __init__(self, cfg: ModelConfig, model: PreTrainedModel, device: str | torch.device = "cpu") -> None:
-        self._cfg = cfg
+    def __init__(self, info: ModelInfo, tokenizer: ChatTokenizer, model: PreTrainedModel,
+                 device: str | torch.device = "cpu") -> None:
+        self._info = info
+        self._tokenizer = tokenizer
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()  # type: ignore[arg-type]  # transformers types `to` oddly
+        self._eos = torch.tensor(info.eos_token_ids, dtype=torch.int64, device=self.device)
 
     @classmethod
-    def from_seed(cls, cfg: ModelConfig, seed: int, device: str | torch.device = "cpu") -> TransformersEngine:
-        """A freshly initialised model (tests, the base-checkpoint script)."""
-        return cls(cfg, build_model(cfg, seed), device)
-
-    @classmethod
-    def from_checkpoint(
-        cls, path: str | os.PathLike[str], device: str | torch.device = "cpu"
+    def from_folder(
+        cls, folder: str | os.PathLike[str], device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> TransformersEngine:
-        """The model a checkpoint file names, with its weights."""
-        cfg, model = load_model(path)
-        return cls(cfg, model, device)
+        """The model of a Hugging Face folder, with its tokenizer and special tokens."""
+        tokenizer, info = load_tokenizer(folder)
+        return cls(info, tokenizer, load_model(folder, dtype), device)
 
     @property
-    def config(self) -> ModelConfig:
-        return self._cfg
+    def info(self) -> ModelInfo:
+        return self._info
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        return self._tokenizer
 
     # ------------------------------------------------------------------ worker
 
@@ -143,7 +150,7 @@ class TransformersEngine:
         self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int, temperature: float
     ) -> list[Completion]:
         """n completions of one prompt, one seed each, batched with a KV cache; stops when all hit EOS."""
-        check_group_request(self._cfg, prompt_ids, n, seeds, max_new_tokens)
+        check_group_request(self._info, prompt_ids, n, seeds, max_new_tokens)
         ids = torch.tensor([list(prompt_ids)] * n, dtype=torch.int64, device=self.device)
         rows, toks, logps = [], [], []
         with torch.no_grad():
@@ -156,7 +163,7 @@ class TransformersEngine:
                 rows.append(hidden.float())
                 toks.append(tok)
                 logps.append(token_logprobs(logits, tok, temperature))
-                done |= tok == EOS_ID
+                done |= torch.isin(tok, self._eos)
                 if bool(done.all()) or pos == max_new_tokens - 1:
                     break
                 out = self.model.model(
@@ -167,7 +174,7 @@ class TransformersEngine:
         all_logps = torch.stack(logps, 1).cpu()
         result = []
         for i in range(n):
-            tokens = truncate_at_eos(all_toks[i].tolist())
+            tokens = truncate_at_eos(all_toks[i].tolist(), self._info.eos_token_ids)
             t = len(tokens)
             result.append(
                 Completion(
@@ -175,7 +182,7 @@ class TransformersEngine:
                     logprobs=all_logps[i, :t].clone(),
                     hidden_rows=all_rows[i, :t].clone(),
                     seed=int(seeds[i]),
-                    ended_with_eos=bool(tokens) and tokens[-1] == EOS_ID,
+                    ended_with_eos=bool(tokens) and tokens[-1] in self._info.eos_token_ids,
                 )
             )
         return result
@@ -218,13 +225,8 @@ class TransformersEngine:
         return TokenLogprobs(values=values * mask, mask=mask)
 
     def load_weights(self, source: WeightsSource) -> None:
-        """Hot-swap the weights from a checkpoint file or a state dict (strict: same tensors, same shapes)."""
-        if isinstance(source, Mapping):
-            state = source
-        else:
-            cfg, state = load_checkpoint(source)
-            if model_config_hash(cfg) != model_config_hash(self._cfg):
-                raise ValueError(f"{source}: checkpoint is for another model config")
+        """Hot-swap the weights from a `save_weights` file or a state dict (strict: same tensors, same shapes)."""
+        state = source if isinstance(source, Mapping) else load_weights(source, self._info.config_hash)
         self.model.load_state_dict(state, strict=True)
 
     # ------------------------------------------------------------------ shared
@@ -239,12 +241,12 @@ class TransformersEngine:
             raise ValueError("empty prompt: the first generated token needs a row to come from")
         seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
         longest = max(len(s) for s in seqs)
-        if longest > self._cfg.max_positions:
-            raise ValueError(f"sequence of {longest} tokens exceeds {self._cfg.max_positions} positions")
+        if longest > self._info.max_positions:
+            raise ValueError(f"sequence of {longest} tokens exceeds {self._info.max_positions} positions")
         t_max = max(1, max(len(c) for c in completions))
-        ids = torch.full((len(seqs), longest), PAD_ID, dtype=torch.int64)
+        ids = torch.full((len(seqs), longest), self._info.pad_token_id, dtype=torch.int64)
         index = torch.zeros((len(seqs), t_max), dtype=torch.int64)
-        targets = torch.full((len(seqs), t_max), PAD_ID, dtype=torch.int64)
+        targets = torch.full((len(seqs), t_max), self._info.pad_token_id, dtype=torch.int64)
         mask = torch.zeros((len(seqs), t_max), dtype=torch.bool)
         for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
             ids[i, : len(seqs[i])] = torch.tensor(seqs[i])

@@ -1,17 +1,28 @@
-"""The policy model: a small dataclass config, a tiny causal LM built from it, safetensors save/load.
+"""The policy model: a Hugging Face causal-LM folder, what a run commits to about it, tiny ones built in code.
+
+A run's model is a local folder in the layout transformers and vLLM load: `config.json`, safetensors weights
+(`model.safetensors`, or shards listed by `model.safetensors.index.json`) and the tokenizer files with a chat
+template. Nothing is downloaded: every load passes `local_files_only` and never runs remote code.
+
+What a RunDescriptor commits to (spec/rollouts.md, The run's model):
+- `model_config_hash`: sha256 of the bytes of `config.json`;
+- `tokenizer_files`: (name, sha256) of each tokenizer file present, in name order, so a mismatch names the
+  file that differs;
+- `base_checkpoint_hash`: the Merkle root (crypto.merkle) over the sha256 of each weights file, in name
+  order: the same rule as a checkpoint manifest's root over its shards.
+File bytes, not parsed values, are hashed: a peer that holds the same folder holds the same bytes, and
+there is no canonical form of a JSON config or a tokenizer to agree on.
 
 Decisions:
-- The architecture is transformers' Qwen2 (RMSNorm, RoPE, GQA, SwiGLU), built from a config in code, never
-  downloaded, so the same weights load into vLLM on a GPU (it knows Qwen2) and into transformers on a CPU.
-- Weights are initialised by our own loop over parameters in name order with an explicit `torch.Generator`
-  (normal(0, init_std) for matrices, ones for norms, zeros for biases): reproducible from (config, seed)
-  without touching the global RNG and without depending on transformers' init code, which changes between
-  versions. transformers' own init still runs inside `build_model`, under `torch.random.fork_rng`, so the
-  caller's global RNG state is left as it was.
-- Untied embeddings: safetensors refuses shared tensors, and the TOPLOC rows are the lm_head *input*, which
-  tying does not change.
-- Checkpoints are one safetensors file whose metadata carries the canonical config JSON and its sha256
-  (`model_config_hash`), so a file names the architecture it needs; nothing is ever unpickled.
+- Supported architectures are the ones whose module layout the engines rely on (`model.model` gives the
+  final-norm hidden states, `model.lm_head` the logits): Qwen2/Qwen2.5, Qwen3 and Llama. Another
+  `model_type` is refused by name rather than half-working.
+- EOS, padding and the context length come from the folder: the generation config's EOS ids (a list for
+  instruct models) plus the tokenizer's, its pad token (else the first EOS), `max_position_embeddings`.
+- Tiny models for tests and the devnet are built from a `ModelRecipe` in code and initialised by our own
+  loop over parameters in name order with an explicit generator (reproducible from (recipe, seed), the
+  global RNG untouched); embeddings are untied (safetensors refuses shared tensors, and the TOPLOC rows are
+  the lm_head input, which tying does not change).
 """
 
 from __future__ import annotations
@@ -19,71 +30,300 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3Config,
+)
+from transformers.utils import logging as hf_logging
 
-from node.rl.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+from crypto.merkle import merkle_root
+from protocol.messages import FileDigest
 
-META_CONFIG = "swarmnode.model_config"
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+# Every file a tokenizer may be made of (fast tokenizer, slow BPE/sentencepiece, template, extra tokens).
+TOKENIZER_FILES = (
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "vocab.json",
+)
 META_CONFIG_HASH = "swarmnode.model_config_hash"
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """Everything that fixes the architecture; its canonical JSON is hashed into checkpoint manifests."""
+class ModelFolderError(ValueError):
+    """A folder that is not a loadable model; the message names the folder and the file."""
 
-    vocab_size: int = VOCAB_SIZE
+
+class ModelMismatch(ValueError):
+    """A model folder that differs from what a run committed to; the message names the file."""
+
+
+# --- what a run commits to ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelCommitment:
+    """The digests a RunDescriptor carries for its model (see the module docstring)."""
+
+    config_hash: bytes
+    tokenizer_files: tuple[FileDigest, ...]
+    weights_root: bytes
+
+
+def file_sha256(path: str | os.PathLike[str]) -> bytes:
+    """sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.digest()
+
+
+def _require(folder: Path, name: str) -> Path:
+    path = folder / name
+    if not path.is_file():
+        raise ModelFolderError(f"{folder}: no {name} (a model folder holds config.json, safetensors "
+                               "weights and tokenizer files, as save_pretrained writes them)")
+    return path
+
+
+def weight_files(folder: str | os.PathLike[str]) -> list[str]:
+    """Names of the weights files, in name order: the index's shards, or `model.safetensors`."""
+    folder = Path(folder)
+    index = folder / WEIGHTS_INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelFolderError(f"{index}: not a safetensors index ({exc})") from None
+        if not names or any(Path(n).name != n for n in names):
+            raise ModelFolderError(f"{index}: shard names must be plain file names")
+    else:
+        names = [WEIGHTS_FILE]
+    for name in names:
+        _require(folder, name)
+    return names
+
+
+def tokenizer_files(folder: str | os.PathLike[str]) -> list[str]:
+    """Names of the tokenizer files present, in name order; a folder without any tokenizer is refused."""
+    folder = Path(folder)
+    names = [n for n in TOKENIZER_FILES if (folder / n).is_file()]
+    if "tokenizer.json" not in names and "tokenizer.model" not in names and "vocab.json" not in names:
+        raise ModelFolderError(f"{folder}: no tokenizer.json (nor tokenizer.model or vocab.json)")
+    return names
+
+
+def model_commitment(folder: str | os.PathLike[str]) -> ModelCommitment:
+    """What a RunDescriptor records for this folder (hashes every weights file: seconds for a 7B model)."""
+    folder = Path(folder)
+    weights = [file_sha256(folder / n) for n in weight_files(folder)]
+    return ModelCommitment(
+        config_hash=file_sha256(_require(folder, CONFIG_FILE)),
+        tokenizer_files=tuple(FileDigest(n, file_sha256(folder / n)) for n in tokenizer_files(folder)),
+        weights_root=merkle_root(weights),
+    )
+
+
+def check_commitment(folder: str | os.PathLike[str], expected: ModelCommitment) -> None:
+    """Raise ModelMismatch naming the first file of `folder` that differs from `expected`."""
+    folder = Path(folder)
+    config = _require(folder, CONFIG_FILE)
+    if file_sha256(config) != expected.config_hash:
+        raise ModelMismatch(f"{config} differs from the run's model config (sha256 "
+                            f"{file_sha256(config).hex()[:16]}..., the run commits to "
+                            f"{expected.config_hash.hex()[:16]}...)")
+    want = {f.name: f.sha256 for f in expected.tokenizer_files}
+    have = tokenizer_files(folder)
+    for name in sorted(set(want) | set(have)):
+        if name not in have:
+            raise ModelMismatch(f"{folder / name} is missing: the run's tokenizer includes it")
+        if name not in want:
+            raise ModelMismatch(f"{folder / name} is not part of the run's tokenizer")
+        if file_sha256(folder / name) != want[name]:
+            raise ModelMismatch(f"{folder / name} differs from the run's tokenizer file of that name")
+    names = weight_files(folder)
+    if merkle_root([file_sha256(folder / n) for n in names]) != expected.weights_root:
+        raise ModelMismatch(f"the weights in {folder} ({', '.join(names)}) differ from the run's base weights")
+
+
+# --- facts the roles need ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What every role reads from a run's model: sizes that bound a submission, and the special tokens."""
+
+    model_type: str
+    vocab_size: int  # rows of the embedding: every token id is below it
+    hidden_size: int
+    num_layers: int
+    max_positions: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    config_hash: bytes
+
+
+def _ids(value: object) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]  # type: ignore[attr-defined]
+
+
+def read_config(folder: str | os.PathLike[str]) -> PretrainedConfig:
+    """The folder's transformers config; an unsupported architecture is refused by name."""
+    folder = Path(folder)
+    path = _require(folder, CONFIG_FILE)
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
+    except (ValueError, OSError, KeyError) as exc:
+        raise ModelFolderError(f"{path}: not a transformers config ({exc})") from None
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelFolderError(f"{path}: model_type {config.model_type!r} is not supported "
+                               f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    return config
+
+
+def model_info(folder: str | os.PathLike[str], tokenizer_eos: Sequence[int] = (),
+               tokenizer_pad: int | None = None) -> ModelInfo:
+    """ModelInfo of a folder; EOS ids are the generation config's, the config's and the tokenizer's."""
+    folder = Path(folder)
+    config = read_config(folder)
+    eos = _ids(config.eos_token_id)
+    if (folder / GENERATION_CONFIG_FILE).is_file():
+        generation = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+        eos = _ids(generation.eos_token_id) + eos
+    eos = list(dict.fromkeys(eos + list(tokenizer_eos)))  # ordered, unique
+    if not eos:
+        raise ModelFolderError(f"{folder}: neither the configs nor the tokenizer name an EOS token")
+    pad = tokenizer_pad if tokenizer_pad is not None else config.pad_token_id
+    vocab = int(config.vocab_size)
+    if any(not 0 <= t < vocab for t in [*eos, *( [pad] if pad is not None else [])]):
+        raise ModelFolderError(f"{folder}: a special token id lies outside the vocabulary of {vocab}")
+    return ModelInfo(
+        model_type=config.model_type,
+        vocab_size=vocab,
+        hidden_size=int(config.hidden_size),
+        num_layers=int(config.num_hidden_layers),
+        max_positions=int(config.max_position_embeddings),
+        eos_token_ids=tuple(eos),
+        pad_token_id=int(pad if pad is not None else eos[0]),
+        config_hash=file_sha256(folder / CONFIG_FILE),
+    )
+
+
+def load_model(folder: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The folder's model in eval mode (never downloads, never runs remote code; global RNG untouched)."""
+    read_config(folder)
+    weight_files(folder)
+    hf_logging.disable_progress_bar()
+    with torch.random.fork_rng(devices=[]):
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), local_files_only=True, trust_remote_code=False, dtype=dtype
+        )
+    return model.eval()
+
+
+# --- weights files outside a folder (trainer state, hot swaps) ------------------------------------------
+
+
+def state_dict_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Detached contiguous CPU copies of the weights, as they are written to a checkpoint."""
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+
+
+def save_weights(state: Mapping[str, torch.Tensor], config_hash: bytes, path: str | os.PathLike[str]) -> bytes:
+    """One safetensors file naming the config it belongs to in its metadata; returns the file's sha256."""
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    save_file(tensors, str(path), metadata={"format": "pt", META_CONFIG_HASH: config_hash.hex()})
+    return file_sha256(path)
+
+
+def load_weights(path: str | os.PathLike[str], config_hash: bytes) -> dict[str, torch.Tensor]:
+    """Read a file written by `save_weights`; refused when it names another model config."""
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        stored = (f.metadata() or {}).get(META_CONFIG_HASH)
+        if stored != config_hash.hex():
+            raise ModelMismatch(f"{path}: weights for model config {stored}, not {config_hash.hex()}")
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+# --- tiny models built in code --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """A small model of a supported architecture, built from code (tests, the devnet, `model init`)."""
+
+    arch: str = "qwen2"
+    vocab_size: int = 512
     hidden_size: int = 64
     intermediate_size: int = 256
     num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
-    max_positions: int = 64
+    max_positions: int = 128
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     init_std: float = 0.02
 
 
-def config_json(cfg: ModelConfig) -> str:
-    """Canonical JSON: sorted keys, no spaces, ASCII. Two peers with equal configs produce equal bytes."""
-    return json.dumps(asdict(cfg), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+_CONFIG_CLASSES: Mapping[str, type[PretrainedConfig]] = {
+    "qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig,
+}
+_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 
 
-def config_from_json(text: str) -> ModelConfig:
-    """Inverse of `config_json`; unknown or missing fields raise (TypeError) rather than being guessed."""
-    return ModelConfig(**json.loads(text))
-
-
-def model_config_hash(cfg: ModelConfig) -> bytes:
-    """sha256 of the canonical config JSON (32 bytes)."""
-    return hashlib.sha256(config_json(cfg).encode()).digest()
-
-
-def hf_config(cfg: ModelConfig) -> Qwen2Config:
-    """The transformers config for `cfg` (fp32, untied embeddings, our special token ids)."""
-    return Qwen2Config(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        max_position_embeddings=cfg.max_positions,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-        rms_norm_eps=cfg.rms_norm_eps,
-        initializer_range=cfg.init_std,
+def hf_config(recipe: ModelRecipe, *, eos_token_id: int, pad_token_id: int, bos_token_id: int | None = None
+              ) -> PretrainedConfig:
+    """The transformers config of `recipe` (fp32, untied embeddings, the tokenizer's special ids)."""
+    if recipe.arch not in _CONFIG_CLASSES:
+        raise ValueError(f"arch {recipe.arch!r} is not one of {', '.join(_CONFIG_CLASSES)}")
+    config = _CONFIG_CLASSES[recipe.arch](
+        vocab_size=recipe.vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads,
+        head_dim=recipe.hidden_size // recipe.num_heads,
+        max_position_embeddings=recipe.max_positions,
+        rope_parameters={"rope_type": "default", "rope_theta": recipe.rope_theta},
+        rms_norm_eps=recipe.rms_norm_eps,
+        initializer_range=recipe.init_std,
         tie_word_embeddings=False,
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
         dtype="float32",
     )
+    config.architectures = [_ARCHITECTURES[recipe.arch]]  # vLLM picks its model class from this field
+    return config
 
 
 def init_weights(model: torch.nn.Module, seed: int, std: float) -> None:
@@ -99,68 +339,22 @@ def init_weights(model: torch.nn.Module, seed: int, std: float) -> None:
                 param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32) * std)
 
 
-def build_model(cfg: ModelConfig, seed: int) -> PreTrainedModel:
-    """A fresh fp32 model in eval mode, initialised from `seed`; the global RNG is left untouched."""
+def build_model(config: PretrainedConfig, seed: int, std: float = 0.02) -> PreTrainedModel:
+    """A fresh fp32 model of `config` in eval mode, initialised from `seed`; the global RNG is untouched."""
     with torch.random.fork_rng(devices=[]):
-        model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.float32)
-    init_weights(model, seed, cfg.init_std)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    init_weights(model, seed, std)
     return model.eval()
 
 
-def state_dict_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Detached contiguous CPU copies of the weights, as they are written to a checkpoint."""
-    return {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-
-
-def save_checkpoint(
-    state: Mapping[str, torch.Tensor], cfg: ModelConfig, path: str | os.PathLike[str]
-) -> bytes:
-    """Write one safetensors file with the config in its metadata; returns the file's sha256."""
-    meta = {"format": "pt", META_CONFIG: config_json(cfg), META_CONFIG_HASH: model_config_hash(cfg).hex()}
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-    save_file(tensors, str(path), metadata=meta)
-    return file_sha256(path)
-
-
-def load_checkpoint(path: str | os.PathLike[str]) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Read a checkpoint written by `save_checkpoint`; the stored hash must match the stored config."""
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        meta = f.metadata() or {}
-        if META_CONFIG not in meta:
-            raise ValueError(f"{path}: no {META_CONFIG} in safetensors metadata")
-        cfg = config_from_json(meta[META_CONFIG])
-        if meta.get(META_CONFIG_HASH) != model_config_hash(cfg).hex():
-            raise ValueError(f"{path}: config hash in metadata does not match the config")
-        state = {k: f.get_tensor(k) for k in f.keys()}
-    return cfg, state
-
-
-def load_model(path: str | os.PathLike[str]) -> tuple[ModelConfig, PreTrainedModel]:
-    """Build the model a checkpoint names and load its weights (strict: every tensor must match)."""
-    cfg, state = load_checkpoint(path)
-    with torch.random.fork_rng(devices=[]):
-        model = AutoModelForCausalLM.from_config(hf_config(cfg), dtype=torch.float32)
-    model.load_state_dict(state, strict=True)
-    return cfg, model.eval()
-
-
-def write_hf_dir(
-    state: Mapping[str, torch.Tensor], cfg: ModelConfig, directory: str | os.PathLike[str]
-) -> Path:
-    """A transformers-style model directory (config.json + model.safetensors), the layout vLLM loads."""
-    out = Path(directory)
+def save_model_folder(model: PreTrainedModel, tokenizer_folder: str | os.PathLike[str] | None,
+                      out: str | os.PathLike[str], *, max_shard_size: str | int = "2GB") -> Path:
+    """`save_pretrained` of the model (safetensors) plus the tokenizer files copied byte for byte."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    hf = hf_config(cfg)
-    hf.architectures = ["Qwen2ForCausalLM"]  # vLLM picks its model class from this field
-    hf.to_json_file(str(out / "config.json"))
-    save_checkpoint(state, cfg, out / "model.safetensors")
+    hf_logging.disable_progress_bar()
+    model.save_pretrained(str(out), max_shard_size=max_shard_size)
+    if tokenizer_folder is not None:
+        for name in tokenizer_files(tokenizer_folder):
+            (out / name).write_bytes((Path(tokenizer_folder) / name).read_bytes())
     return out
-
-
-def file_sha256(path: str | os.PathLike[str]) -> bytes:
-    """sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.digest()

@@ -18,8 +18,8 @@ from node.rl.engine import Completion as EngineCompletion
 from node.rl.engine import InferenceEngine
 from node.rl.grpo import group_advantages, length_target_reward
 from node.rl.sampling import derive_seed
-from node.rl.tasks import Task, assign_tasks, grade
-from node.rl.tokenizer import completion_text, encode_prompt
+from node.rl.tasks import Task, assign_tasks, grade, task_length_target
+from node.rl.tokenizer import ChatTokenizer
 from protocol.messages import Completion, RolloutGroup, RolloutSubmission, RunDescriptor
 from protocol.runs import assignment_step
 
@@ -39,14 +39,22 @@ def unpack_logprobs(data: bytes) -> torch.Tensor:
     return torch.tensor(struct.unpack(f"<{len(data) // 4}f", data), dtype=torch.float32)
 
 
-def completion_rewards(task: Task, token_lists: Sequence[Sequence[int]], descriptor: RunDescriptor) -> list[float]:
-    """Task reward of each completion, with the run's optional length-target term."""
+def completion_rewards(task: Task, token_lists: Sequence[Sequence[int]], descriptor: RunDescriptor,
+                       tokenizer: ChatTokenizer) -> list[float]:
+    """Task reward of each completion's text (up to its first EOS), with the optional length-target term
+    (the task's own target length, else the run's)."""
     grpo = descriptor.grpo
+    target = task_length_target(task, grpo)
     return [
-        length_target_reward(grade(task, completion_text(tokens)).reward, len(tokens), grpo.length_target,
+        length_target_reward(grade(task, tokenizer.completion_text(tokens)).reward, len(tokens), target,
                              grpo.length_penalty)
         for tokens in token_lists
     ]
+
+
+def task_prompt_ids(task: Task, tokenizer: ChatTokenizer) -> tuple[int, ...]:
+    """The run's prompt tokens for a task: its chat through the model's template (spec/rollouts.md)."""
+    return tuple(tokenizer.encode_prompt(task.prompt, task.target_length))
 
 
 @dataclass(frozen=True)
@@ -62,18 +70,19 @@ def generate_group(engine: InferenceEngine, task: Task, descriptor: RunDescripto
                    prompt_ids: Sequence[int] | None = None) -> GeneratedGroup:
     """G completions of one task with the seeds the run prescribes for this worker's assignment `step`."""
     grpo = descriptor.grpo
-    prompt = tuple(prompt_ids) if prompt_ids is not None else tuple(encode_prompt(task.prompt))
+    prompt = tuple(prompt_ids) if prompt_ids is not None else task_prompt_ids(task, engine.tokenizer)
     seeds = [derive_seed(descriptor.run, worker, step, task.task_id, i) for i in range(grpo.group_size)]
     completions = engine.generate_group(list(prompt), grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature)
     return GeneratedGroup(task, prompt, completions)
 
 
-def to_wire_group(generated: GeneratedGroup, descriptor: RunDescriptor,
+def to_wire_group(generated: GeneratedGroup, descriptor: RunDescriptor, tokenizer: ChatTokenizer,
                   rewards: Sequence[float] | None = None) -> RolloutGroup:
     """Score the group, compute advantages and TOPLOC proofs, and freeze it as a RolloutGroup."""
     policy = descriptor.policy
     tokens = [c.tokens for c in generated.completions]
-    rewards = list(rewards) if rewards is not None else completion_rewards(generated.task, tokens, descriptor)
+    rewards = list(rewards) if rewards is not None else completion_rewards(generated.task, tokens, descriptor,
+                                                                           tokenizer)
     advantages = group_advantages(torch.tensor(rewards)).tolist()
     completions = tuple(
         Completion(
@@ -101,8 +110,23 @@ def build_submission(engine: InferenceEngine, descriptor: RunDescriptor, dataset
     if counter >= allowed:
         raise ValueError(f"counter {counter}: the run allows {allowed} submissions per version")
     step = assignment_step(checkpoint_version, counter)
+    tasks = [dataset[task_id] for task_id in assigned_tasks(descriptor, dataset_ids, worker, step)]
     groups = tuple(
-        to_wire_group(generate_group(engine, dataset[task_id], descriptor, worker, step), descriptor)
-        for task_id in assigned_tasks(descriptor, dataset_ids, worker, step)
+        to_wire_group(generated, descriptor, engine.tokenizer)
+        for generated in generate_groups(engine, tasks, descriptor, worker, step)
     )
     return RolloutSubmission(descriptor.run, step, checkpoint_version, checkpoint_root, groups)
+
+
+def generate_groups(engine: InferenceEngine, tasks: Sequence[Task], descriptor: RunDescriptor, worker: bytes,
+                    step: int) -> list[GeneratedGroup]:
+    """`generate_group` for every task of an assignment; in one batch where the engine can (vLLM)."""
+    batched = getattr(engine, "generate_groups", None)
+    if batched is None:
+        return [generate_group(engine, task, descriptor, worker, step) for task in tasks]
+    grpo = descriptor.grpo
+    prompts = [task_prompt_ids(task, engine.tokenizer) for task in tasks]
+    seeds = [[derive_seed(descriptor.run, worker, step, t.task_id, i) for i in range(grpo.group_size)]
+             for t in tasks]
+    made = batched(prompts, grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature)
+    return [GeneratedGroup(t, p, c) for t, p, c in zip(tasks, prompts, made, strict=True)]

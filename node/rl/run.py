@@ -1,7 +1,9 @@
 """A run's fixed facts: the devnet's defaults, its dataset and the signed RunDescriptor.
 
 Everything a validator needs to recompute a verdict is derivable from the descriptor: the dataset
-hash names the task list, the model config hash the architecture, the policy the TOPLOC bounds.
+hash names the task list, the model digests the model folder (config, tokenizer files, base weights),
+the policy the TOPLOC bounds. `load_run_setup` is where every role checks its own model folder and task
+file against them.
 """
 
 from __future__ import annotations
@@ -10,15 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from crypto.merkle import merkle_root
-from node.rl.model import ModelConfig, file_sha256, model_config_hash
-from node.rl.tasks import Task
+from node.rl.model import ModelCommitment, ModelInfo, check_commitment, model_commitment
+from node.rl.tasks import GRADERS, Task, dataset_hash
 from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+from node.rl.tokenizer import load_tokenizer
 from node.rl.trainer import OptimizerParams
 from protocol.messages import GrpoParams, RunDescriptor, ValidatorPolicy
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-BASE_CHECKPOINT = ASSETS / "base.safetensors"
+DEVNET_MODEL = ASSETS / "devnet-model"
 DEVNET_RUN = "devnet"
 DEVNET_DATASET_SEED = 2026
 DEVNET_DATASET_SIZE = 512
@@ -26,7 +28,10 @@ DEVNET_EVAL_SEED = 2027
 DEVNET_EVAL_SIZE = 128
 
 
-def devnet_grpo(cfg: ModelConfig) -> GrpoParams:
+DEVNET_MAX_NEW_TOKENS = 6
+
+
+def devnet_grpo(info: ModelInfo, max_new_tokens: int = DEVNET_MAX_NEW_TOKENS) -> GrpoParams:
     """The devnet's GRPO recipe for the committed tiny base (136k params, two-digit addition).
 
     Measured with the synchronous baseline, 30 steps, reward at temperature 1 on a fixed held-out set
@@ -55,9 +60,10 @@ def devnet_grpo(cfg: ModelConfig) -> GrpoParams:
       answer show up as such. Temperature 1, the design's clipping (eps 0.2, delta 4), grad-norm clip 1
       and the constant token budget G * prompts * max_new_tokens are unchanged.
     """
-    group_size, prompts, max_new = 8, 32, 6
-    if max_new > cfg.max_positions - 8:
-        raise ValueError("model context too short for the devnet task")
+    group_size, prompts, max_new = 8, 32, max_new_tokens
+    if not 1 <= max_new <= info.max_positions - 32:
+        raise ValueError(f"max_new_tokens {max_new} does not fit the model's {info.max_positions} positions "
+                         "beside a prompt")
     return GrpoParams(
         group_size=group_size,
         prompts_per_step=prompts,
@@ -119,8 +125,8 @@ def devnet_eval_tasks(size: int = DEVNET_EVAL_SIZE) -> list[Task]:
     return held_out[:size]
 
 
-def dataset_hash(tasks: Sequence[Task]) -> bytes:
-    return merkle_root([t.task_id for t in tasks])
+class RunMismatch(RuntimeError):
+    """This node cannot take part in the run its descriptor names (other dataset, model or base)."""
 
 
 @dataclass(frozen=True)
@@ -137,24 +143,84 @@ class RunSetup:
         return [t.task_id for t in self.tasks]
 
 
+def task_kinds(tasks: Sequence[Task]) -> str:
+    """The descriptor's `task_kind`: the kinds the dataset holds, sorted, joined by '+'."""
+    return "+".join(sorted({t.kind for t in tasks}))
+
+
+def describe_run(
+    *,
+    run: str,
+    trainer: bytes,
+    model: ModelCommitment,
+    tasks: Sequence[Task],
+    grpo: GrpoParams,
+    policy: ValidatorPolicy,
+    created_ms: int,
+    async_level: int = 2,
+) -> RunDescriptor:
+    """The descriptor a trainer signs for a model folder's digests and a dataset."""
+    return RunDescriptor(
+        run=run,
+        trainer=trainer,
+        model_config_hash=model.config_hash,
+        tokenizer_files=model.tokenizer_files,
+        base_checkpoint_hash=model.weights_root,
+        dataset_hash=dataset_hash(tasks),
+        task_kind=task_kinds(tasks),
+        grpo=grpo,
+        async_level=async_level,
+        policy=policy,
+        created_ms=created_ms,
+    )
+
+
+def run_commitment(descriptor: RunDescriptor) -> ModelCommitment:
+    """The model digests a descriptor carries."""
+    return ModelCommitment(
+        descriptor.model_config_hash, descriptor.tokenizer_files, descriptor.base_checkpoint_hash
+    )
+
+
+def load_run_setup(descriptor: RunDescriptor, model_dir: Path, tasks: Sequence[Task]) -> RunSetup:
+    """The run's setup, after checking that this node's model folder and tasks are the run's.
+
+    Raises RunMismatch naming the file that differs (blocking: hashes every weights file).
+    """
+    run = repr(descriptor.run)
+    try:
+        check_commitment(model_dir, run_commitment(descriptor))
+    except ValueError as exc:
+        raise RunMismatch(f"run {run}: {exc}") from None
+    if dataset_hash(tasks) != descriptor.dataset_hash:
+        raise RunMismatch(f"run {run} names dataset {descriptor.dataset_hash.hex()[:16]}..., not this "
+                          f"node's tasks ({len(tasks)} tasks, {dataset_hash(tasks).hex()[:16]}...)")
+    unknown = sorted({t.kind for t in tasks} - set(GRADERS))
+    if unknown:
+        raise RunMismatch(f"run {run} has tasks of kind(s) {', '.join(unknown)} that no grader here knows")
+    return RunSetup(descriptor, list(tasks))
+
+
 def devnet_run(
     trainer: bytes,
-    cfg: ModelConfig,
-    base_checkpoint: Path,
-    created_ms: int,
+    model_dir: Path = DEVNET_MODEL,
+    created_ms: int = 0,
     grpo: GrpoParams | None = None,
     policy: ValidatorPolicy | None = None,
+    tasks: Sequence[Task] | None = None,
+    info: ModelInfo | None = None,
+    max_new_tokens: int = DEVNET_MAX_NEW_TOKENS,
 ) -> RunSetup:
-    tasks = devnet_dataset()
-    descriptor = RunDescriptor(
+    """The devnet's run on a model folder (its built-in one by default) and tasks (generated additions)."""
+    tasks = list(tasks) if tasks is not None else devnet_dataset()
+    if grpo is None:
+        grpo = devnet_grpo(info or load_tokenizer(model_dir)[1], max_new_tokens)
+    descriptor = describe_run(
         run=DEVNET_RUN,
         trainer=trainer,
-        model_config_hash=model_config_hash(cfg),
-        base_checkpoint_hash=file_sha256(base_checkpoint),
-        dataset_hash=dataset_hash(tasks),
-        task_kind="arithmetic",
-        grpo=grpo or devnet_grpo(cfg),
-        async_level=2,
+        model=model_commitment(model_dir),
+        tasks=tasks,
+        grpo=grpo,
         policy=policy or devnet_policy(),
         created_ms=created_ms,
     )

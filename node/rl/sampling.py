@@ -150,9 +150,12 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return logp.gather(-1, tokens.unsqueeze(-1).to(torch.int64)).squeeze(-1)
 
 
-def eos_probabilities(logits: torch.Tensor, eos_id: int, temperature: float) -> torch.Tensor:
-    """(T,) P(EOS) at each position under the temperature-scaled distribution, for `check_termination`."""
-    return torch.softmax(scale_logits(logits, temperature), dim=-1)[..., eos_id]
+def eos_probabilities(logits: torch.Tensor, eos_ids: int | Sequence[int], temperature: float) -> torch.Tensor:
+    """(T,) P(EOS) at each position under the temperature-scaled distribution, for `check_termination`:
+    the probability of ending, summed over the model's EOS ids (instruct models have several)."""
+    ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids)
+    probs = torch.softmax(scale_logits(logits, temperature), dim=-1)
+    return probs[..., ids].sum(-1)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -216,12 +219,13 @@ class TerminationCheck:
 def check_termination(
     eos_probs: torch.Tensor | Sequence[float],
     tokens: Sequence[int] | torch.Tensor,
-    eos_id: int,
+    eos_ids: int | Sequence[int],
     max_len: int,
     threshold: float = DEFAULT_EOS_THRESHOLD,
 ) -> TerminationCheck:
     """A completion may end with EOS only where the validator's P(EOS) >= threshold, else it must run to
-    exactly `max_len` tokens. `eos_probs[p]` is P(EOS) at generated position p."""
+    exactly `max_len` tokens. `eos_probs[p]` is P(EOS) at generated position p; any of `eos_ids` ends."""
+    eos = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
     tok = [int(t) for t in torch.as_tensor(tokens).reshape(-1).tolist()]
     probs = torch.as_tensor(eos_probs, dtype=torch.float32).reshape(-1)
     if probs.shape[0] != len(tok):
@@ -229,9 +233,9 @@ def check_termination(
     failures: list[tuple[int, TerminationFailure]] = []
     if len(tok) > max_len:
         failures.append((max_len, TerminationFailure.TOO_LONG))
-    eos_at = [p for p, t in enumerate(tok) if t == eos_id]
+    eos_at = [p for p, t in enumerate(tok) if t in eos]
     failures += [(p, TerminationFailure.EOS_NOT_LAST) for p in eos_at if p != len(tok) - 1]
-    if tok and tok[-1] == eos_id:
+    if tok and tok[-1] in eos:
         if float(probs[-1]) < threshold:
             failures.append((len(tok) - 1, TerminationFailure.EOS_UNLIKELY))
     elif len(tok) < max_len:

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.rl.engine import InferenceEngine, TransformersEngine
-from node.rl.rollouts import build_submission
+from node.rl.rollouts import build_submission, task_prompt_ids
 from node.rl.run import RunSetup, devnet_optimizer
 from node.rl.sampling import derive_seed
 from node.rl.tasks import Task, grade
-from node.rl.tokenizer import completion_text, encode_prompt
 from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats
 
 EVAL_RUN = "swarmnode-eval"
@@ -46,14 +45,15 @@ def eval_reward(
     total = 0.0
     for task in tasks:
         seeds = [derive_seed(EVAL_RUN, EVAL_WORKER, 0, task.task_id, i) for i in range(samples)]
-        group = engine.generate_group(encode_prompt(task.prompt), samples, seeds, max_new_tokens, temperature)
-        total += sum(grade(task, completion_text(c.tokens)).reward for c in group)
+        prompt = list(task_prompt_ids(task, engine.tokenizer))
+        group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
+        total += sum(grade(task, engine.tokenizer.completion_text(c.tokens)).reward for c in group)
     return total / (len(tasks) * samples)
 
 
 def run_sync(
     setup: RunSetup,
-    base_checkpoint: Path,
+    model_dir: Path,
     steps: int,
     worker: bytes,
     *,
@@ -72,7 +72,7 @@ def run_sync(
     descriptor = setup.descriptor
     grpo = descriptor.grpo
     trainer = GrpoTrainer(
-        TransformersEngine.from_checkpoint(base_checkpoint), grpo, optim=optim or devnet_optimizer()
+        TransformersEngine.from_folder(model_dir), grpo, optim=optim or devnet_optimizer()
     )
     dataset, ids = setup.dataset, setup.dataset_ids
     history = []

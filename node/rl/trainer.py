@@ -18,7 +18,7 @@ Optimizer decisions (measured on the devnet model, see `node.rl.run.devnet_grpo`
 - The optimizer settings are the trainer's own (they are not part of the signed GrpoParams: nobody but
   the trainer needs them); they are written into the optimizer file and the JSON record and restored.
 
-State on disk is step-stamped: `step-000042.safetensors` (weights, config in metadata),
+State on disk is step-stamped: `step-000042.safetensors` (weights, the config's hash in metadata),
 `step-000042.optim.safetensors` (AdamW moments; hyper-parameters as JSON metadata) and a small JSON
 record. Nothing is pickled, so a checkpoint a peer sends can never execute code.
 """
@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from node.rl.engine import TransformersEngine
 from node.rl.grpo import grpo_loss, has_signal
-from node.rl.model import save_checkpoint, state_dict_of
+from node.rl.model import save_weights, state_dict_of
 from node.rl.rollouts import unpack_logprobs
 from protocol.messages import GrpoParams, RolloutGroup
 
@@ -147,7 +147,7 @@ class GrpoTrainer:
         stem = directory / f"step-{self.step_count:06d}"
         weights = stem.with_suffix(".safetensors")
         tmp = weights.with_name(weights.name + ".tmp")
-        digest = save_checkpoint(state_dict_of(self.engine.model), self.engine.config, tmp)
+        digest = save_weights(state_dict_of(self.engine.model), self.engine.info.config_hash, tmp)
         os.replace(tmp, weights)
         tensors, meta = optimizer_tensors(self.optimizer)
         optim = directory / f"step-{self.step_count:06d}.optim.safetensors"
@@ -168,9 +168,10 @@ class GrpoTrainer:
 
     @classmethod
     def resume(
-        cls, directory: Path, grpo: GrpoParams, optim: OptimizerParams | None = None
+        cls, directory: Path, model_dir: Path, grpo: GrpoParams, optim: OptimizerParams | None = None
     ) -> GrpoTrainer | None:
-        """The trainer at the newest complete step in `directory`, or None when there is none.
+        """The trainer at the newest complete step in `directory` (weights of the model in `model_dir`), or
+        None when there is none.
 
         The optimizer settings are the ones recorded with the step unless `optim` overrides them.
         """
@@ -192,7 +193,9 @@ class GrpoTrainer:
                     weight_decay=saved["weight_decay"],
                     warmup_steps=saved["warmup_steps"],
                 )
-            trainer = cls(TransformersEngine.from_checkpoint(weights), grpo, step=record["step"], optim=optim)
+            engine = TransformersEngine.from_folder(model_dir)
+            engine.load_weights(weights)
+            trainer = cls(engine, grpo, step=record["step"], optim=optim)
             load_optimizer(trainer.optimizer, optim_path)
             return trainer
         return None

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -52,8 +52,8 @@ from crypto.toploc import (
 )
 from node.rl.engine import InferenceEngine, Prefill
 from node.rl.grpo import group_advantages
-from node.rl.model import ModelConfig
-from node.rl.rollouts import assigned_tasks, completion_rewards, unpack_logprobs
+from node.rl.model import ModelInfo
+from node.rl.rollouts import assigned_tasks, completion_rewards, task_prompt_ids, unpack_logprobs
 from node.rl.sampling import (
     SEED_BITS,
     SamplingCheck,
@@ -64,7 +64,7 @@ from node.rl.sampling import (
     token_logprobs,
 )
 from node.rl.tasks import GraderFault, Task
-from node.rl.tokenizer import EOS_ID, encode_prompt
+from node.rl.tokenizer import ChatTokenizer
 from protocol.errors import Ignore, ProtocolError, Reason, Reject
 from protocol.messages import Completion, RolloutSubmission, RunDescriptor, ValidatorPolicy
 from protocol.runs import step_counter, step_version
@@ -78,7 +78,7 @@ MAX_FAULT_DETAIL = 256  # characters of an unexpected exception's message kept i
 @dataclass(frozen=True)
 class ValidationContext:
     """What the validator knows when it judges: the run, its dataset, the checkpoints it holds, the ledger,
-    and the run's model config (the one `descriptor.model_config_hash` names; the default is the devnet's)."""
+    and the run's model (the folder the descriptor names: its sizes and special tokens, its tokenizer)."""
 
     descriptor: RunDescriptor
     dataset: Mapping[bytes, Task]
@@ -86,7 +86,8 @@ class ValidationContext:
     newest_version: int
     checkpoint_roots: Mapping[int, bytes]
     is_eligible: Callable[[bytes], bool]
-    model: ModelConfig = field(default_factory=ModelConfig)  # the run's model (its vocabulary, context)
+    model: ModelInfo
+    tokenizer: ChatTokenizer
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,11 @@ def check_completion_fields(completion: Completion, where: str, ctx: ValidationC
     bad = _first_outside(tokens, vocab)
     if bad is not None:
         raise _malformed(where, f"token {bad} ({tokens[bad]!r}) outside the vocabulary of {vocab}")
-    if EOS_ID in tokens[:-1]:
-        raise _malformed(where, f"EOS at position {list(tokens).index(EOS_ID)} before the last token")
-    if type(completion.ended_with_eos) is not bool or completion.ended_with_eos != (tokens[-1] == EOS_ID):
+    eos = ctx.model.eos_token_ids
+    early = next((i for i, t in enumerate(tokens[:-1]) if t in eos), None)
+    if early is not None:
+        raise _malformed(where, f"EOS at position {early} before the last token")
+    if type(completion.ended_with_eos) is not bool or completion.ended_with_eos != (tokens[-1] in eos):
         raise _malformed(where, "ended_with_eos disagrees with the last token")
     logprobs = completion.logprobs
     if type(logprobs) is not bytes or len(logprobs) != LOGPROB_BYTES * len(tokens):
@@ -233,7 +236,7 @@ def check_assignment(sub: RolloutSubmission, worker: bytes, ctx: ValidationConte
         raise Reject(Reason.BAD_ASSIGNMENT, "task ids differ from the deterministic assignment")
     for gi, group in enumerate(sub.groups):
         task = ctx.dataset[group.task_id]
-        if list(group.prompt_ids) != encode_prompt(task.prompt):
+        if tuple(group.prompt_ids) != task_prompt_ids(task, ctx.tokenizer):
             raise Reject(Reason.BAD_ASSIGNMENT, f"group {gi}: prompt tokens differ from the task's prompt")
         for ci, completion in enumerate(group.completions):
             if completion.seed != derive_seed(descriptor.run, worker, sub.step, group.task_id, ci):
@@ -245,7 +248,7 @@ def check_assignment(sub: RolloutSubmission, worker: bytes, ctx: ValidationConte
 def check_rewards(sub: RolloutSubmission, ctx: ValidationContext) -> None:
     for gi, group in enumerate(sub.groups):
         rewards = completion_rewards(
-            ctx.dataset[group.task_id], [c.token_ids for c in group.completions], ctx.descriptor
+            ctx.dataset[group.task_id], [c.token_ids for c in group.completions], ctx.descriptor, ctx.tokenizer
         )
         claimed = [c.reward for c in group.completions]
         if claimed != rewards:
@@ -322,11 +325,11 @@ def check_model_outputs(sub: RolloutSubmission, ctx: ValidationContext, engine: 
     for i, (completion, prefill) in enumerate(zip(completions, prefills, strict=True)):
         where = f"completion {i}"
         termination = check_termination(
-            eos_probabilities(prefill.logits, EOS_ID, temperature),
+            eos_probabilities(prefill.logits, ctx.model.eos_token_ids, temperature),
             completion.token_ids,
-            EOS_ID,
+            ctx.model.eos_token_ids,
             descriptor.grpo.max_new_tokens,
-            eos_threshold(completion.token_ids, samplings[i], policy.eos_min_prob),
+            eos_threshold(completion.token_ids, samplings[i], policy.eos_min_prob, ctx.model.eos_token_ids),
         )
         if not termination.passed:
             raise Reject(Reason.BAD_TERMINATION, f"{where}: {termination.failures}")
@@ -347,7 +350,8 @@ def check_model_outputs(sub: RolloutSubmission, ctx: ValidationContext, engine: 
     return Accepted(tokens, summary.mean_exp_mismatches, summary.mean_mant_err)
 
 
-def eos_threshold(tokens: Sequence[int], sampling: SamplingCheck, eos_min_prob: float) -> float:
+def eos_threshold(tokens: Sequence[int], sampling: SamplingCheck, eos_min_prob: float,
+                  eos_token_ids: Sequence[int]) -> float:
     """The P(EOS) a final EOS needs (check 6b): none when the seeded sampler itself chose it.
 
     An honest sampler picks EOS at P(EOS) = p with probability p, so over the thousands of positions
@@ -356,7 +360,7 @@ def eos_threshold(tokens: Sequence[int], sampling: SamplingCheck, eos_min_prob: 
     sampler did not choose.
     """
     last = len(tokens) - 1
-    if last >= 0 and tokens[last] == EOS_ID and last not in sampling.mismatches:
+    if last >= 0 and tokens[last] in eos_token_ids and last not in sampling.mismatches:
         return 0.0
     return eos_min_prob
 

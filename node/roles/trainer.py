@@ -39,6 +39,7 @@ def dev_run_descriptor(run: str, trainer: bytes, *, created_ms: int | None = Non
         run=run,
         trainer=trainer,
         model_config_hash=zero,
+        tokenizer_files=(),
         base_checkpoint_hash=zero,
         dataset_hash=zero,
         task_kind="devnet-placeholder",

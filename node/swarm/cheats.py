@@ -33,10 +33,11 @@ from node.rl.rollouts import (
     assignment_step,
     completion_rewards,
     generate_group,
+    task_prompt_ids,
     to_wire_group,
 )
 from node.rl.tasks import Task
-from node.rl.tokenizer import encode_prompt
+from node.rl.tokenizer import ChatTokenizer
 from protocol.messages import RolloutSubmission, RunDescriptor
 
 PERTURBED_MODEL = "perturbed-model"
@@ -83,9 +84,9 @@ def easier_task(task: Task, dataset: Mapping[bytes, Task]) -> Task:
     return min(others, key=lambda t: (len(t.target), t.target, len(t.prompt), t.prompt))
 
 
-def tampered_prompt(task: Task, dataset: Mapping[bytes, Task]) -> tuple[int, ...]:
+def tampered_prompt(task: Task, dataset: Mapping[bytes, Task], tokenizer: ChatTokenizer) -> tuple[int, ...]:
     """Prompt tokens to generate on instead of `task`'s own: an easier task's."""
-    return tuple(encode_prompt(easier_task(task, dataset).prompt))
+    return task_prompt_ids(easier_task(task, dataset), tokenizer)
 
 
 # --- forged-reward -----------------------------------------------------------------------------------
@@ -127,10 +128,15 @@ def build_dishonest_submission(
     generated: list[GeneratedGroup] = []
     for i, task_id in enumerate(assigned_tasks(descriptor, dataset_ids, worker, step)):
         task = dataset[task_id]
-        prompt = tampered_prompt(task, dataset) if cheat == TAMPERED_PROMPT and i == 0 else None
+        prompt = tampered_prompt(task, dataset, engine.tokenizer) if cheat == TAMPERED_PROMPT and i == 0 else None
         generated.append(generate_group(engine, task, descriptor, worker, step, prompt))
-    rewards = [completion_rewards(g.task, [c.tokens for c in g.completions], descriptor) for g in generated]
+    rewards = [
+        completion_rewards(g.task, [c.tokens for c in g.completions], descriptor, engine.tokenizer)
+        for g in generated
+    ]
     if cheat == FORGED_REWARD:
         rewards = forge_rewards(rewards)
-    groups = tuple(to_wire_group(g, descriptor, r) for g, r in zip(generated, rewards, strict=True))
+    groups = tuple(
+        to_wire_group(g, descriptor, engine.tokenizer, r) for g, r in zip(generated, rewards, strict=True)
+    )
     return RolloutSubmission(descriptor.run, step, checkpoint_version, checkpoint_root, groups)

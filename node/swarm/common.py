@@ -11,11 +11,13 @@ from typing import Generic, TypeVar
 import torch
 
 from ledger import Ledger, open_ledger
+from node.config import WorkSettings
 from node.p2p.reqresp import ProtocolSpec
-from node.rl.model import file_sha256, load_model, model_config_hash
-from node.rl.run import BASE_CHECKPOINT, RunSetup, dataset_hash, devnet_dataset
+from node.rl.run import DEVNET_MODEL, devnet_dataset
+from node.rl.run import RunMismatch as RunMismatch  # re-exported: the roles raise it
+from node.rl.tasks import Task
 from protocol import ids
-from protocol.messages import AcceptedBatch, AcceptedRequest, RunDescriptor
+from protocol.messages import AcceptedBatch, AcceptedRequest
 
 # The trainer pulls accepted submissions from each validator with this (long poll, cursor).
 # Long polls hold a serving slot up to 30 s: room for every trainer of a run (a lead and up to 15
@@ -30,24 +32,18 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class RunMismatch(RuntimeError):
-    """This node cannot take part in the run its descriptor names (other dataset, model or base)."""
+def run_model_dir(work: WorkSettings) -> Path:
+    """The model folder this node takes part in runs with: `[work] model`, or the devnet's built-in one."""
+    return Path(work.model).expanduser() if work.model else DEVNET_MODEL
 
 
-def load_run_setup(descriptor: RunDescriptor, base_checkpoint: Path = BASE_CHECKPOINT) -> RunSetup:
-    """The run's tasks, after checking that the descriptor names the dataset and base this node holds."""
-    run = repr(descriptor.run)
-    if descriptor.task_kind != "arithmetic":
-        raise RunMismatch(f"run {run} has task kind {descriptor.task_kind!r}; this node knows arithmetic")
-    tasks = devnet_dataset()
-    if dataset_hash(tasks) != descriptor.dataset_hash:
-        raise RunMismatch(f"run {run} names dataset {descriptor.dataset_hash.hex()[:16]}, not ours")
-    if file_sha256(base_checkpoint) != descriptor.base_checkpoint_hash:
-        raise RunMismatch(f"run {run} starts from another base checkpoint than {base_checkpoint}")
-    cfg, _ = load_model(base_checkpoint)
-    if model_config_hash(cfg) != descriptor.model_config_hash:
-        raise RunMismatch(f"run {run} names another model config than {base_checkpoint}")
-    return RunSetup(descriptor, tasks)
+def run_tasks(work: WorkSettings) -> list[Task]:
+    """The tasks this node holds: the file `[work] tasks` names, or the devnet's generated additions."""
+    if not work.tasks:
+        return devnet_dataset()
+    from node.rl.tasks.files import read_tasks
+
+    return read_tasks(Path(work.tasks).expanduser())
 
 
 def open_work_ledger(url: str) -> Ledger | None:

@@ -18,9 +18,7 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
 
         return make_diloco_trainer(config, identity, open_work_ledger(config.ledger_url))
     if role == "trainer":
-        from node.swarm.trainer import SwarmTrainerWork
-
-        from node.swarm.trainer import trainer_bounds
+        from node.swarm.trainer import SwarmTrainerWork, trainer_bounds
 
         work = SwarmTrainerWork(
             config, identity, ledger=open_work_ledger(config.ledger_url), bounds=trainer_bounds(config)

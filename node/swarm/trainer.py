@@ -54,7 +54,9 @@ from ledger import Ledger, LedgerError
 from ledger.signedlog import SignedLog
 from node.config import NodeConfig
 from node.dataplane.catalog import Catalog
+from node.dataplane.checkpoint import MODEL_LAYOUT
 from node.dataplane.http_server import Handler, ServerConfig
+from node.dataplane.origin import model_folder_files
 from node.dataplane.roles import OriginNode
 from node.dataplane.store import ShardStore
 from node.p2p.clock import wall_ms
@@ -62,12 +64,13 @@ from node.p2p.gossip import Delivery
 from node.p2p.peers import PeerRecord
 from node.p2p.reqresp import RequestFailed
 from node.rl.engine import TransformersEngine
-from node.rl.model import ModelConfig, load_checkpoint, model_config_hash, state_dict_of
+from node.rl.model import ModelInfo, state_dict_of
 from node.rl.rollouts import unpack_logprobs
-from node.rl.run import BASE_CHECKPOINT, devnet_optimizer, devnet_run
+from node.rl.run import DEVNET_MAX_NEW_TOKENS, RunMismatch, devnet_optimizer, devnet_run, load_run_setup
+from node.rl.tasks import Task
 from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats, signal_groups
 from node.roles.base import RoleNet
-from node.swarm.common import ACCEPTED, RunMismatch, bounded_get, load_run_setup, set_threads
+from node.swarm.common import ACCEPTED, bounded_get, run_model_dir, run_tasks, set_threads
 from node.swarm.inbox import RETENTION_VERSIONS, InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
@@ -123,7 +126,7 @@ def open_stored(data: bytes, cls: type, run: str) -> Opened:
     return open_envelope(data, run=run, now_ms=signed_at, replay=None, expect=cls)
 
 
-def check_trainable(sub: RolloutSubmission, grpo: GrpoParams, cfg: ModelConfig) -> None:
+def check_trainable(sub: RolloutSubmission, grpo: GrpoParams, cfg: ModelInfo) -> None:
     """Refuse a submission the GRPO step could not take (a buggy validator must not crash the trainer)."""
 
     def refuse(detail: str) -> Reject:
@@ -180,7 +183,7 @@ def verify_accepted(
     run: str,
     validator: bytes,
     grpo: GrpoParams,
-    cfg: ModelConfig,
+    cfg: ModelInfo,
     roots: Mapping[int, bytes],
     received_ms: int,
 ) -> InboxEntry:
@@ -243,7 +246,7 @@ def check_batch(
     run: str,
     validator: bytes,
     grpo: GrpoParams,
-    cfg: ModelConfig,
+    cfg: ModelInfo,
     roots: Mapping[int, bytes],
     now_ms: int,
 ) -> Checked:
@@ -291,7 +294,7 @@ def ingest_batch(
     *,
     run: str,
     grpo: GrpoParams,
-    cfg: ModelConfig,
+    cfg: ModelInfo,
     roots: Mapping[int, bytes],
     now_ms: int,
 ) -> Ingested:
@@ -351,9 +354,16 @@ def groups_of(envelopes: Sequence[bytes]) -> list[RolloutGroup]:
 
 
 def load_or_create_descriptor(
-    path: Path, run: str, trainer: bytes, base_checkpoint: Path, co_trainers: tuple[bytes, ...] = ()
+    path: Path,
+    run: str,
+    trainer: bytes,
+    model_dir: Path,
+    tasks: Sequence[Task],
+    co_trainers: tuple[bytes, ...] = (),
+    max_new_tokens: int = DEVNET_MAX_NEW_TOKENS,
 ) -> RunDescriptor:
-    """The run's descriptor as first published from this data dir, or a new devnet one (then stored)."""
+    """The run's descriptor as first published from this data dir, or a new one with the devnet's recipe
+    on this model folder and these tasks (then stored)."""
     if path.exists():
         try:
             descriptor = decode(RunDescriptor, path.read_bytes())
@@ -369,8 +379,7 @@ def load_or_create_descriptor(
                 f"with {len(co_trainers)}"
             )
         return descriptor
-    cfg, _ = load_checkpoint(base_checkpoint)
-    created = devnet_run(trainer, cfg, base_checkpoint, wall_ms()).descriptor
+    created = devnet_run(trainer, model_dir, wall_ms(), tasks=tasks, max_new_tokens=max_new_tokens).descriptor
     descriptor = replace(created, run=run, co_trainers=co_trainers)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -531,7 +540,8 @@ class SwarmTrainerWork:
         config: NodeConfig,
         identity: NodeIdentity,
         *,
-        base_checkpoint: Path = BASE_CHECKPOINT,
+        model_dir: Path | None = None,
+        tasks: Sequence[Task] | None = None,
         optim: OptimizerParams | None = None,
         ledger: Ledger | None = None,
         bounds: TrainerBounds | None = None,
@@ -541,7 +551,8 @@ class SwarmTrainerWork:
         self.bounds = bounds or TrainerBounds()
         self.ledger = ledger  # with one, only validators in good standing there are pulled from
         self._ledger_lock = trio.Lock()  # ledger calls run in threads, never two at once
-        self.base_checkpoint = base_checkpoint
+        self.model_dir = model_dir or run_model_dir(config.work)
+        self.tasks = list(tasks) if tasks is not None else run_tasks(config.work)
         self.optim = optim or devnet_optimizer()
         data = config.data_dir
         self.descriptor_path = data / DESCRIPTOR_FILE
@@ -549,7 +560,8 @@ class SwarmTrainerWork:
         self.trainer_dir = data / TRAINER_DIR
         self.checkpoints_dir = data / CHECKPOINTS_DIR
         self.descriptor: RunDescriptor | None = None
-        self.model_config: ModelConfig | None = None
+        self.model_config: ModelInfo | None = None
+        self._model_files: dict[str, bytes] | None = None  # config and tokenizer files each checkpoint carries
         self.inbox: RolloutInbox | None = None
         self._last_status: dict[str, Any] | None = None
         self.trainer: GrpoTrainer | None = None
@@ -569,7 +581,8 @@ class SwarmTrainerWork:
         """The devnet descriptor, stored on first start so that a restarted trainer publishes the same."""
         if self.descriptor is None:
             self.descriptor = load_or_create_descriptor(
-                self.descriptor_path, run, trainer, self.base_checkpoint
+                self.descriptor_path, run, trainer, self.model_dir, self.tasks,
+                max_new_tokens=self.config.work.max_new_tokens,
             )
         return self.descriptor
 
@@ -614,10 +627,10 @@ class SwarmTrainerWork:
         cfg = self.config
         set_threads(cfg.work.threads)
         descriptor = await self._descriptor()
-        await trio.to_thread.run_sync(load_run_setup, descriptor, self.base_checkpoint)
+        await trio.to_thread.run_sync(load_run_setup, descriptor, self.model_dir, self.tasks)
         trainer = await trio.to_thread.run_sync(self._load_trainer, descriptor)
         self.trainer = trainer
-        self.model_config = trainer.engine.config
+        self.model_config = trainer.engine.info
         self.inbox = inbox = RolloutInbox(
             self.inbox_path, retention_versions=self.bounds.inbox_retention_versions
         )
@@ -691,11 +704,11 @@ class SwarmTrainerWork:
         return True
 
     def _load_trainer(self, descriptor: RunDescriptor) -> GrpoTrainer:
-        trainer = GrpoTrainer.resume(self.trainer_dir, descriptor.grpo)
+        trainer = GrpoTrainer.resume(self.trainer_dir, self.model_dir, descriptor.grpo)
         if trainer is None:
-            engine = TransformersEngine.from_checkpoint(self.base_checkpoint)
+            engine = TransformersEngine.from_folder(self.model_dir)
             trainer = GrpoTrainer(engine, descriptor.grpo, optim=self.optim)
-        if model_config_hash(trainer.engine.config) != descriptor.model_config_hash:
+        if trainer.engine.info.config_hash != descriptor.model_config_hash:
             raise RunMismatch(f"the trainer state in {self.trainer_dir} is for another model than the run's")
         return trainer
 
@@ -788,11 +801,15 @@ class SwarmTrainerWork:
         trainer, _, descriptor = self._parts()
         assert self.origin is not None
         state = await trio.to_thread.run_sync(state_dict_of, trainer.engine.model)
+        if self._model_files is None:
+            self._model_files = await trio.to_thread.run_sync(model_folder_files, self.model_dir)
         await self.origin.origin.publish(
             state,
             version=version,
             parent_version=max(version - 1, 0),
             model_config_hash=descriptor.model_config_hash,
+            layout=MODEL_LAYOUT,
+            files=self._model_files,
         )
         self._announce_newest()
         self._prune_inbox(version)

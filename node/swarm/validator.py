@@ -61,7 +61,7 @@ import hmac
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -80,7 +80,8 @@ from node.dataplane.checkpoint import load_checkpoint
 from node.dataplane.follower import VerifiedCheckpoint
 from node.p2p.gossip import Delivery
 from node.rl.engine import TransformersEngine
-from node.rl.run import BASE_CHECKPOINT, RunSetup
+from node.rl.engines import open_engine
+from node.rl.run import RunSetup, load_run_setup
 from node.rl.tasks import Task
 from node.rl.validation import (
     Accepted,
@@ -94,7 +95,7 @@ from node.rl.validation import (
 from node.roles.base import RoleNet
 from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
 from node.swarm.accepted import MAX_CURSOR, AcceptedStore, Decided, PendingItem, StoreStatistics
-from node.swarm.common import ACCEPTED, TtlCache, bounded_get, load_run_setup, set_threads
+from node.swarm.common import ACCEPTED, TtlCache, bounded_get, run_model_dir, run_tasks, set_threads
 from node.swarm.follow import SwarmFollower
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened
@@ -150,16 +151,23 @@ class CheckpointEngines:
     Blocking (it loads weights): call `load` from a thread. Not thread-safe: one caller at a time.
     """
 
-    def __init__(self, base_checkpoint: Path, keep: int) -> None:
+    def __init__(self, model_dir: Path, keep: int) -> None:
         if keep < 1:
             raise ValueError("keep at least one version")
         self.keep = keep
-        self._base = base_checkpoint
-        self._spare: TransformersEngine | None = TransformersEngine.from_checkpoint(base_checkpoint)
+        self._model_dir = model_dir
+        self._spare: TransformersEngine | None = self._open()
         self.parameters = sum(p.numel() for p in self._spare.model.parameters())
-        self.model_config = self._spare.config  # the run's architecture: what `check_fields` bounds by
+        self.model_info = self._spare.info  # the run's model: what `check_fields` bounds by
+        self.tokenizer = self._spare.tokenizer  # the run's prompts
         self._engines: dict[int, TransformersEngine] = {}
         self._roots: dict[int, bytes] = {}
+
+    def _open(self) -> TransformersEngine:
+        """A validator's prefill engine: transformers, on CUDA in bf16 when there is one (engines.py)."""
+        engine = open_engine("transformers", self._model_dir, role="validator")
+        assert isinstance(engine, TransformersEngine)
+        return engine
 
     @property
     def newest(self) -> int | None:
@@ -190,7 +198,7 @@ class CheckpointEngines:
         elif self._spare is not None:
             engine, self._spare = self._spare, None
         else:
-            engine = TransformersEngine.from_checkpoint(self._base)
+            engine = self._open()
         engine.load_weights(state)
         self._engines[version] = engine
         self._roots[version] = merkle_root
@@ -440,7 +448,8 @@ class SwarmValidatorWork:
         identity: NodeIdentity,
         ledger: Ledger | None,
         *,
-        base_checkpoint: Path = BASE_CHECKPOINT,
+        model_dir: Path | None = None,
+        tasks: Sequence[Task] | None = None,
         wait_for_checkpoint_s: float = WAIT_FOR_CHECKPOINT_S,
         ledger_retry_s: float = LEDGER_RETRY_S,
         ledger_retry_max_s: float = LEDGER_RETRY_MAX_S,
@@ -464,7 +473,8 @@ class SwarmValidatorWork:
         self._pulled: dict[bytes, int] = {}
         self.identity = identity
         self.run_id = config.run
-        self.base_checkpoint = base_checkpoint
+        self.model_dir = model_dir or run_model_dir(config.work)
+        self.tasks = list(tasks) if tasks is not None else run_tasks(config.work)
         self.ledger = LedgerAccess(ledger)
         self.store = AcceptedStore(config.data_dir / "validator" / STORE_FILE)
         self._secret = self.store.secret()
@@ -652,7 +662,7 @@ class SwarmValidatorWork:
         self._dataset = setup.dataset
         self._dataset_ids = setup.dataset_ids
         keep = setup.descriptor.async_level + 1
-        self.engines = await trio.to_thread.run_sync(CheckpointEngines, self.base_checkpoint, keep)
+        self.engines = await trio.to_thread.run_sync(CheckpointEngines, self.model_dir, keep)
 
     def _torch_lock(self) -> trio.Lock:
         if self._torch is None:
@@ -848,7 +858,8 @@ class SwarmValidatorWork:
                 newest_version=self.engines.newest if self.engines.newest is not None else -1,
                 checkpoint_roots=self.engines.roots(),
                 is_eligible=lambda _: eligible,
-                model=self.engines.model_config,
+                model=self.engines.model_info,
+                tokenizer=self.engines.tokenizer,
             )
             judgement = await trio.to_thread.run_sync(
                 judge_submission, sub, item.worker, ctx, self.engines, full
@@ -1046,7 +1057,7 @@ class SwarmValidatorWork:
         task_status.started()
         record = await net.wait_run_record()
         self.trainers = frozenset(run_trainers(record.descriptor))
-        setup = await trio.to_thread.run_sync(load_run_setup, record.descriptor, self.base_checkpoint)
+        setup = await trio.to_thread.run_sync(load_run_setup, record.descriptor, self.model_dir, self.tasks)
         await self.prepare(setup)
         self.follower = SwarmFollower(net, self.config, newest_only=False, serve=True)
         send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)

@@ -50,14 +50,15 @@ from node.dataplane.follower import VerifiedCheckpoint
 from node.p2p.gossip import Delivery
 from node.p2p.peers import PeerRecord
 from node.p2p.reqresp import RequestFailed
-from node.rl.engine import InferenceEngine, TransformersEngine
+from node.rl.engine import InferenceEngine
+from node.rl.engines import choose_engine, open_engine
 from node.rl.rollouts import build_submission
-from node.rl.run import BASE_CHECKPOINT, RunSetup
+from node.rl.run import RunSetup, load_run_setup
 from node.rl.tasks import GraderFault, Task
 from node.roles.base import RoleNet
 from node.roles.validator import SUBMIT
 from node.swarm.cheats import FORGED_REWARD, TAMPERED_PROMPT, build_dishonest_submission, tamper_weights
-from node.swarm.common import load_run_setup, set_threads
+from node.swarm.common import run_model_dir, run_tasks, set_threads
 from node.swarm.follow import SwarmFollower
 from protocol.errors import Reason
 from protocol.messages import CheckpointManifest, RolloutSubmission, RunDescriptor, SubmitAck, Verdict
@@ -459,13 +460,15 @@ class SwarmWorkerWork:
         identity: NodeIdentity,
         ledger: Ledger | None,
         *,
-        base_checkpoint: Path = BASE_CHECKPOINT,
+        model_dir: Path | None = None,
+        tasks: Sequence[Task] | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
         self.address = identity.address
         self.ledger = ledger
-        self.base_checkpoint = base_checkpoint
+        self.model_dir = model_dir or run_model_dir(config.work)
+        self.tasks = list(tasks) if tasks is not None else run_tasks(config.work)
         self.cheat = config.work.cheat
         self.stats = WorkerStats()
         self.rotation = Rotation()
@@ -528,11 +531,12 @@ class SwarmWorkerWork:
             nursery.start_soon(self._load_checkpoints, completed_receive)
             record = await net.wait_run_record()
             self.setup = setup = await trio.to_thread.run_sync(
-                load_run_setup, record.descriptor, self.base_checkpoint
+                load_run_setup, record.descriptor, self.model_dir, self.tasks
             )
             self.counters = Counters.load(self.config.data_dir / STATE_FILE, net.run, self.address)
+            kind = choose_engine(self.config.work.engine)  # EngineUnavailable: says what is missing
             self.engine = await trio.to_thread.run_sync(
-                TransformersEngine.from_checkpoint, self.base_checkpoint
+                partial(open_engine, kind, self.model_dir, role="worker")
             )
             log.info(
                 "worker ready",

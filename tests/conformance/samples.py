@@ -65,7 +65,9 @@ def every_message() -> list[Any]:
     verdict = m.Verdict(RUN, _digest("submission"), worker.address, 7, 6, False, 605, "TOPLOC: 3 chunks failed",
                         (1, 4, 9), 320, 12.5, 3.25)
     samples: list[Any] = [
-        m.RunDescriptor(RUN, trainer.address, _digest("config"), _digest("base"), _digest("dataset"), "arithmetic",
+        m.RunDescriptor(RUN, trainer.address, _digest("config"),
+                        (m.FileDigest("tokenizer.json", _digest("tokenizer")),), _digest("base"), _digest("dataset"),
+                        "arithmetic",
                         grpo_params(), 2, validator_policy(), NOW_MS - 10_000,
                         co_trainers=(vector_identity(3).address, vector_identity(4).address)),
         manifest(),

@@ -434,28 +434,28 @@ class Generator:
         import torch
 
         from node.rl.engine import TransformersEngine
-        from node.rl.run import BASE_CHECKPOINT, devnet_run
+        from node.rl.run import DEVNET_MODEL, devnet_run
 
         torch.set_num_threads(1)
-        self.engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+        self.engine = TransformersEngine.from_folder(DEVNET_MODEL)
         trainer = swarm.by_role("trainer")[0]
-        self.setup = devnet_run(trainer.address, self.engine.config, BASE_CHECKPOINT, created_ms=0)
+        self.setup = devnet_run(trainer.address, DEVNET_MODEL, created_ms=0, info=self.engine.info)
         if self.setup.descriptor.run != swarm.run:
             raise RuntimeError(f"the devnet runs {swarm.run!r}, the attacker knows {self.setup.descriptor.run!r}")
         self.loaded = 0  # the version whose weights the engine holds (0: the base checkpoint)
 
     @property
     def vocab_size(self) -> int:
-        return int(self.engine.config.vocab_size)
+        return int(self.engine.info.vocab_size)
 
     def replay_cache(self, worker: bytes, limit: int = 0) -> dict[bytes, RolloutGroup]:
         """A group per dataset task on the base weights with seeds that ignore the assignment."""
+        import torch
+
         from crypto.toploc import build_proofs
         from node.rl.grpo import group_advantages, length_target_reward
-        from node.rl.tokenizer import completion_text, encode_prompt
+        from node.rl.rollouts import task_prompt_ids
         from node.rl.tasks import grade
-
-        import torch
 
         if self.loaded != 0:
             raise RuntimeError("the replay cache is built on the base weights")
@@ -463,11 +463,11 @@ class Generator:
         grpo, policy = descriptor.grpo, descriptor.policy
         cache: dict[bytes, RolloutGroup] = {}
         for task in self.setup.tasks[: limit or None]:
-            prompt = encode_prompt(task.prompt)
+            prompt = list(task_prompt_ids(task, self.engine.tokenizer))
             seeds = [legacy_seed(descriptor.run, worker, task.task_id, i) for i in range(grpo.group_size)]
             made = self.engine.generate_group(prompt, grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature)
             rewards = [
-                length_target_reward(grade(task, completion_text(c.tokens)).reward, len(c.tokens),
+                length_target_reward(grade(task, self.engine.tokenizer.completion_text(c.tokens)).reward, len(c.tokens),
                                      grpo.length_target, grpo.length_penalty)
                 for c in made
             ]

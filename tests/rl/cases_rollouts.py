@@ -7,8 +7,9 @@ fails when the committed files and these cases disagree, and replays the files t
 the ones the specs document (the cheats' reason codes above all).
 
 Decisions:
-- The validation cases use the committed base checkpoint (`BASE_CHECKPOINT`, named in each case by its
-  sha256) with a small run: 16 devnet tasks, 1 prompt x 2 completions per submission, the devnet policy.
+- The validation and reward cases use the devnet's committed model folder (`DEVNET_MODEL`, named in each
+  case by its base weights root) with a small run: 16 devnet tasks, 1 prompt x 2 completions per
+  submission, the devnet policy; completion token ids are that folder's tokenizer's.
   Submissions are honest ones built by `node.rl.rollouts`, the devnet cheats of `node.swarm.cheats`, and
   single-field edits of an honest one, each signed by the worker key, so one case exercises one check.
 - Sampling logits are multiples of 1/16 (exact in float32), and the generator refuses a case whose best
@@ -30,7 +31,6 @@ from typing import Any
 import torch
 
 from crypto.hashing import sha256
-from crypto.merkle import merkle_root
 from node.conformance import (
     check_assignment,
     check_dataset_hash,
@@ -43,7 +43,7 @@ from node.conformance import (
 )
 from node.rl.engine import Completion as EngineCompletion
 from node.rl.engine import TransformersEngine
-from node.rl.model import file_sha256, load_checkpoint, model_config_hash
+from node.rl.model import model_commitment
 from node.rl.rollouts import (
     GeneratedGroup,
     assigned_tasks,
@@ -51,13 +51,14 @@ from node.rl.rollouts import (
     build_submission,
     generate_group,
     pack_logprobs,
+    task_prompt_ids,
     to_wire_group,
     unpack_logprobs,
 )
-from node.rl.run import BASE_CHECKPOINT, dataset_hash, devnet_dataset, devnet_grpo, devnet_policy
+from node.rl.run import DEVNET_MODEL, describe_run, devnet_dataset, devnet_grpo, devnet_policy
 from node.rl.sampling import derive_seed, perturbed_scores
 from node.rl.tasks import Task
-from node.rl.tokenizer import EOS_ID, UNK_ID, VOCAB_SIZE, encode, encode_prompt
+from node.rl.tasks.core import task_fields
 from node.swarm.cheats import (
     FORGED_REWARD,
     PERTURBED_MODEL,
@@ -69,6 +70,7 @@ from protocol.codec import encode as encode_message
 from protocol.envelope import seal
 from protocol.messages import RolloutSubmission, RunDescriptor
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
+from tests.rl.cases_tasks import target_length_cases
 
 OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "rollouts"
 GENERATED_BY = "python -m tests.rl.cases_rollouts"
@@ -89,8 +91,8 @@ def _case(name: str, kind: str, description: str, inp: dict[str, Any], check: Ha
     return {"name": name, "kind": kind, "description": description, "input": inp, "expect": check(inp)}
 
 
-def _task_json(task: Task) -> dict[str, str]:
-    return {"kind": task.kind, "prompt": task.prompt, "target": task.target}
+def _task_json(task: Task) -> dict[str, Any]:
+    return task_fields(task)
 
 
 @cache
@@ -131,6 +133,7 @@ def task_cases() -> Iterator[Vector]:
         f"the first {DATASET_SIZE} devnet tasks, the dataset of the validation vectors",
         list(_dataset()),
     )
+    yield from target_length_cases()
 
 
 # ---------------------------------------------------------------------------- assignment
@@ -340,6 +343,7 @@ def reward_cases() -> Iterator[Vector]:
         length_penalty: float = 0.0003,
     ) -> Vector:
         inp = {
+            "model": _h(_setup().weights_root),
             "task": _task_json(task),
             "completions": texts,
             "length_target": length_target,
@@ -347,8 +351,10 @@ def reward_cases() -> Iterator[Vector]:
         }
         return _case(f"rewards/{name}", "rewards", description, inp, check_rewards)
 
+    tokenizer = _setup().engine.tokenizer
+    encode = tokenizer.encode
+    eos = [tokenizer.eos_token_ids[0]]
     add = Task("arithmetic", "12+7=", "19")
-    eos = [EOS_ID]
     yield case(
         "arithmetic-mixed",
         "exact match after stripping spaces; text up to EOS; advantages (r - mean) / (std + 1e-6)",
@@ -357,9 +363,9 @@ def reward_cases() -> Iterator[Vector]:
     )
     yield case(
         "arithmetic-after-eos-ignored",
-        "tokens after the first EOS are not graded; an empty answer scores 0",
+        "tokens after the first EOS are not graded; an empty answer scores 0; a trailing character is wrong",
         add,
-        [encode("19") + eos + encode("5"), eos, encode("19") + [UNK_ID] + eos],
+        [encode("19") + eos + encode("5"), eos, encode("19!") + eos],
     )
     yield case(
         "all-wrong", "equal rewards give all-zero advantages", add, [encode("2") + eos, encode("20") + eos]
@@ -390,8 +396,8 @@ def reward_cases() -> Iterator[Vector]:
 class _Setup:
     descriptor: RunDescriptor
     engine: TransformersEngine
-    base_sha: bytes
-    root: bytes
+    weights_root: bytes  # names the model folder (its base weights) in the vectors
+    root: bytes  # the manifest root the validator holds for v0
 
     @property
     def dataset(self) -> dict[bytes, Task]:
@@ -408,24 +414,21 @@ class _Setup:
 
 @cache
 def _setup() -> _Setup:
-    cfg, _ = load_checkpoint(BASE_CHECKPOINT)
-    base = devnet_grpo(cfg)
+    engine = TransformersEngine.from_folder(DEVNET_MODEL)
+    base = devnet_grpo(engine.info)
     grpo = dataclasses.replace(base, prompts_per_step=1, group_size=2, token_budget=2 * base.max_new_tokens)
-    base_sha = file_sha256(BASE_CHECKPOINT)
-    descriptor = RunDescriptor(
+    commitment = model_commitment(DEVNET_MODEL)
+    descriptor = describe_run(
         run=RUN,
         trainer=TRAINER.address,
-        model_config_hash=model_config_hash(cfg),
-        base_checkpoint_hash=base_sha,
-        dataset_hash=dataset_hash(list(_dataset())),
-        task_kind="arithmetic",
+        model=commitment,
+        tasks=list(_dataset()),
         grpo=grpo,
-        async_level=2,
         policy=devnet_policy(),
         created_ms=NOW_MS,
     )
-    root = merkle_root([base_sha])  # the manifest root the validator holds for v0 (one shard)
-    return _Setup(descriptor, TransformersEngine.from_checkpoint(BASE_CHECKPOINT), base_sha, root)
+    root = sha256(b"the v0 manifest")  # any 32 bytes: the validator only compares it with the claim
+    return _Setup(descriptor, engine, commitment.weights_root, root)
 
 
 def _with_group(sub: RolloutSubmission, **changes: Any) -> RolloutSubmission:
@@ -440,8 +443,8 @@ def _with_completion(sub: RolloutSubmission, index: int, **changes: Any) -> Roll
 
 def _regroup(setup: _Setup, task: Task, completions: list[EngineCompletion]) -> RolloutSubmission:
     """The counter-`COUNTER` submission for `task` made of `completions`, scored and proven honestly."""
-    group = GeneratedGroup(task, tuple(encode_prompt(task.prompt)), completions)
-    groups = (to_wire_group(group, setup.descriptor),)
+    group = GeneratedGroup(task, task_prompt_ids(task, setup.engine.tokenizer), completions)
+    groups = (to_wire_group(group, setup.descriptor, setup.engine.tokenizer),)
     return RolloutSubmission(setup.descriptor.run, assignment_step(0, COUNTER), 0, setup.root, groups)
 
 
@@ -515,8 +518,8 @@ def _submissions(s: _Setup) -> Iterator[Submission]:
         _with_completion(honest, 0, advantage=advantages[0]), 1, advantage=advantages[1]
     )
     yield "reject/forged-advantages", "check 5: advantages that do not follow from the rewards", skewed, {}
-    _, state = load_checkpoint(BASE_CHECKPOINT)
-    noisy = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    state = {k: v.clone() for k, v in s.engine.model.state_dict().items()}
+    noisy = TransformersEngine.from_folder(DEVNET_MODEL)
     noisy.load_weights(tamper_weights(PERTURBED_MODEL, state, 0))
     perturbed = build_submission(
         noisy, s.descriptor, s.dataset, _dataset_ids(), WORKER.address, 0, s.root, COUNTER
@@ -560,7 +563,7 @@ def _submissions(s: _Setup) -> Iterator[Submission]:
     )
     seeds = [c.seed for c in honest.groups[0].completions]
     off = s.engine.generate_group(
-        encode_prompt(task.prompt),
+        list(task_prompt_ids(task, s.engine.tokenizer)),
         grpo.group_size,
         [x ^ 1 for x in seeds],
         grpo.max_new_tokens,
@@ -580,6 +583,7 @@ def _submissions(s: _Setup) -> Iterator[Submission]:
 def _malformed_submissions(s: _Setup, honest: RolloutSubmission) -> Iterator[Submission]:
     """Check 2b: single-field edits of the honest submission that leave what the run allows (609)."""
     grpo, policy = s.descriptor.grpo, s.descriptor.policy
+    vocab, eos = s.engine.info.vocab_size, s.engine.info.eos_token_ids[0]
     first = honest.groups[0].completions[0]
     tokens, logprobs = list(first.token_ids), first.logprobs
 
@@ -589,15 +593,15 @@ def _malformed_submissions(s: _Setup, honest: RolloutSubmission) -> Iterator[Sub
         return f"reject/{name}", f"check 2b: {description}", _with_completion(honest, 0, **fields), {}
 
     yield tokens_case(
-        "token-outside-vocab", f"token 0 is {VOCAB_SIZE}, one past the vocabulary", [VOCAB_SIZE, *tokens[1:]]
+        "token-outside-vocab", f"token 0 is {vocab}, one past the vocabulary", [vocab, *tokens[1:]]
     )
     completions = honest.groups[0].completions
     ended = next(c for c in completions if c.ended_with_eos and len(c.token_ids) < grpo.max_new_tokens)
     index = completions.index(ended)
-    after, after_logprobs = (*ended.token_ids, 1000), ended.logprobs + ended.logprobs[-4:]
+    after, after_logprobs = (*ended.token_ids, vocab + 553), ended.logprobs + ended.logprobs[-4:]
     yield (
         "reject/token-outside-vocab-after-eos",
-        "check 2b: token 1000 after the final EOS (graders never see it, a prefill would)",
+        f"check 2b: token {vocab + 553} after the final EOS (graders never see it, a prefill would)",
         _with_completion(
             honest, index, token_ids=after, logprobs=after_logprobs, ended_with_eos=False
         ),
@@ -609,10 +613,10 @@ def _malformed_submissions(s: _Setup, honest: RolloutSubmission) -> Iterator[Sub
     longer = tokens + [tokens[0]] * (grpo.max_new_tokens + 1 - len(tokens))
     yield tokens_case(
         "completion-too-long", f"{grpo.max_new_tokens + 1} tokens, max_new_tokens is {grpo.max_new_tokens}",
-        [t if t != EOS_ID else 5 for t in longer], ended_with_eos=False,
+        [t if t != eos else 5 for t in longer], ended_with_eos=False,
     )
-    if EOS_ID in tokens:
-        early = [EOS_ID, *[t if t != EOS_ID else 5 for t in tokens[1:]]]
+    if eos in tokens:
+        early = [eos, *[t if t != eos else 5 for t in tokens[1:]]]
         yield tokens_case("eos-not-last", "EOS as token 0, more tokens after it", early, ended_with_eos=False)
     prompt = list(honest.groups[0].prompt_ids)
     yield (
@@ -700,7 +704,7 @@ def _context(s: _Setup, envelope: bytes, **changes: Any) -> dict[str, Any]:
     inp = {
         "descriptor": _h(encode_message(s.descriptor)),
         "dataset": [_task_json(t) for t in _dataset()],
-        "checkpoints": [{"version": 0, "root": _h(s.root), "sha256": _h(s.base_sha)}],
+        "checkpoints": [{"version": 0, "root": _h(s.root), "weights_root": _h(s.weights_root)}],
         "newest_version": 0,
         "eligible": [_h(WORKER.address)],
         "now_ms": NOW_MS,

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 import torch
 
-from node.rl.engine import InferenceEngine, TransformersEngine
-from node.rl.model import build_model, save_checkpoint, state_dict_of
+from node.rl.engine import InferenceEngine, TransformersEngine, truncate_at_eos
+from node.rl.model import ModelMismatch, build_model, save_weights, state_dict_of
 from node.rl.sampling import check_sampling, check_termination, eos_probabilities
-from node.rl.tokenizer import EOS_ID, encode_prompt
+from tests.tinymodel import eos_prone
+from tests.tinymodel import tiny_engine as fresh_engine
 
-from .conftest import TINY
+ARCHS = ("qwen2", "llama", "qwen3")
 
-PROMPT = encode_prompt("12+7=")
+
+@pytest.fixture(scope="module")
+def prompt(tiny_engine) -> list[int]:
+    return tiny_engine.tokenizer.encode_prompt("12+7=")
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_engine(request) -> TransformersEngine:
+    """Every supported architecture, EOS-prone so that groups mix EOS endings with full-length ones."""
+    return eos_prone(fresh_engine(request.param))
 
 
 def _lm_head_inputs(engine: TransformersEngine, ids: list[int]) -> torch.Tensor:
@@ -31,25 +42,33 @@ def _lm_head_inputs(engine: TransformersEngine, ids: list[int]) -> torch.Tensor:
 
 def test_engine_satisfies_the_protocol(tiny_engine):
     assert isinstance(tiny_engine, InferenceEngine)
+    info = tiny_engine.info
+    assert info.eos_token_ids and tiny_engine.tokenizer.eos_token_ids == info.eos_token_ids
 
 
-def test_generated_rows_are_the_lm_head_input_of_a_full_forward(tiny_engine):
-    group = tiny_engine.generate_group(PROMPT, 4, [1, 2, 3, 4], 12, 1.0)
+def test_generated_rows_are_the_lm_head_input_of_a_full_forward(arch_engine):
+    engine = arch_engine
+    prompt = engine.tokenizer.encode_prompt("12+7=")
+    group = engine.generate_group(prompt, 4, [1, 2, 3, 4], 12, 1.0)
     for c in group:
-        full = _lm_head_inputs(tiny_engine, PROMPT + list(c.tokens))
-        expected = full[len(PROMPT) - 1 : len(PROMPT) - 1 + len(c.tokens)]
-        assert (
-            c.hidden_rows.shape == (len(c.tokens), TINY.hidden_size) and c.hidden_rows.dtype == torch.float32
-        )
+        full = _lm_head_inputs(engine, prompt + list(c.tokens))
+        expected = full[len(prompt) - 1 : len(prompt) - 1 + len(c.tokens)]
+        assert c.hidden_rows.shape == (len(c.tokens), engine.info.hidden_size)
+        assert c.hidden_rows.dtype == torch.float32
         torch.testing.assert_close(c.hidden_rows, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_generation_matches_prefill_and_passes_the_checks(tiny_engine):
-    group = tiny_engine.generate_group(PROMPT, 8, list(range(100, 108)), 16, 1.0)
-    prefills = tiny_engine.prefill_batch([(PROMPT, c.tokens) for c in group])
+def test_generation_matches_prefill_and_passes_the_checks(arch_engine):
+    engine = arch_engine
+    prompt = engine.tokenizer.encode_prompt("12+7=")
+    eos = engine.info.eos_token_ids
+    group = engine.generate_group(prompt, 8, list(range(100, 108)), 16, 1.0)
+    assert any(c.ended_with_eos for c in group) and not all(c.ended_with_eos for c in group)
+    prefills = engine.prefill_batch([(prompt, c.tokens) for c in group])
     for c, pre in zip(group, prefills, strict=True):
-        assert c.ended_with_eos == (c.tokens[-1] == EOS_ID)
-        assert EOS_ID not in c.tokens[:-1]
+        assert c.ended_with_eos == (c.tokens[-1] in eos)
+        assert not set(c.tokens[:-1]) & set(eos)
+        assert c.ended_with_eos or len(c.tokens) == 16
         torch.testing.assert_close(c.hidden_rows, pre.hidden_rows, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(
             c.logprobs,
@@ -58,30 +77,57 @@ def test_generation_matches_prefill_and_passes_the_checks(tiny_engine):
             rtol=1e-5,
         )
         assert check_sampling(pre.logits, c.tokens, c.seed, 1.0).passed
-        assert check_termination(eos_probabilities(pre.logits, EOS_ID, 1.0), c.tokens, EOS_ID, 16).passed
-    single = tiny_engine.prefill(PROMPT, group[0].tokens)
+        assert check_termination(eos_probabilities(pre.logits, eos, 1.0), c.tokens, eos, 16).passed
+    single = engine.prefill(prompt, group[0].tokens)
     torch.testing.assert_close(single.logits, prefills[0].logits, atol=1e-5, rtol=1e-5)
 
 
-def test_forged_token_fails_the_sampling_check(tiny_engine):
-    c = tiny_engine.generate_group(PROMPT, 1, [9], 10, 1.0)[0]
+def test_completions_end_at_any_of_the_models_eos_ids():
+    """Instruct models have several EOS ids: generation stops at the first of any of them."""
+    engine = eos_prone(fresh_engine())
+    prompt = engine.tokenizer.encode_prompt("12+7=")
+    group = engine.generate_group(prompt, 8, list(range(100, 108)), 16, 1.0)
+    ended = [c for c in group if c.ended_with_eos]
+    assert ended
+    (eos,) = engine.info.eos_token_ids
+    other = next(t for c in group for t in c.tokens if t != eos)  # a token the model does emit
+    with torch.no_grad():  # `other` becomes as likely as EOS wherever EOS was
+        engine.model.lm_head.weight[other] = engine.model.lm_head.weight[eos]
+    two = TransformersEngine(dataclasses.replace(engine.info, eos_token_ids=(eos, other)), engine.tokenizer,
+                             engine.model)
+    regrouped = two.generate_group(prompt, 8, list(range(100, 108)), 16, 1.0)
+    assert any(c.tokens[-1] == other for c in regrouped)
+    for c in regrouped:
+        assert c.ended_with_eos == (c.tokens[-1] in (eos, other))
+        assert not {eos, other} & set(c.tokens[:-1])
+
+
+def test_truncate_at_eos():
+    assert truncate_at_eos([5, 6, 2, 7, 2], (2,)) == (5, 6, 2)
+    assert truncate_at_eos([5, 9, 2], (2, 9)) == (5, 9)
+    assert truncate_at_eos([5, 6], (2,)) == (5, 6)
+    assert truncate_at_eos([], (2,)) == ()
+
+
+def test_forged_token_fails_the_sampling_check(tiny_engine, prompt):
+    c = tiny_engine.generate_group(prompt, 1, [9], 10, 1.0)[0]
     forged = list(c.tokens)
-    forged[0] = (forged[0] + 1) % TINY.vocab_size
-    pre = tiny_engine.prefill(PROMPT, forged)
+    forged[0] = (forged[0] + 1) % tiny_engine.info.vocab_size
+    pre = tiny_engine.prefill(prompt, forged)
     assert 0 in check_sampling(pre.logits, forged, c.seed, 1.0).mismatches
 
 
-def test_group_is_reproducible_from_its_seeds(tiny_engine):
-    a = tiny_engine.generate_group(PROMPT, 4, [5, 6, 7, 8], 10, 1.0)
-    b = tiny_engine.generate_group(PROMPT, 4, [5, 6, 7, 8], 10, 1.0)
-    c = tiny_engine.generate_group(PROMPT, 4, [15, 16, 17, 18], 10, 1.0)
+def test_group_is_reproducible_from_its_seeds(tiny_engine, prompt):
+    a = tiny_engine.generate_group(prompt, 4, [5, 6, 7, 8], 10, 1.0)
+    b = tiny_engine.generate_group(prompt, 4, [5, 6, 7, 8], 10, 1.0)
+    c = tiny_engine.generate_group(prompt, 4, [15, 16, 17, 18], 10, 1.0)
     assert [x.tokens for x in a] == [x.tokens for x in b] != [x.tokens for x in c]
-    assert tiny_engine.generate_group(PROMPT, 1, [6], 10, 1.0)[0].tokens == a[1].tokens  # batch-independent
+    assert tiny_engine.generate_group(prompt, 1, [6], 10, 1.0)[0].tokens == a[1].tokens  # batch-independent
 
 
-def test_logprobs_for_the_trainer_carry_grad_and_match_generation(tiny_engine):
-    group = tiny_engine.generate_group(PROMPT, 3, [1, 2, 3], 8, 0.8)
-    out = tiny_engine.logprobs([PROMPT] * 3, [c.tokens for c in group], temperature=0.8, grad=True)
+def test_logprobs_for_the_trainer_carry_grad_and_match_generation(tiny_engine, prompt):
+    group = tiny_engine.generate_group(prompt, 3, [1, 2, 3], 8, 0.8)
+    out = tiny_engine.logprobs([prompt] * 3, [c.tokens for c in group], temperature=0.8, grad=True)
     assert out.values.shape == out.mask.shape == (3, max(len(c.tokens) for c in group))
     for i, c in enumerate(group):
         torch.testing.assert_close(out.values[i, : len(c.tokens)].detach(), c.logprobs, atol=1e-5, rtol=1e-5)
@@ -89,44 +135,64 @@ def test_logprobs_for_the_trainer_carry_grad_and_match_generation(tiny_engine):
     out.values.sum().backward()
     assert tiny_engine.model.lm_head.weight.grad is not None
     tiny_engine.model.zero_grad(set_to_none=True)
-    assert not tiny_engine.logprobs([PROMPT], [group[0].tokens]).values.requires_grad
+    assert not tiny_engine.logprobs([prompt], [group[0].tokens]).values.requires_grad
 
 
-def test_hot_swap_changes_outputs(tmp_path):
-    engine = TransformersEngine.from_seed(TINY, 1)
-    before = engine.prefill(PROMPT, [5, 6, 7]).logits
-    engine.load_weights(state_dict_of(build_model(TINY, 2)))
-    swapped = engine.prefill(PROMPT, [5, 6, 7]).logits
+def test_hot_swap_changes_outputs(tmp_path, prompt):
+    engine = fresh_engine()
+    original = state_dict_of(engine.model)
+    before = engine.prefill(prompt, [5, 6, 7]).logits
+    engine.load_weights(state_dict_of(build_model(engine.model.config, 2)))
+    swapped = engine.prefill(prompt, [5, 6, 7]).logits
     assert not torch.allclose(before, swapped)
     path = tmp_path / "one.safetensors"
-    save_checkpoint(state_dict_of(build_model(TINY, 1)), TINY, path)
+    save_weights(original, engine.info.config_hash, path)
     engine.load_weights(path)
-    torch.testing.assert_close(engine.prefill(PROMPT, [5, 6, 7]).logits, before)
+    torch.testing.assert_close(engine.prefill(prompt, [5, 6, 7]).logits, before)
 
 
-def test_input_validation(tiny_engine):
+def test_hot_swap_refuses_weights_of_another_model_config(tmp_path, prompt):
+    engine = fresh_engine()
+    before = engine.prefill(prompt, [5, 6, 7]).logits
+    path = tmp_path / "other.safetensors"
+    save_weights(state_dict_of(build_model(engine.model.config, 2)), b"\x07" * 32, path)
+    with pytest.raises(ModelMismatch, match="weights for model config"):
+        engine.load_weights(path)
+    torch.testing.assert_close(engine.prefill(prompt, [5, 6, 7]).logits, before)  # nothing changed
+    wrong_shape = {k: v[..., :1] for k, v in state_dict_of(engine.model).items()}
+    with pytest.raises(RuntimeError):  # strict: a state dict of other shapes is refused by torch
+        engine.load_weights(wrong_shape)
+
+
+def test_input_validation(tiny_engine, prompt):
     with pytest.raises(ValueError):
-        tiny_engine.generate_group(PROMPT, 2, [1], 4, 1.0)
+        tiny_engine.generate_group(prompt, 2, [1], 4, 1.0)
     with pytest.raises(ValueError):
-        tiny_engine.generate_group(PROMPT, 1, [1], TINY.max_positions, 1.0)
+        tiny_engine.generate_group(prompt, 1, [1], tiny_engine.info.max_positions, 1.0)
     with pytest.raises(ValueError):
-        tiny_engine.generate_group(PROMPT, 1, [1], 0, 1.0)
+        tiny_engine.generate_group(prompt, 1, [1], 0, 1.0)
+    with pytest.raises(ValueError):
+        tiny_engine.generate_group([], 1, [1], 4, 1.0)
     with pytest.raises(ValueError):
         tiny_engine.prefill([], [5])
+    with pytest.raises(ValueError):
+        tiny_engine.prefill(prompt, [5] * tiny_engine.info.max_positions)
+    with pytest.raises(ValueError):
+        tiny_engine.logprobs([prompt], [[5], [6]])
 
 
-def test_group_of_eight_is_fast_on_the_default_model():
+def test_group_of_eight_is_fast_on_the_default_model(prompt):
     """8 x 16 tokens took 19 ms idle and 26 ms on a loaded 2-core box with one torch thread (two threads
     spin against other processes: 220 ms median there), so the bound has a wide margin; best of 5."""
-    engine = TransformersEngine.from_seed(type(TINY)(), 0)  # the devnet's default architecture
+    engine = fresh_engine()  # the devnet's default size (`model init --size tiny`)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        engine.generate_group(PROMPT, 8, list(range(8)), 16, 1.0)  # warm-up
+        engine.generate_group(prompt, 8, list(range(8)), 16, 1.0)  # warm-up
         times = []
         for _ in range(5):
             start = time.perf_counter()
-            engine.generate_group(PROMPT, 8, list(range(8)), 16, 1.0)
+            engine.generate_group(prompt, 8, list(range(8)), 16, 1.0)
             times.append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)

@@ -1,7 +1,7 @@
 """The judge is total: whatever a signed submission holds, `judge_total` ends in an outcome.
 
-Honest submissions are built on the committed base checkpoint (the devnet's model) and judged by the real
-engine; hypothesis then mutates every field (tokens, prompt ids, logprob bytes, proofs, rewards,
+Honest submissions are built on a tiny model folder (EOS-prone, so completions end both ways) and judged
+by the real engine; hypothesis then mutates every field (tokens, prompt ids, logprob bytes, proofs, rewards,
 advantages, seeds, EOS flags, counters, versions, roots, group and completion shapes), alone and combined,
 and each mutant is judged both as constructed and, when the codec can encode it, sealed by the worker and
 opened again as a validator receives it. Properties:
@@ -24,23 +24,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crypto.identity import NodeIdentity
-from crypto.merkle import merkle_root
 from node.rl.engine import InferenceEngine, TransformersEngine
-from node.rl.model import ModelConfig, file_sha256, load_checkpoint, model_config_hash
+from node.rl.model import ModelInfo
 from node.rl.rollouts import assigned_tasks, build_submission
-from node.rl.run import BASE_CHECKPOINT, dataset_hash, devnet_dataset, devnet_grpo, devnet_policy
-from node.rl.tokenizer import EOS_ID, VOCAB_SIZE
+from node.rl.run import devnet_dataset, devnet_grpo, devnet_run
 from node.rl.validation import Accepted, ValidationContext, judge_total, validate_submission
 from protocol.envelope import ReplayWindow, open_envelope, seal
 from protocol.errors import Ignore, ProtocolError, Reason, Reject
-from protocol.messages import RolloutSubmission, RunDescriptor
+from protocol.messages import RolloutSubmission
 from protocol.runs import assignment_step
+from tests.tinymodel import eos_prone, tiny_engine, tiny_folder
 
 RUN = "judge-total"
 WORKER = NodeIdentity(b"\x11" * 32)
 NOW_MS = 1_767_225_600_000
 DATASET_SIZE = 16
 VERSION = 1  # the validator holds v0 and v1 (both the base weights), newest v1
+ARCH = "qwen2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,10 @@ class Judge:
     honest: RolloutSubmission
     root: bytes
 
+    @property
+    def info(self) -> ModelInfo:
+        return self.engine.info
+
     def __call__(self, sub: RolloutSubmission, *, prefill: bool = True) -> Accepted | ProtocolError:
         return judge_total(sub, WORKER.address, self.ctx, self.engine_for, prefill=prefill)
 
@@ -61,32 +65,26 @@ class Judge:
 
 @pytest.fixture(scope="module")
 def judge() -> Judge:
-    cfg, _ = load_checkpoint(BASE_CHECKPOINT)
+    engine = eos_prone(tiny_engine(ARCH), scale=1.0)  # the honest submission below ends both ways
     tasks = devnet_dataset()[:DATASET_SIZE]
-    base = devnet_grpo(cfg)
+    base = devnet_grpo(engine.info)
     grpo = dataclasses.replace(base, prompts_per_step=2, group_size=2, token_budget=4 * base.max_new_tokens)
-    descriptor = RunDescriptor(
-        run=RUN,
-        trainer=b"\x01" * 20,
-        model_config_hash=model_config_hash(cfg),
-        base_checkpoint_hash=file_sha256(BASE_CHECKPOINT),
-        dataset_hash=dataset_hash(tasks),
-        task_kind="arithmetic",
-        grpo=grpo,
-        async_level=2,
-        policy=devnet_policy(),
-        created_ms=NOW_MS,
-        max_submissions_per_version=8,
+    run = devnet_run(b"\x01" * 20, tiny_folder(ARCH), NOW_MS, grpo=grpo, tasks=tasks, info=engine.info)
+    descriptor = dataclasses.replace(run.descriptor, run=RUN, max_submissions_per_version=8)
+    root = descriptor.base_checkpoint_hash
+    ctx = ValidationContext(
+        descriptor, run.dataset, run.dataset_ids, VERSION, {0: root, VERSION: root}, lambda _: True,
+        engine.info, engine.tokenizer,
+    )  # fmt: skip
+    honest = build_submission(
+        engine, descriptor, run.dataset, run.dataset_ids, WORKER.address, VERSION, root, 2
     )
-    root = merkle_root([file_sha256(BASE_CHECKPOINT)])
-    dataset, ids = {t.task_id: t for t in tasks}, [t.task_id for t in tasks]
-    ctx = ValidationContext(descriptor, dataset, ids, VERSION, {0: root, VERSION: root}, lambda _: True, cfg)
-    engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
-    honest = build_submission(engine, descriptor, dataset, ids, WORKER.address, VERSION, root, 2)
     return Judge(engine, ctx, honest, root)
 
 
 def test_the_honest_submission_is_accepted(judge):
+    ends = {c.ended_with_eos for g in judge.honest.groups for c in g.completions}
+    assert ends == {True, False}  # mutants meet EOS-ended and full-length completions
     for prefill in (True, False):
         outcome = judge(judge.honest, prefill=prefill)
         assert isinstance(outcome, Accepted), outcome
@@ -96,9 +94,13 @@ def test_the_honest_submission_is_accepted(judge):
 # --- mutations -------------------------------------------------------------------------------------
 
 U64 = st.integers(0, 2**64 - 1)
-TOKEN = st.one_of(
-    st.sampled_from([0, EOS_ID, VOCAB_SIZE - 1, VOCAB_SIZE, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1]), U64
-)
+
+
+def tokens_of(info: ModelInfo) -> st.SearchStrategy[int]:
+    """Token ids at and around the model's bounds (its EOS ids, the vocabulary's end, the wire's)."""
+    edges = [0, *info.eos_token_ids, info.pad_token_id, info.vocab_size - 1, info.vocab_size]
+    return st.one_of(st.sampled_from([*edges, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1]), U64)
+
 FLOAT = st.floats(allow_nan=True, allow_infinity=True, width=64)
 FLOAT32_BYTES = st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), max_size=8).map(
     lambda xs: struct.pack(f"<{len(xs)}f", *xs)
@@ -158,8 +160,9 @@ def _proofs(data: st.DataObject, proofs: tuple[bytes, ...]) -> tuple[bytes, ...]
     return proofs[:at] + (bytes(proof),) + proofs[at + 1 :]
 
 
-def mutate(data: st.DataObject, sub: RolloutSubmission) -> RolloutSubmission:
+def mutate(data: st.DataObject, sub: RolloutSubmission, info: ModelInfo) -> RolloutSubmission:
     """One field of `sub` changed to a hostile value (the kinds cover every field of the submission)."""
+    token = tokens_of(info)
     kind = data.draw(
         st.sampled_from(
             [
@@ -188,7 +191,7 @@ def mutate(data: st.DataObject, sub: RolloutSubmission) -> RolloutSubmission:
     if gi is None:
         return sub
     if kind == "prompt":
-        return _replace_group(sub, gi, prompt_ids=_edit_list(data, sub.groups[gi].prompt_ids, TOKEN))
+        return _replace_group(sub, gi, prompt_ids=_edit_list(data, sub.groups[gi].prompt_ids, token))
     if kind == "completions":
         group = sub.groups[gi]
         pool = st.sampled_from([c for g in sub.groups for c in g.completions] or [None]).filter(bool)
@@ -200,7 +203,7 @@ def mutate(data: st.DataObject, sub: RolloutSubmission) -> RolloutSubmission:
     c = sub.groups[gi].completions[ci]
     changes: dict[str, Any]
     if kind == "tokens":
-        changes = {"token_ids": _edit_list(data, c.token_ids, TOKEN)}
+        changes = {"token_ids": _edit_list(data, c.token_ids, token)}
     elif kind == "logprobs":
         changes = {"logprobs": data.draw(st.binary(max_size=40) | FLOAT32_BYTES)}
     elif kind == "logprob-values":
@@ -255,7 +258,7 @@ def _summary(outcome: Accepted | ProtocolError) -> tuple[str, int]:
 def test_every_mutant_ends_in_an_outcome(judge, data):
     sub = judge.honest
     for _ in range(data.draw(st.integers(1, 3))):
-        sub = mutate(data, sub)
+        sub = mutate(data, sub, judge.info)
     prefill = data.draw(st.booleans())
     outcome = judge(sub, prefill=prefill)
     assert isinstance(outcome, Accepted | ProtocolError)
@@ -287,11 +290,11 @@ def test_the_issues_poison_is_a_slashable_malformed_rollout(judge, name):
     """Each of these made the validator raise ValueError/IndexError before; now each is 609 naming the field,
     whether the submission is drawn for the prefill or not."""
     c = judge.honest.groups[0].completions[0]
-    tokens = c.token_ids
+    tokens, vocab, eos = c.token_ids, judge.info.vocab_size, judge.info.eos_token_ids[0]
     subs = {
-        "vocab-before-eos": _first(judge, token_ids=(VOCAB_SIZE + 7, *tokens[1:])),
+        "vocab-before-eos": _first(judge, token_ids=(vocab + 7, *tokens[1:])),
         "vocab-after-eos": _first(
-            judge, token_ids=(*tokens, 500), logprobs=c.logprobs + c.logprobs[:4], ended_with_eos=False
+            judge, token_ids=(tokens[0], eos, vocab + 39), logprobs=c.logprobs[:4] * 3, ended_with_eos=False
         ),
         "token-2^63": _first(judge, token_ids=(2**63, *tokens[1:])),
         "logprobs-short": _first(judge, logprobs=c.logprobs[:-1]),
@@ -373,9 +376,10 @@ def test_an_engine_failure_is_a_judge_fault_not_a_crash(judge):
 def test_a_validator_with_the_wrong_model_config_quarantines_what_its_engine_cannot_take(judge):
     """Should a field check ever miss (here: the validator believes the vocabulary is larger than its
     engine's), the real engine's IndexError is a JUDGE_FAULT verdict, and the next item is judged."""
-    wrong = dataclasses.replace(judge.ctx, model=ModelConfig(vocab_size=4 * VOCAB_SIZE))
+    vocab = judge.info.vocab_size
+    wrong = dataclasses.replace(judge.ctx, model=dataclasses.replace(judge.info, vocab_size=4 * vocab))
     c = judge.honest.groups[0].completions[0]
-    poison = _first(judge, token_ids=(VOCAB_SIZE + 1, *c.token_ids[1:]))
+    poison = _first(judge, token_ids=(vocab + 1, *c.token_ids[1:]))
     outcome = judge_total(poison, WORKER.address, wrong, judge.engine_for)
     assert isinstance(outcome, Ignore) and outcome.reason == Reason.JUDGE_FAULT, outcome
     assert outcome.detail.split(":")[0] in ("IndexError", "RuntimeError", "ValueError")

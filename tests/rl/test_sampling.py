@@ -161,3 +161,40 @@ def test_logprobs_and_eos_probability_use_the_scaled_distribution():
 def test_check_termination(tokens, probs, max_len, expected):
     result = check_termination(torch.tensor(probs), tokens, EOS, max_len, threshold=1e-4)
     assert result.failures == expected and result.passed == (not expected)
+
+
+def test_eos_probability_sums_over_every_eos_id():
+    """Instruct models end on any of several ids: P(EOS) is the probability of ending, summed over them."""
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(4))
+    probs = torch.softmax(logits / 0.7, -1)
+    both = eos_probabilities(logits, (EOS, 7), 0.7)
+    torch.testing.assert_close(both, probs[:, EOS] + probs[:, 7])
+    torch.testing.assert_close(eos_probabilities(logits, [EOS], 0.7), eos_probabilities(logits, EOS, 0.7))
+    torch.testing.assert_close(eos_probabilities(logits, (EOS, EOS), 0.7), 2 * probs[:, EOS])  # ids as given
+
+
+OTHER_EOS = 9
+
+
+@pytest.mark.parametrize(
+    ("tokens", "probs", "expected"),
+    [
+        ([5, 6, OTHER_EOS], [0.0, 0.0, 0.3], ()),  # the second EOS id ends a completion too
+        ([5, EOS], [0.0, 0.3], ()),
+        (
+            [5, OTHER_EOS, 6],
+            [0.0, 0.5, 0.0],
+            ((1, TerminationFailure.EOS_NOT_LAST), (3, TerminationFailure.STOPPED_EARLY)),
+        ),
+        ([5, EOS, OTHER_EOS], [0.0, 0.5, 0.5], ((1, TerminationFailure.EOS_NOT_LAST),)),
+        ([5, OTHER_EOS], [0.0, 1e-7], ((1, TerminationFailure.EOS_UNLIKELY),)),
+        ([5, 6], [0.0, 0.0], ((2, TerminationFailure.STOPPED_EARLY),)),
+    ],
+)
+def test_check_termination_with_two_eos_ids(tokens, probs, expected):
+    result = check_termination(torch.tensor(probs), tokens, (EOS, OTHER_EOS), 8, threshold=1e-4)
+    assert result.failures == expected and result.passed == (not expected)
+    # with only the first id, the second is an ordinary token: a completion cut short after it
+    single = check_termination(torch.tensor(probs), tokens, EOS, 8, threshold=1e-4)
+    if tokens[-1] == OTHER_EOS and EOS not in tokens:
+        assert single.failures == ((len(tokens), TerminationFailure.STOPPED_EARLY),)

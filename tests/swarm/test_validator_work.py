@@ -23,10 +23,9 @@ from node.config import NodeConfig
 from node.dataplane.follower import VerifiedCheckpoint
 from node.dataplane.origin import Sealer
 from node.dataplane.roles import OriginNode
-from node.rl.engine import TransformersEngine
-from node.rl.model import model_config_hash, state_dict_of
+from node.rl.model import state_dict_of
 from node.rl.rollouts import build_submission
-from node.rl.run import BASE_CHECKPOINT, RunSetup, devnet_grpo, devnet_run
+from node.rl.run import RunMismatch, RunSetup, devnet_grpo, devnet_run, load_run_setup
 from node.swarm import cheats
 from node.swarm import validator as validator_module
 from node.swarm.accepted import AcceptedStore, Decided, PendingItem
@@ -35,6 +34,7 @@ from protocol.codec import decode
 from protocol.envelope import Envelope, envelope_digest, open_envelope, seal
 from protocol.errors import Ignore, Reason, Reject
 from protocol.messages import AcceptedRequest, RolloutSubmission, Verdict
+from tests.tinymodel import copy_folder, tiny_engine, tiny_folder
 
 RUN = "devnet"
 VERSION = 3
@@ -60,13 +60,14 @@ def now_ms() -> int:
 
 @pytest.fixture(scope="module")
 def base():
-    return TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    """The run's base model: a tiny random-init Qwen2 folder (tests.tinymodel)."""
+    return tiny_engine()
 
 
 @pytest.fixture(scope="module")
 def setup(base) -> RunSetup:
-    grpo = dataclasses.replace(devnet_grpo(base.config), prompts_per_step=2, group_size=4)
-    return devnet_run(TRAINER.address, base.config, BASE_CHECKPOINT, created_ms=0, grpo=grpo)
+    grpo = dataclasses.replace(devnet_grpo(base.info), prompts_per_step=2, group_size=4)
+    return devnet_run(TRAINER.address, tiny_folder(), created_ms=0, grpo=grpo)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def checkpoint(tmp_path_factory, base) -> VerifiedCheckpoint:
             state_dict_of(base.model),
             version=VERSION,
             parent_version=VERSION - 1,
-            model_config_hash=model_config_hash(base.config),
+            model_config_hash=base.info.config_hash,
         )
 
     manifest, envelope = trio.run(publish)
@@ -98,7 +99,7 @@ def submissions(base, setup, checkpoint) -> dict[str, tuple[object, RolloutSubmi
     """One submission per worker: honest, and the devnet's three cheats."""
     root = checkpoint.manifest.merkle_root
     d = setup.descriptor
-    cheat_engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    cheat_engine = tiny_engine()
     cheat_engine.load_weights(
         cheats.tamper_weights(cheats.PERTURBED_MODEL, state_dict_of(base.model), VERSION)
     )
@@ -156,7 +157,7 @@ def make_work(tmp_path: Path, ledger, **kwargs) -> SwarmValidatorWork:
     config = NodeConfig(
         identity=tmp_path / "key.json", run=RUN, role="validator", data_dir=tmp_path / "validator"
     )
-    return SwarmValidatorWork(config, VALIDATOR, ledger, **kwargs)
+    return SwarmValidatorWork(config, VALIDATOR, ledger, model_dir=tiny_folder(), **kwargs)
 
 
 class GossipLog:
@@ -842,7 +843,8 @@ def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base
     from tests.p2p.helpers import RUN as P2P_RUN
     from tests.p2p.helpers import node_config, swarm, wait_until
 
-    work = SwarmValidatorWork(node_config(tmp_path, "work", "validator", port=free_port()), VALIDATOR, None)
+    config = node_config(tmp_path, "work", "validator", port=free_port())
+    work = SwarmValidatorWork(config, VALIDATOR, None, model_dir=tiny_folder())
 
     async def main():
         async with swarm(
@@ -872,3 +874,61 @@ def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base
             assert work.status()["verdicts_gossiped"] == 1
 
     trio.run(main)
+
+
+# --- the run's model must be this node's folder -----------------------------------------------------------
+
+
+class RunOnly:
+    """The part of RoleNet a validator reads before it loads anything: ACCEPTED's registration and the run."""
+
+    def __init__(self, descriptor) -> None:
+        from node.p2p.records import RunRecord
+
+        self.record = RunRecord(descriptor.trainer, 1, descriptor)
+        self.served: list[str] = []
+
+    def serve(self, spec, handler, *, admit=None) -> None:
+        self.served.append(spec.protocol)
+
+    async def wait_run_record(self):
+        return self.record
+
+
+def _other_weights(tmp_path: Path) -> Path:
+    return tiny_folder("qwen2", seed=8)  # the same config and tokenizer, other weights
+
+
+def _edited_template(tmp_path: Path) -> Path:
+    folder = copy_folder("qwen2", tmp_path / "template")
+    template = folder / "chat_template.jinja"
+    template.write_text(template.read_text() + "\n")
+    return folder
+
+
+def _edited_config(tmp_path: Path) -> Path:
+    folder = copy_folder("qwen2", tmp_path / "config")
+    config = folder / "config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()), indent=1))  # same values, other bytes
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("make_folder", "named"),
+    [
+        (_other_weights, "model.safetensors"),
+        (_edited_template, "chat_template.jinja"),
+        (_edited_config, "config.json"),
+    ],
+)
+def test_a_validator_refuses_a_run_whose_model_is_not_its_folder(tmp_path, setup, make_folder, named):
+    folder = make_folder(tmp_path)
+    config = NodeConfig(identity=tmp_path / "key.json", run=RUN, role="validator", data_dir=tmp_path / "v")
+    work = SwarmValidatorWork(config, VALIDATOR, None, model_dir=folder)
+    net = RunOnly(setup.descriptor)
+    with pytest.raises(RunMismatch, match=named):
+        trio.run(work.run, net)
+    assert net.served and work.setup is None and work.engines is None  # nothing of the run was loaded
+    same = SwarmValidatorWork(config, VALIDATOR, None, model_dir=copy_folder("qwen2", tmp_path / "same"))
+    trio.run(same.prepare, load_run_setup(setup.descriptor, same.model_dir, same.tasks))
+    assert same.engines is not None and same.engines.model_info == tiny_engine().info

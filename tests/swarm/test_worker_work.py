@@ -30,10 +30,8 @@ from node.p2p.peers import PeerRecord
 from node.p2p.reqresp import PeerUnreachable
 from node.rl.engine import TransformersEngine
 from node.rl.grpo import group_advantages
-from node.rl.model import load_model, model_config_hash
 from node.rl.rollouts import assigned_tasks, completion_rewards
-from node.rl.run import BASE_CHECKPOINT, RunSetup, dataset_hash, devnet_dataset, devnet_grpo, devnet_policy
-from node.rl.tokenizer import completion_text, encode_prompt
+from node.rl.run import RunSetup, devnet_grpo, devnet_run
 from node.rl.validation import BadProof, ValidationContext, validate_submission
 from node.roles.validator import IdleValidatorWork, Validator
 from node.roles.worker import Worker
@@ -67,9 +65,10 @@ from node.swarm.worker import (
 )
 from protocol.envelope import Opened, open_envelope, seal
 from protocol.errors import Reason, Reject
-from protocol.messages import RolloutSubmission, RunDescriptor, SubmitAck, Verdict
+from protocol.messages import RolloutSubmission, SubmitAck, Verdict
 from protocol.runs import assignment_step
 from tests.p2p.helpers import swarm, wait_until
+from tests.swarm.models import eos_folder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,21 +78,21 @@ ROOT = sha256(b"checkpoint-3")
 REF = CheckpointRef(3, ROOT)
 
 
+def run_engine() -> TransformersEngine:
+    """A fresh engine on the run's model: a tiny folder that answers in digits (tests.swarm.models)."""
+    return TransformersEngine.from_folder(eos_folder())
+
+
 @pytest.fixture(scope="module")
 def base_engine() -> TransformersEngine:
-    return TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    return run_engine()
 
 
 @pytest.fixture(scope="module")
-def setup() -> RunSetup:
-    cfg, _ = load_model(BASE_CHECKPOINT)
-    tasks = devnet_dataset()
-    grpo = dataclasses.replace(devnet_grpo(cfg), prompts_per_step=2, group_size=4)
-    descriptor = RunDescriptor(
-        RUN, b"\x01" * 20, model_config_hash(cfg), b"\x03" * 32, dataset_hash(tasks), "arithmetic", grpo, 2,
-        devnet_policy(), 0,
-    )  # fmt: skip
-    return RunSetup(descriptor, tasks)
+def setup(base_engine) -> RunSetup:
+    grpo = dataclasses.replace(devnet_grpo(base_engine.info), prompts_per_step=2, group_size=4)
+    run = devnet_run(b"\x01" * 20, eos_folder(), grpo=grpo)
+    return RunSetup(dataclasses.replace(run.descriptor, run=RUN), run.tasks)
 
 
 def submission(
@@ -105,7 +104,10 @@ def submission(
 
 
 def judge_submission(sub: RolloutSubmission, setup: RunSetup, engine: TransformersEngine) -> None:
-    ctx = ValidationContext(setup.descriptor, setup.dataset, setup.dataset_ids, 3, {3: ROOT}, lambda _: True)
+    ctx = ValidationContext(
+        setup.descriptor, setup.dataset, setup.dataset_ids, 3, {3: ROOT}, lambda _: True,
+        model=engine.info, tokenizer=engine.tokenizer,
+    )  # fmt: skip
     validate_submission(sub, WORKER.address, ctx, lambda version: engine)
 
 
@@ -131,8 +133,9 @@ def test_tampered_prompt_is_a_bad_assignment(base_engine, setup):
     assert [g.task_id for g in sub.groups] == [
         g.task_id for g in honest.groups
     ]  # still claims the assignment
-    assert list(first.prompt_ids) == encode_prompt(easier_task(assigned, setup.dataset).prompt)
-    assert list(first.prompt_ids) != encode_prompt(assigned.prompt)
+    tokenizer = base_engine.tokenizer
+    assert list(first.prompt_ids) == tokenizer.encode_prompt(easier_task(assigned, setup.dataset).prompt)
+    assert list(first.prompt_ids) != tokenizer.encode_prompt(assigned.prompt)
     assert sub.groups[1:] == honest.groups[1:]
     err = reject_reason(sub, setup, base_engine)
     assert err.reason == Reason.BAD_ASSIGNMENT and "prompt" in err.detail
@@ -145,8 +148,10 @@ def test_forged_reward_is_a_bad_reward(base_engine, setup):
         assert torch.allclose(
             torch.tensor([c.advantage for c in group.completions]), group_advantages(claimed)
         )
+    tokenizer = base_engine.tokenizer
     earned = [
-        completion_rewards(setup.dataset[g.task_id], [c.token_ids for c in g.completions], setup.descriptor)
+        completion_rewards(setup.dataset[g.task_id], [c.token_ids for c in g.completions], setup.descriptor,
+                           tokenizer)
         for g in sub.groups
     ]
     claimed = [[c.reward for c in g.completions] for g in sub.groups]
@@ -162,10 +167,10 @@ def test_perturbed_model_trips_toploc(base_engine, setup):
     say RULE_VIOLATION, not slashable), so the cheat is slashed with the failing chunks as evidence.
     """
     state = dict(base_engine.model.state_dict())
-    cheat = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+    cheat = run_engine()
     cheat.load_weights(tamper_weights(PERTURBED_MODEL, state, REF.version))
     sub = submission(cheat, setup, "")
-    texts = [completion_text(c.token_ids).strip() for g in sub.groups for c in g.completions]
+    texts = [cheat.tokenizer.completion_text(c.token_ids).strip() for g in sub.groups for c in g.completions]
     assert sum(t.isdigit() for t in texts) >= len(texts) // 2, texts  # plausible output, not noise
 
     policy = setup.descriptor.policy
@@ -228,11 +233,15 @@ def node_config(tmp_path: Path, **work: object) -> NodeConfig:
     )
 
 
+def worker_work(config: NodeConfig, identity: NodeIdentity, ledger: SignedLog | None) -> SwarmWorkerWork:
+    return SwarmWorkerWork(config, identity, ledger, model_dir=eos_folder())
+
+
 def test_an_ineligible_worker_refuses_to_start_and_says_how_to_fix_it(tmp_path):
     config = node_config(tmp_path)
     ledger = SignedLog.create(tmp_path / "ledger.db", Params(min_stake_per_unit_gwei=1000))
     options = f"--ledger {config.ledger_url} --key {config.identity}"
-    work = SwarmWorkerWork(config, WORKER, ledger)
+    work = worker_work(config, WORKER, ledger)
     with pytest.raises(NotEligible) as err:
         trio.run(work.run, None)  # refused before it touches the network
     message = str(err.value)
@@ -369,7 +378,7 @@ def test_worker_loop_spends_its_budget_per_version_and_skips_stale_ones(tmp_path
     def start(work: SwarmWorkerWork) -> None:
         work.setup = setup
         work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
-        work.engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+        work.engine = run_engine()
 
     async def wait_sent(n: int) -> None:
         with trio.fail_after(20):
@@ -380,7 +389,7 @@ def test_worker_loop_spends_its_budget_per_version_and_skips_stale_ones(tmp_path
         return [(s.checkpoint_version, s.step & 0xFFFFFFFF) for _, s in validators.sent]
 
     async def main() -> None:
-        work = SwarmWorkerWork(config, WORKER, None)
+        work = worker_work(config, WORKER, None)
         start(work)
         send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
         async with trio.open_nursery() as nursery:
@@ -409,7 +418,7 @@ def test_worker_loop_spends_its_budget_per_version_and_skips_stale_ones(tmp_path
             assert sub.checkpoint_root == (v1 if sub.checkpoint_version == 1 else v2).manifest.merkle_root
 
         # restarted: v2's budget is already spent, and v1 is never generated on again
-        again = SwarmWorkerWork(config, WORKER, None)
+        again = worker_work(config, WORKER, None)
         start(again)
         send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
         async with trio.open_nursery() as nursery:
@@ -421,7 +430,7 @@ def test_worker_loop_spends_its_budget_per_version_and_skips_stale_ones(tmp_path
             nursery.cancel_scope.cancel()
 
         # restarted with a larger budget while the trainer is already three versions ahead: v2 is stale
-        bigger = SwarmWorkerWork(
+        bigger = worker_work(
             dataclasses.replace(config, work=WorkSettings(submissions_per_version=3)), WORKER, None
         )
         start(bigger)
@@ -536,7 +545,7 @@ def verdict_delivery(worker: bytes, digest: bytes, accepted: bool, reason: int =
 
 
 def test_verdicts_naming_this_worker_are_counted_once(tmp_path):
-    work = SwarmWorkerWork(node_config(tmp_path, cheat=FORGED_REWARD), WORKER, None)
+    work = worker_work(node_config(tmp_path, cheat=FORGED_REWARD), WORKER, None)
     deliveries = [
         verdict_delivery(WORKER.address, sha256(b"a"), True),
         verdict_delivery(WORKER.address, sha256(b"a"), True, seq=2),  # the same submission again
@@ -577,7 +586,7 @@ def test_submissions_reach_a_validator_found_through_the_dht(tmp_path):
     """Two validators in the DHT, one not validating yet (205): every submission ends up queued. The
     worker node runs the real work, which waits for a run descriptor (none here) and reports its status."""
     queueing = QueueingValidator()
-    work = SwarmWorkerWork(node_config(tmp_path / "work"), WORKER, None)
+    work = worker_work(node_config(tmp_path / "work"), WORKER, None)
     services = {1: Worker(work), 2: Validator(), 3: Validator(queueing)}
 
     async def main() -> None:
@@ -653,10 +662,10 @@ def test_a_worker_configured_beyond_the_runs_bound_stops_at_it(tmp_path, base_en
     validators = Validators([100])
 
     async def main() -> None:
-        work = SwarmWorkerWork(config, WORKER, None)
+        work = worker_work(config, WORKER, None)
         work.setup = bounded
         work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
-        work.engine = TransformersEngine.from_checkpoint(BASE_CHECKPOINT)
+        work.engine = run_engine()
         send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(work._load_checkpoints, receive)

@@ -1,0 +1,189 @@
+"""Warm start: supervised training of a model folder on tasks until its sampled pass rate reaches a target.
+
+A random-init model solves nothing, and GRPO cannot learn from groups whose rewards are all zero. A short
+supervised run on (prompt, target) pairs gives a base that solves some tasks at the run's temperature and
+not others, so the groups carry a signal and GRPO has room to raise the reward (the devnet's built-in
+model is made this way by scripts/make_devnet_model.py; `swarmnode model init --warm-start-pass`).
+
+Decisions:
+- The prompt is the run's prompt (the task's chat through the model's template with its target length,
+  `encode_prompt`), the target is the task's target text plus the model's first EOS id; the loss is on the
+  target tokens only.
+  Batches are right-padded with the model's pad id, which causal attention never looks at.
+- Stopping is on the pass rate at temperature 1 (what GRPO samples at), measured every `eval_every` steps
+  on a fixed eval set with fixed seeds (`derive_seed` at step 0), so two evaluations differ only by the
+  weights. Training stops at the first evaluation that reaches the target: the aim is a clearly non-zero,
+  still improvable reward, not a trained model.
+- Deterministic from (folder, tasks, recipe): batches come from an explicit `random.Random(data_seed)`,
+  there is no dropout and no global RNG. Float sums depend on the torch version and thread count, so the
+  result records both.
+- The output is a model folder written by `save_model_folder`: the tokenizer files are copied byte for
+  byte, so a run's tokenizer digests are the same before and after the warm start.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from node.rl.engine import TransformersEngine
+from node.rl.model import save_model_folder
+from node.rl.sampling import derive_seed
+from node.rl.tasks import GraderFault, Task, grade
+from node.rl.tokenizer import ChatTokenizer
+
+IGNORE = -100  # label of a position that carries no loss (cross_entropy's ignore_index)
+EVAL_RUN = "swarmnode-warm-start"
+EVAL_WORKER = b"warm-start-eval"
+
+
+@dataclass(frozen=True)
+class WarmStartRecipe:
+    """Everything besides the folder and the tasks that determines a warm start."""
+
+    data_seed: int = 1
+    batch_size: int = 128
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.98)
+    max_steps: int = 3000
+    eval_every: int = 50
+    eval_samples: int = 2
+    target_pass_rate: float = 0.3
+    max_new_tokens: int = 6
+    temperature: float = 1.0
+
+    def check(self) -> None:
+        """Refuse a recipe that cannot run (ValueError naming the field)."""
+        for name in ("batch_size", "max_steps", "eval_every", "eval_samples", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"warm-start {name} must be at least 1, got {getattr(self, name)}")
+        if not 0.0 <= self.target_pass_rate <= 1.0:
+            raise ValueError(f"warm-start target pass rate {self.target_pass_rate} is not in [0, 1]")
+        if not self.lr > 0 or not self.temperature > 0:
+            raise ValueError("warm-start lr and temperature must be positive")
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """One evaluation during training: the step, the last batch's loss, the pass rate, seconds so far."""
+
+    step: int
+    loss: float
+    pass_rate: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WarmStartResult:
+    folder: Path
+    steps: int
+    pass_rate: float  # of the last evaluation (the one that reached the target, unless max_steps ran out)
+    reached_target: bool
+    evals: tuple[EvalPoint, ...]
+    seconds: float
+    threads: int  # torch.get_num_threads() during training (bit-exact reproduction needs the same)
+    torch_version: str
+
+
+def training_pair(tokenizer: ChatTokenizer, task: Task) -> tuple[list[int], list[int]]:
+    """(prompt ids, target ids + the first EOS id) of one task."""
+    prompt = tokenizer.encode_prompt(task.prompt, task.target_length)
+    return prompt, tokenizer.encode(task.target) + [tokenizer.eos_token_ids[0]]
+
+
+def make_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and labels; the label of row i is the target token that row i predicts (i + 1)."""
+    width = max(len(p) + len(c) for p, c in pairs)
+    ids = torch.full((len(pairs), width), pad_id, dtype=torch.int64)
+    labels = torch.full((len(pairs), width), IGNORE, dtype=torch.int64)
+    for i, (p, c) in enumerate(pairs):
+        ids[i, : len(p) + len(c)] = torch.tensor([*p, *c], dtype=torch.int64)
+        labels[i, len(p) - 1 : len(p) + len(c) - 1] = torch.tensor(list(c), dtype=torch.int64)
+    return ids, labels
+
+
+def pass_rate(engine: TransformersEngine, tasks: Sequence[Task], samples: int, max_new_tokens: int,
+              temperature: float, run_id: str = EVAL_RUN) -> float:
+    """Mean reward of `samples` completions per task, seeds fixed by (run_id, task, index) alone.
+
+    A completion the grader faults on (a machine-dependent limit, GraderFault) counts as unsolved: this is
+    a local measurement, not a verdict anyone recomputes.
+    """
+    if not tasks or samples < 1:
+        raise ValueError("need at least one task and one sample")
+    total = 0.0
+    for task in tasks:
+        seeds = [derive_seed(run_id, EVAL_WORKER, 0, task.task_id, i) for i in range(samples)]
+        prompt = engine.tokenizer.encode_prompt(task.prompt, task.target_length)
+        group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
+        for completion in group:
+            try:
+                total += grade(task, engine.tokenizer.completion_text(completion.tokens)).reward
+            except GraderFault:
+                pass
+    return total / (len(tasks) * samples)
+
+
+def warm_start(
+    folder_in: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    tasks: Sequence[Task],
+    eval_tasks: Sequence[Task],
+    recipe: WarmStartRecipe = WarmStartRecipe(),
+    progress: Callable[[EvalPoint], None] | None = None,
+) -> WarmStartResult:
+    """Train the model of `folder_in` on `tasks` until the pass rate on `eval_tasks` reaches the target;
+    write the trained folder to `out` (config and tokenizer files as in `folder_in`)."""
+    recipe.check()
+    if not tasks or not eval_tasks:
+        raise ValueError("a warm start needs training tasks and eval tasks")
+    engine = TransformersEngine.from_folder(folder_in)
+    info, tokenizer, model = engine.info, engine.tokenizer, engine.model
+    pairs = [training_pair(tokenizer, t) for t in tasks]
+    longest = max(len(p) + len(c) for p, c in pairs)
+    if longest > info.max_positions:
+        raise ValueError(f"a training task has {longest} tokens, more than the model's {info.max_positions}")
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=recipe.betas, weight_decay=0.0)
+    rng = random.Random(recipe.data_seed)
+    evals: list[EvalPoint] = []
+    start = time.perf_counter()
+    step, rate = 0, 0.0
+    for step in range(1, recipe.max_steps + 1):
+        model.train()
+        ids, labels = make_batch([pairs[rng.randrange(len(pairs))] for _ in range(recipe.batch_size)],
+                                 info.pad_token_id)
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % recipe.eval_every == 0 or step == recipe.max_steps:
+            model.eval()
+            rate = pass_rate(engine, eval_tasks, recipe.eval_samples, recipe.max_new_tokens,
+                             recipe.temperature)
+            point = EvalPoint(step, float(loss.item()), rate, time.perf_counter() - start)
+            evals.append(point)
+            if progress is not None:
+                progress(point)
+            if rate >= recipe.target_pass_rate:
+                break
+    model.eval()
+    seconds = time.perf_counter() - start
+    folder = save_model_folder(model, folder_in, out)
+    return WarmStartResult(
+        folder=folder,
+        steps=step,
+        pass_rate=rate,
+        reached_target=rate >= recipe.target_pass_rate,
+        evals=tuple(evals),
+        seconds=seconds,
+        threads=torch.get_num_threads(),
+        torch_version=torch.__version__,
+    )
