@@ -11,7 +11,6 @@ import secrets
 import sys
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -19,9 +18,7 @@ from rich.table import Table
 
 from crypto.identity import NodeIdentity
 from crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore, save_keystore
-
-if TYPE_CHECKING:
-    from node.rl.tasks import Task
+from node.cli_inputs import eval_tasks_option, load_run_inputs, run_model_options
 
 DEFAULT_KEY = Path(os.environ.get("SWARMNODE_KEY", Path.home() / ".swarmnode" / "node.key"))
 console = Console()
@@ -142,49 +139,13 @@ def conformance(vectors: Path | None, verbose: bool) -> None:
     console.print(f"[green]all {len(results)} cases passed[/]")
 
 
-def model_options(fn: Any) -> Any:
-    """--model, --tasks and --max-new-tokens: the same arguments as `swarmnode devnet`."""
-    options = [
-        click.option("--model", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-                     help="A Hugging Face causal-LM folder (default: the built-in tiny Qwen2 of the devnet)."),
-        click.option("--tasks", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-                     help="Training tasks, JSONL or Parquet (default: generated two-digit additions)."),
-        click.option("--max-new-tokens", type=click.IntRange(1), default=6, show_default=True,
-                     help="The longest completion (6 fits the additions' answers; math and code need more)."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def load_run_inputs(
-    model: Path | None, tasks: Path | None, eval_tasks: Path | None
-) -> tuple[Path, list[Task], list[Task]]:
-    """(model folder, training tasks, evaluation tasks) from the options, with clear errors."""
-    from node.devnet_rl import eval_tasks_of
-    from node.rl.run import DEVNET_MODEL, devnet_dataset
-    from node.rl.tasks.files import TaskFileError, read_tasks
-
-    folder = model or DEVNET_MODEL
-    try:
-        train_tasks = read_tasks(tasks) if tasks else devnet_dataset()
-        held_out = eval_tasks_of(str(tasks or ""), str(eval_tasks or ""))
-    except (TaskFileError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    if not (folder / "config.json").is_file():
-        raise click.ClickException(f"{folder} is not a model folder (no config.json); see `swarmnode model init`")
-    return folder, train_tasks, held_out
-
-
 @main.command()
 @click.option("--sync", "sync_mode", is_flag=True, required=True,
               help="Single-process baseline: generate and train in one loop, no network "
                    "(the distributed run is `swarmnode devnet --steps N`).")
 @click.option("--steps", type=click.IntRange(1), default=30, show_default=True, help="GRPO steps to take.")
-@model_options
-@click.option("--eval-tasks", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Held-out tasks for the reward before and after (default with --tasks: its first 128 tasks, "
-                   "which are not held out).")
+@run_model_options
+@eval_tasks_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for the final checkpoint and optimizer state.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per step.")
@@ -252,7 +213,7 @@ def diloco(args: tuple[str, ...]) -> None:
 
 
 @main.command()
-@model_options
+@run_model_options
 @click.option("--workers", type=click.IntRange(1), default=4, show_default=True, help="Simulated honest workers.")
 @click.option("--submissions", type=click.IntRange(1), default=4, show_default=True, help="Submissions per worker.")
 @click.option("--margin", type=click.FloatRange(1.0), default=3.0, show_default=True,

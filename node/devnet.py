@@ -33,6 +33,7 @@ from rich.table import Table
 
 from crypto.identity import NodeIdentity
 from crypto.keystore import PASSWORD_ENV, save_keystore
+from node.cli_inputs import eval_tasks_option, run_model_options
 from node.config import NodeConfig, render_config
 from node.devnet_rl import DEVNET_STAKE_GWEI, STAKED_ROLES, DevnetLedger, work_cell
 
@@ -626,31 +627,8 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
 @click.option(
     "--no-live", is_flag=True, help="No live table (for logs and CI); prints the summary at the end."
 )
-@click.option(
-    "--model",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The run's model: a Hugging Face causal-LM folder (Qwen2/2.5/3, Llama; default: the built-in tiny "
-    "Qwen2). `swarmnode model init` writes one.",
-)
-@click.option(
-    "--tasks",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="The run's tasks: a JSONL or Parquet file (prompt, kind, answer or tests; default: generated "
-    "two-digit additions). `swarmnode tasks show FILE` checks one.",
-)
-@click.option(
-    "--eval-tasks",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Held-out tasks the report measures the reward on, before and after (default with --tasks: the "
-    "first 128 training tasks, which are not held out).",
-)
-@click.option(
-    "--max-new-tokens",
-    type=click.IntRange(1),
-    default=6,
-    show_default=True,
-    help="The longest completion of the run (6 fits the additions' answers; math and code need more).",
-)
+@run_model_options
+@eval_tasks_option
 @click.option(
     "--engine",
     type=click.Choice(["auto", "transformers", "vllm"]),

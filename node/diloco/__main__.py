@@ -30,7 +30,14 @@ from node.config import LivenessSettings, NodeConfig
 from node.dataplane.http_server import HttpServer, ServerConfig
 from node.diloco.faults import straggling
 from node.diloco.holdings import Holdings
-from node.diloco.plan import build_plan, checkpoint_digest, config_hash, fresh_model, read_plan, sign_plan
+from node.diloco.plan import (
+    build_plan,
+    checkpoint_digest,
+    fresh_model,
+    plan_config_hash,
+    read_plan,
+    sign_plan,
+)
 from node.diloco.role import DilocoTrainer, DilocoWork
 from node.diloco.service import DilocoService
 from node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
@@ -120,7 +127,7 @@ def prepare_trainer(args: argparse.Namespace) -> Prepared:
     plan, plan_envelope = read_plan(Path(args.plan), parse_address(args.owner))
     folder = Path(args.model)
     try:
-        if config_hash(folder) != plan.model_config_hash:
+        if plan_config_hash(folder) != plan.model_config_hash:
             raise SystemExit(f"the run names another model config than {folder / 'config.json'}")
         tokenizer, info = load_tokenizer(folder)
         model = fresh_model(folder, args.model_seed)

@@ -16,17 +16,17 @@ from transformers import PreTrainedModel
 from crypto.identity import NodeIdentity
 from node.p2p.clock import wall_ms
 from node.rl.diloco import content_digest, trainable_state
-from node.rl.model import CONFIG_FILE, build_model, file_sha256, load_model, read_config
+from node.rl.model import build_model, config_hash, load_model, read_config
 from protocol.codec import decode
 from protocol.diloco import check_plan, verify_plan
 from protocol.envelope import Envelope, seal
 from protocol.messages import DilocoRun
 
 
-def config_hash(folder: str | os.PathLike[str]) -> bytes:
-    """sha256 of the folder's `config.json` bytes: the plan's (and a RunDescriptor's) `model_config_hash`."""
-    read_config(folder)  # refuses a folder that is not a supported model
-    return file_sha256(Path(folder) / CONFIG_FILE)
+def plan_config_hash(folder: str | os.PathLike[str]) -> bytes:
+    """The plan's `model_config_hash` of a folder, refusing one that is not a supported model."""
+    read_config(folder)
+    return config_hash(folder)
 
 
 def fresh_model(folder: str | os.PathLike[str], seed: int) -> PreTrainedModel:
@@ -68,7 +68,7 @@ def build_plan(
     plan = DilocoRun(
         run=run,
         trainers=tuple(sorted(set(trainers))),
-        model_config_hash=config_hash(model),
+        model_config_hash=plan_config_hash(model),
         initial_digest=initial_digest(model, model_seed) if initial is None else initial,
         rounds=rounds,
         inner_steps=inner_steps,

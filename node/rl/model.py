@@ -104,8 +104,10 @@ def file_sha256(path: str | os.PathLike[str]) -> bytes:
 def _require(folder: Path, name: str) -> Path:
     path = folder / name
     if not path.is_file():
-        raise ModelFolderError(f"{folder}: no {name} (a model folder holds config.json, safetensors "
-                               "weights and tokenizer files, as save_pretrained writes them)")
+        raise ModelFolderError(
+            f"{folder}: no {name} (a model folder holds config.json, safetensors "
+            "weights and tokenizer files, as save_pretrained writes them)"
+        )
     return path
 
 
@@ -137,12 +139,17 @@ def tokenizer_files(folder: str | os.PathLike[str]) -> list[str]:
     return names
 
 
+def config_hash(folder: str | os.PathLike[str]) -> bytes:
+    """sha256 of `config.json`: a RunDescriptor's (and a DiLoCo plan's) `model_config_hash`."""
+    return file_sha256(_require(Path(folder), CONFIG_FILE))
+
+
 def model_commitment(folder: str | os.PathLike[str]) -> ModelCommitment:
     """What a RunDescriptor records for this folder (hashes every weights file: seconds for a 7B model)."""
     folder = Path(folder)
     weights = [file_sha256(folder / n) for n in weight_files(folder)]
     return ModelCommitment(
-        config_hash=file_sha256(_require(folder, CONFIG_FILE)),
+        config_hash=config_hash(folder),
         tokenizer_files=tuple(FileDigest(n, file_sha256(folder / n)) for n in tokenizer_files(folder)),
         weights_root=merkle_root(weights),
     )
@@ -153,9 +160,11 @@ def check_commitment(folder: str | os.PathLike[str], expected: ModelCommitment) 
     folder = Path(folder)
     config = _require(folder, CONFIG_FILE)
     if file_sha256(config) != expected.config_hash:
-        raise ModelMismatch(f"{config} differs from the run's model config (sha256 "
-                            f"{file_sha256(config).hex()[:16]}..., the run commits to "
-                            f"{expected.config_hash.hex()[:16]}...)")
+        raise ModelMismatch(
+            f"{config} differs from the run's model config (sha256 "
+            f"{file_sha256(config).hex()[:16]}..., the run commits to "
+            f"{expected.config_hash.hex()[:16]}...)"
+        )
     want = {f.name: f.sha256 for f in expected.tokenizer_files}
     have = tokenizer_files(folder)
     for name in sorted(set(want) | set(have)):
@@ -167,7 +176,9 @@ def check_commitment(folder: str | os.PathLike[str], expected: ModelCommitment) 
             raise ModelMismatch(f"{folder / name} differs from the run's tokenizer file of that name")
     names = weight_files(folder)
     if merkle_root([file_sha256(folder / n) for n in names]) != expected.weights_root:
-        raise ModelMismatch(f"the weights in {folder} ({', '.join(names)}) differ from the run's base weights")
+        raise ModelMismatch(
+            f"the weights in {folder} ({', '.join(names)}) differ from the run's base weights"
+        )
 
 
 # --- facts the roles need ---------------------------------------------------------------------------
@@ -204,13 +215,16 @@ def read_config(folder: str | os.PathLike[str]) -> PretrainedConfig:
     except (ValueError, OSError, KeyError) as exc:
         raise ModelFolderError(f"{path}: not a transformers config ({exc})") from None
     if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelFolderError(f"{path}: model_type {config.model_type!r} is not supported "
-                               f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        raise ModelFolderError(
+            f"{path}: model_type {config.model_type!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
     return config
 
 
-def model_info(folder: str | os.PathLike[str], tokenizer_eos: Sequence[int] = (),
-               tokenizer_pad: int | None = None) -> ModelInfo:
+def model_info(
+    folder: str | os.PathLike[str], tokenizer_eos: Sequence[int] = (), tokenizer_pad: int | None = None
+) -> ModelInfo:
     """ModelInfo of a folder; EOS ids are the generation config's, the config's and the tokenizer's."""
     folder = Path(folder)
     config = read_config(folder)
@@ -223,7 +237,7 @@ def model_info(folder: str | os.PathLike[str], tokenizer_eos: Sequence[int] = ()
         raise ModelFolderError(f"{folder}: neither the configs nor the tokenizer name an EOS token")
     pad = tokenizer_pad if tokenizer_pad is not None else config.pad_token_id
     vocab = int(config.vocab_size)
-    if any(not 0 <= t < vocab for t in [*eos, *( [pad] if pad is not None else [])]):
+    if any(not 0 <= t < vocab for t in [*eos, *([pad] if pad is not None else [])]):
         raise ModelFolderError(f"{folder}: a special token id lies outside the vocabulary of {vocab}")
     return ModelInfo(
         model_type=config.model_type,
@@ -233,7 +247,7 @@ def model_info(folder: str | os.PathLike[str], tokenizer_eos: Sequence[int] = ()
         max_positions=int(config.max_position_embeddings),
         eos_token_ids=tuple(eos),
         pad_token_id=int(pad if pad is not None else eos[0]),
-        config_hash=file_sha256(folder / CONFIG_FILE),
+        config_hash=config_hash(folder),
     )
 
 
@@ -257,7 +271,9 @@ def state_dict_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
 
 
-def save_weights(state: Mapping[str, torch.Tensor], config_hash: bytes, path: str | os.PathLike[str]) -> bytes:
+def save_weights(
+    state: Mapping[str, torch.Tensor], config_hash: bytes, path: str | os.PathLike[str]
+) -> bytes:
     """One safetensors file naming the config it belongs to in its metadata; returns the file's sha256."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     save_file(tensors, str(path), metadata={"format": "pt", META_CONFIG_HASH: config_hash.hex()})
@@ -294,13 +310,16 @@ class ModelRecipe:
 
 
 _CONFIG_CLASSES: Mapping[str, type[PretrainedConfig]] = {
-    "qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig,
+    "qwen2": Qwen2Config,
+    "qwen3": Qwen3Config,
+    "llama": LlamaConfig,
 }
 _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 
 
-def hf_config(recipe: ModelRecipe, *, eos_token_id: int, pad_token_id: int, bos_token_id: int | None = None
-              ) -> PretrainedConfig:
+def hf_config(
+    recipe: ModelRecipe, *, eos_token_id: int, pad_token_id: int, bos_token_id: int | None = None
+) -> PretrainedConfig:
     """The transformers config of `recipe` (fp32, untied embeddings, the tokenizer's special ids)."""
     if recipe.arch not in _CONFIG_CLASSES:
         raise ValueError(f"arch {recipe.arch!r} is not one of {', '.join(_CONFIG_CLASSES)}")
@@ -347,8 +366,13 @@ def build_model(config: PretrainedConfig, seed: int, std: float = 0.02) -> PreTr
     return model.eval()
 
 
-def save_model_folder(model: PreTrainedModel, tokenizer_folder: str | os.PathLike[str] | None,
-                      out: str | os.PathLike[str], *, max_shard_size: str | int = "2GB") -> Path:
+def save_model_folder(
+    model: PreTrainedModel,
+    tokenizer_folder: str | os.PathLike[str] | None,
+    out: str | os.PathLike[str],
+    *,
+    max_shard_size: str | int = "2GB",
+) -> Path:
     """`save_pretrained` of the model (safetensors) plus the tokenizer files copied byte for byte."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,9 @@ from node.rl.tokenizer import CHAT_TEMPLATE, prompt_messages, train_tokenizer
 # Named sizes for `model init --size`; `tiny` is the devnet's (about 0.2M parameters).
 SIZES: Mapping[str, ModelRecipe] = {
     "tiny": ModelRecipe(),
-    "small": ModelRecipe(hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=8, num_kv_heads=4,
-                         max_positions=1024),
+    "small": ModelRecipe(
+        hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=8, num_kv_heads=4, max_positions=1024
+    ),
 }
 DEFAULT_VOCAB_SIZE = 512
 

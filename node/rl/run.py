@@ -62,8 +62,10 @@ def devnet_grpo(info: ModelInfo, max_new_tokens: int = DEVNET_MAX_NEW_TOKENS) ->
     """
     group_size, prompts, max_new = 8, 32, max_new_tokens
     if not 1 <= max_new <= info.max_positions - 32:
-        raise ValueError(f"max_new_tokens {max_new} does not fit the model's {info.max_positions} positions "
-                         "beside a prompt")
+        raise ValueError(
+            f"max_new_tokens {max_new} does not fit the model's {info.max_positions} positions "
+            "beside a prompt"
+        )
     return GrpoParams(
         group_size=group_size,
         prompts_per_step=prompts,
@@ -193,8 +195,10 @@ def load_run_setup(descriptor: RunDescriptor, model_dir: Path, tasks: Sequence[T
     except ValueError as exc:
         raise RunMismatch(f"run {run}: {exc}") from None
     if dataset_hash(tasks) != descriptor.dataset_hash:
-        raise RunMismatch(f"run {run} names dataset {descriptor.dataset_hash.hex()[:16]}..., not this "
-                          f"node's tasks ({len(tasks)} tasks, {dataset_hash(tasks).hex()[:16]}...)")
+        raise RunMismatch(
+            f"run {run} names dataset {descriptor.dataset_hash.hex()[:16]}..., not this "
+            f"node's tasks ({len(tasks)} tasks, {dataset_hash(tasks).hex()[:16]}...)"
+        )
     unknown = sorted({t.kind for t in tasks} - set(GRADERS))
     if unknown:
         raise RunMismatch(f"run {run} has tasks of kind(s) {', '.join(unknown)} that no grader here knows")

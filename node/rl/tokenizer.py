@@ -57,7 +57,10 @@ class ChatTokenizer:
     def encode_prompt(self, prompt: str, target_length: int = 0) -> list[int]:
         """Token ids of the task's chat, ending with the assistant's turn opened (generation goes on)."""
         ids = self.tokenizer.apply_chat_template(
-            prompt_messages(prompt, target_length), add_generation_prompt=True, tokenize=True, return_dict=False
+            prompt_messages(prompt, target_length),
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
         )
         return [int(i) for i in ids]
 
