@@ -24,6 +24,10 @@ PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+# Qwen2's pre-tokenizer split (transformers' tokenization_qwen2): digits one by one, words, punctuation runs.
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 # Qwen's format, as short as it can be: the tiny models have 128 positions.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -93,10 +97,17 @@ def load_tokenizer(folder: str | os.PathLike[str]) -> tuple[ChatTokenizer, Model
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out: str | os.PathLike[str]) -> Path:
     """Train a byte-level BPE tokenizer on `texts` and save it (tokenizer.json, config, chat template)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's pipeline, written into tokenizer.json: transformers loads a qwen2 folder's tokenizer as
+    # Qwen2Tokenizer, which applies exactly this whatever the file says, and a llama or qwen3 folder's as
+    # the file says; with it in the file, every loader (and `tokenizers` alone) gives the same ids.
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -186,6 +186,8 @@ def mutate(data: st.DataObject, sub: RolloutSubmission, info: ModelInfo) -> Roll
             return dataclasses.replace(sub, checkpoint_root=data.draw(st.binary(min_size=32, max_size=32)))
         if kind == "run":
             return dataclasses.replace(sub, run=data.draw(st.sampled_from(["other", "", RUN + "x"])))
+        if not sub.groups:  # an earlier edit emptied them: nothing to copy from
+            return sub
         return dataclasses.replace(sub, groups=_edit_list(data, sub.groups, st.sampled_from(sub.groups)))
     gi = data.draw(st.integers(0, len(sub.groups) - 1)) if sub.groups else None
     if gi is None:

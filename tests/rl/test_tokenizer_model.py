@@ -173,3 +173,20 @@ def test_an_index_that_is_not_one_is_refused(tmp_path: Path) -> None:
     (folder / "model.safetensors.index.json").write_text("[1, 2]")
     with pytest.raises(ModelFolderError, match="not a safetensors index"):
         weight_files(folder)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+def test_every_loader_tokenizes_as_the_file_says(arch):
+    """transformers picks the tokenizer class from the folder's model_type (Qwen2Tokenizer rebuilds its own
+    pipeline); the trained tokenizer.json states that pipeline, so `tokenizers` alone gives the same ids."""
+    from tokenizers import Tokenizer
+
+    from node.rl.tokenizer import load_tokenizer
+    from tests.tinymodel import tiny_folder
+
+    folder = tiny_folder(arch)
+    ours, _ = load_tokenizer(folder)
+    raw = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for text in ("12+34=", "What is 123+456? \\boxed{579}", "déjà vu, 1e5", "def f(x):\n    return x+1\n"):
+        assert ours.encode(text) == raw.encode(text, add_special_tokens=False).ids, text
+    assert ours.encode("123") == [ours.encode(d)[0] for d in "123"]  # digits one by one, as Qwen2 splits
