@@ -20,7 +20,7 @@ from node.rl.engine import InferenceEngine, TransformersEngine
 from node.rl.rollouts import build_submission, task_prompt_ids
 from node.rl.run import RunSetup, devnet_optimizer
 from node.rl.sampling import derive_seed
-from node.rl.tasks import Task, grade
+from node.rl.tasks import GraderFault, Task, grade
 from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats
 
 EVAL_RUN = "swarmnode-eval"
@@ -37,17 +37,33 @@ class SyncStep:
 
 
 def eval_reward(
-    engine: InferenceEngine, tasks: Sequence[Task], *, samples: int, max_new_tokens: int, temperature: float
+    engine: InferenceEngine,
+    tasks: Sequence[Task],
+    *,
+    samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    run_id: str = EVAL_RUN,
+    worker: bytes = EVAL_WORKER,
 ) -> float:
-    """Mean reward of `samples` completions per task, with seeds fixed by (task, index) alone (step 0)."""
+    """Mean reward of `samples` completions per task, with seeds fixed by (run_id, worker, task, index)
+    alone (step 0), so two measurements differ only by the weights.
+
+    A completion the grader faults on (a machine-dependent limit, GraderFault) counts as unsolved: this is
+    a local measurement, not a verdict anyone recomputes.
+    """
     if not tasks or samples < 1:
         raise ValueError("need at least one task and one sample")
     total = 0.0
     for task in tasks:
-        seeds = [derive_seed(EVAL_RUN, EVAL_WORKER, 0, task.task_id, i) for i in range(samples)]
+        seeds = [derive_seed(run_id, worker, 0, task.task_id, i) for i in range(samples)]
         prompt = list(task_prompt_ids(task, engine.tokenizer))
         group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
-        total += sum(grade(task, engine.tokenizer.completion_text(c.tokens)).reward for c in group)
+        for completion in group:
+            try:
+                total += grade(task, engine.tokenizer.completion_text(completion.tokens)).reward
+            except GraderFault:
+                pass
     return total / (len(tasks) * samples)
 
 

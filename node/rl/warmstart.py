@@ -34,8 +34,8 @@ import torch
 
 from node.rl.engine import TransformersEngine
 from node.rl.model import save_model_folder
-from node.rl.sampling import derive_seed
-from node.rl.tasks import GraderFault, Task, grade
+from node.rl.sync import eval_reward
+from node.rl.tasks import Task
 from node.rl.tokenizer import ChatTokenizer
 
 IGNORE = -100  # label of a position that carries no loss (cross_entropy's ignore_index)
@@ -111,24 +111,9 @@ def make_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
 
 def pass_rate(engine: TransformersEngine, tasks: Sequence[Task], samples: int, max_new_tokens: int,
               temperature: float, run_id: str = EVAL_RUN) -> float:
-    """Mean reward of `samples` completions per task, seeds fixed by (run_id, task, index) alone.
-
-    A completion the grader faults on (a machine-dependent limit, GraderFault) counts as unsolved: this is
-    a local measurement, not a verdict anyone recomputes.
-    """
-    if not tasks or samples < 1:
-        raise ValueError("need at least one task and one sample")
-    total = 0.0
-    for task in tasks:
-        seeds = [derive_seed(run_id, EVAL_WORKER, 0, task.task_id, i) for i in range(samples)]
-        prompt = engine.tokenizer.encode_prompt(task.prompt, task.target_length)
-        group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
-        for completion in group:
-            try:
-                total += grade(task, engine.tokenizer.completion_text(completion.tokens)).reward
-            except GraderFault:
-                pass
-    return total / (len(tasks) * samples)
+    """Mean reward at temperature on `tasks` (`node.rl.sync.eval_reward` with the warm start's own seeds)."""
+    return eval_reward(engine, tasks, samples=samples, max_new_tokens=max_new_tokens, temperature=temperature,
+                       run_id=run_id, worker=EVAL_WORKER)
 
 
 def warm_start(
