@@ -32,13 +32,13 @@ DEVNET_MAX_NEW_TOKENS = 6
 
 
 def devnet_grpo(info: ModelInfo, max_new_tokens: int = DEVNET_MAX_NEW_TOKENS) -> GrpoParams:
-    """The devnet's GRPO recipe for the committed tiny model (node/rl/assets/devnet-model: a Qwen2 of 181k
-    parameters, a 447-token BPE vocabulary, warm-started on two-digit additions to ~0.35 at temperature 1).
+    """The devnet's GRPO recipe for the committed tiny model (node/rl/assets/devnet-model: a Qwen2 of 159k
+    parameters, a 281-token BPE vocabulary, warm-started on two-digit additions to ~0.31 at temperature 1).
 
     Measured with the synchronous baseline, 30 steps, reward at temperature 1 on a fixed held-out set
     (128 tasks x 8 samples, same seeds before and after), `benchmarks/bench_rl.py` (2 threads, TOPLOC
-    proofs on): base 0.366 -> 0.466 (1.27x); per-step reward of the trained groups 0.40 (first 5 steps) ->
-    0.47 (last 5); a step is ~0.5 s of sampling, rewards and proofs and ~0.07 s of training on 2 cores.
+    proofs on): base 0.314 -> 0.443 (1.41x); per-step reward of the trained groups 0.32 (first 5 steps) ->
+    0.48 (last 5); a step is ~0.5 s of sampling, rewards and proofs and ~0.09 s of training on 2 cores.
     The same recipe on the previous character-level base (136k parameters, 99 symbols) gave 0.321 -> 0.406
     (1.26x) over three worker addresses, and the figures below were measured on that base; the recipe
     carried over unchanged.
