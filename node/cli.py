@@ -218,28 +218,36 @@ def diloco(args: tuple[str, ...]) -> None:
 @click.option("--submissions", type=click.IntRange(1), default=4, show_default=True, help="Submissions per worker.")
 @click.option("--margin", type=click.FloatRange(1.0), default=3.0, show_default=True,
               help="Bound = honest maximum x margin (never below the float-noise floor).")
+@click.option("--worker-engine", type=click.Choice(["auto", "transformers", "vllm"]), default="auto",
+              show_default=True, help="The engine honest workers run (auto: vLLM with CUDA and the extra).")
 @click.option("--json", "as_json", is_flag=True, help="Print the bounds as JSON for a run descriptor.")
 def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, workers: int, submissions: int,
-              margin: float, as_json: bool) -> None:
+              margin: float, worker_engine: str, as_json: bool) -> None:
     """Measure honest TOPLOC statistics on a model and print the run's calibrated bounds.
 
-    Honest workers generate on the model (the worker engine) and a validator prefills the same tokens
-    (the validator engine); the bounds are the worst honest submission times --margin.
+    Honest workers generate on the model with the worker engine, and a validator prefills the same tokens
+    with its engine (transformers; both in the dtype each role runs on this machine: bf16 on CUDA, fp32 on
+    the CPU), so the bounds hold for that (model, dtype, worker engine, validator engine) pair: the worst
+    honest submission times --margin.
     """
     import time
 
     from crypto.hashing import sha256
     from node.rl.calibration import calibrate_run
-    from node.rl.engine import TransformersEngine
+    from node.rl.engines import EngineUnavailable, choose_engine, open_engine
     from node.rl.run import devnet_run
 
     folder, train_tasks, _ = load_run_inputs(model, tasks, None)
-    engine = TransformersEngine.from_folder(folder)
-    setup = devnet_run(b"\0" * 20, folder, int(time.time() * 1000), tasks=train_tasks, info=engine.info,
+    try:
+        prover = open_engine(choose_engine(worker_engine), folder, role="worker")
+    except EngineUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    validator = open_engine("transformers", folder, role="validator")
+    setup = devnet_run(b"\0" * 20, folder, int(time.time() * 1000), tasks=train_tasks, info=validator.info,
                        max_new_tokens=max_new_tokens)
     addresses = [NodeIdentity(sha256(f"calibration-worker-{i}".encode())).address for i in range(workers)]
     with console.status("generating honest submissions") as status:
-        result = calibrate_run(setup, engine, engine, addresses, submissions, margin,
+        result = calibrate_run(setup, prover, validator, addresses, submissions, margin,
                                on_progress=lambda done, total: status.update(f"honest submissions {done}/{total}"))
     worst_exp = max(a.mean_exp_mismatches for a in result.honest)
     worst_mant = max(a.mean_mant_err for a in result.honest)

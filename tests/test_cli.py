@@ -70,3 +70,19 @@ def test_train_sync_reports_held_out_reward_before_and_after(tmp_path):
     final = lines[-1]
     assert 0 < final["base_eval_reward"] < 1 and 0 < final["final_eval_reward"] < 1
     assert any((tmp_path / "out").iterdir())
+
+
+def test_calibrate_prints_bounds_for_the_engine_pair_and_refuses_an_engine_it_cannot_run():
+    env = dict(os.environ)
+    result = swarmnode("calibrate", "--workers", "1", "--submissions", "1", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    bounds = json.loads(result.stdout.strip().splitlines()[-1])
+    assert bounds["honest_submissions"] == 1
+    assert bounds["max_mean_exp_mismatches"] >= bounds["honest_max_mean_exp_mismatches"] >= 0
+    import torch
+
+    from node.rl.engines import vllm_installed
+
+    if not (torch.cuda.is_available() and vllm_installed()):  # a clear refusal, never a silent fallback
+        refused = swarmnode("calibrate", "--worker-engine", "vllm", env=env)
+        assert refused.returncode != 0 and "vllm" in (refused.stdout + refused.stderr).lower()
