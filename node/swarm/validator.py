@@ -31,9 +31,10 @@ The life of a submission (spec/validation.md):
 
 Decisions:
 - One engine per retained checkpoint version (`CheckpointEngines`, the newest `async_level + 1`), each a
-  TransformersEngine of the base checkpoint's architecture with the version's weights; a pruned version's
-  engine is reused for the next one. All torch work (loading weights, judging) runs in threads under one
-  lock: the engines are not thread-safe, and on a CPU parallel judging would only share the same cores.
+  TransformersEngine of the run's model folder (on CUDA in bf16 when there is one) with the version's
+  weights; a pruned version's engine is reused for the next one. All torch work (loading weights, judging)
+  runs in threads under one lock: the engines are not thread-safe, and on a CPU parallel judging would
+  only share the same cores.
 - Ledger calls block (an fsynced SQLite commit, or a chain transaction): they run in threads, one at a time.
   Every failed ledger call is logged and counted (`ledger_errors`); none ever stops the judging. A typed
   refusal (a `LedgerError` of the state machine: duplicate, invalid evidence, ejected, ...) decides the
