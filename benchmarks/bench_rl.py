@@ -4,7 +4,8 @@ Usage: `python benchmarks/bench_rl.py [--steps 30] [--worker NAME ...] [--thread
 
 Sections (each a function returning its own keys; `SECTIONS` runs them in order):
 - sync: the synchronous single-process baseline (`node.rl.sync.run_sync`) from the devnet's committed model
-  folder (node/rl/assets/devnet-model) with the devnet recipe (`devnet_grpo`, `devnet_optimizer`). Reward is judged on the fixed
+  folder (node/rl/assets/devnet-model) with the devnet recipe (`devnet_grpo`, `devnet_optimizer`).
+  Reward is judged on the fixed
   held-out set `devnet_eval_tasks` (128 tasks x 8 samples at the run's temperature, the same seeds every
   time), measured on the base before training, every `--eval-every` steps and at the end; the per-step
   reward of the trained groups is printed as well but swings with the tasks a step drew. Wall time per

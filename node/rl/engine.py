@@ -130,7 +130,10 @@ class TransformersEngine:
 
     @classmethod
     def from_folder(
-        cls, folder: str | os.PathLike[str], device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+        cls,
+        folder: str | os.PathLike[str],
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
     ) -> TransformersEngine:
         """The model of a Hugging Face folder, with its tokenizer and special tokens."""
         tokenizer, info = load_tokenizer(folder)

@@ -248,7 +248,10 @@ def check_assignment(sub: RolloutSubmission, worker: bytes, ctx: ValidationConte
 def check_rewards(sub: RolloutSubmission, ctx: ValidationContext) -> None:
     for gi, group in enumerate(sub.groups):
         rewards = completion_rewards(
-            ctx.dataset[group.task_id], [c.token_ids for c in group.completions], ctx.descriptor, ctx.tokenizer
+            ctx.dataset[group.task_id],
+            [c.token_ids for c in group.completions],
+            ctx.descriptor,
+            ctx.tokenizer,
         )
         claimed = [c.reward for c in group.completions]
         if claimed != rewards:

@@ -128,7 +128,8 @@ def build_dishonest_submission(
     generated: list[GeneratedGroup] = []
     for i, task_id in enumerate(assigned_tasks(descriptor, dataset_ids, worker, step)):
         task = dataset[task_id]
-        prompt = tampered_prompt(task, dataset, engine.tokenizer) if cheat == TAMPERED_PROMPT and i == 0 else None
+        tamper = cheat == TAMPERED_PROMPT and i == 0
+        prompt = tampered_prompt(task, dataset, engine.tokenizer) if tamper else None
         generated.append(generate_group(engine, task, descriptor, worker, step, prompt))
     rewards = [
         completion_rewards(g.task, [c.tokens for c in g.completions], descriptor, engine.tokenizer)

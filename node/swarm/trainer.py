@@ -561,7 +561,7 @@ class SwarmTrainerWork:
         self.checkpoints_dir = data / CHECKPOINTS_DIR
         self.descriptor: RunDescriptor | None = None
         self.model_config: ModelInfo | None = None
-        self._model_files: dict[str, bytes] | None = None  # config and tokenizer files each checkpoint carries
+        self._model_files: dict[str, bytes] | None = None  # config + tokenizer files of every checkpoint
         self.inbox: RolloutInbox | None = None
         self._last_status: dict[str, Any] | None = None
         self.trainer: GrpoTrainer | None = None

@@ -52,7 +52,7 @@ def test_perturbed_rows_are_the_cpu_engines_scores_bit_for_bit(rows, logits_seed
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the engine compiles this kernel there)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (where the engine compiles it)")
 def test_compiled_perturbed_rows_agree_with_eager():
     """What the engine runs on CUDA (one fused kernel) equals the eager rows. (On the CPU, inductor compiles
     the same function in about a minute; it passed there when written.)"""
