@@ -19,11 +19,3 @@ def sha256(data: bytes) -> bytes:
 
 def keccak256(data: bytes) -> bytes:
     return _keccak(data)
-
-
-def keccak256_parts(*parts: bytes) -> bytes:
-    """keccak256 of the parts' concatenation, without building it (an 18 MiB body is never copied)."""
-    state = _keccak.new(parts[0] if parts else b"")
-    for part in parts[1:]:
-        state.update(part)
-    return bytes(state.digest())

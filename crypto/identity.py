@@ -28,6 +28,19 @@ def base58btc(data: bytes) -> str:
     return "1" * leading_zeros + digits
 
 
+def base58btc_decode(text: str) -> bytes | None:
+    """The bytes of a base58btc string; None for a character outside the alphabet."""
+    number = 0
+    for char in text:
+        digit = _B58_ALPHABET.find(char)
+        if digit < 0:
+            return None
+        number = number * 58 + digit
+    leading_ones = len(text) - len(text.lstrip("1"))
+    body = number.to_bytes((number.bit_length() + 7) // 8, "big") if number else b""
+    return b"\0" * leading_ones + body
+
+
 def peer_id_bytes(public_key: bytes) -> bytes:
     """libp2p peer id of a compressed secp256k1 key.
 
@@ -51,6 +64,15 @@ def address_of_peer_id(peer_id: bytes) -> bytes | None:
         return address_of_public_key(peer_id[len(header) :])
     except ValueError:
         return None
+
+
+def address_of_peer_id_text(peer_id: str) -> bytes | None:
+    """`address_of_peer_id` of a peer id in its base58 text form (None for anything else).
+    Bounded: a libp2p secp256k1 peer id is 53 characters; longer text is refused before decoding."""
+    if len(peer_id) > 64:
+        return None
+    raw = base58btc_decode(peer_id)
+    return None if raw is None else address_of_peer_id(raw)
 
 
 @dataclass(frozen=True)

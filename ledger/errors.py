@@ -104,6 +104,68 @@ class MalformedOperation(LedgerError):
     code = 716
 
 
+class UnknownRun(LedgerError):
+    """A run-scoped operation names a run nobody registered."""
+
+    code = 717
+
+
+class RunExists(LedgerError):
+    code = 718
+
+
+class NotRunOwner(LedgerError):
+    """Only the key that registered a run may change it or void its slashes outright."""
+
+    code = 719
+
+
+class NotRunValidator(LedgerError):
+    """Credits, slashes and void votes in a run come only from the validators its owner named."""
+
+    code = 721
+
+
+class ExceedsRunBounds(LedgerError):
+    """A credit above the run's limits (tokens per credit, flops per token)."""
+
+    code = 722
+
+
+class PeerIdMismatch(LedgerError):
+    """A registration whose peer id is not derived from the registering key."""
+
+    code = 723
+
+
+class SlashNotPending(LedgerError):
+    """No such slash, or it was already finalized or voided."""
+
+    code = 724
+
+
+class ChallengeWindowOpen(LedgerError):
+    """A slash finalized before its challenge window ended."""
+
+    code = 725
+
+
+class ChallengeWindowClosed(LedgerError):
+    """A void or a vote after the slash's challenge window ended."""
+
+    code = 726
+
+
+class AlreadyVoted(LedgerError):
+    code = 727
+
+
+class SlashPending(LedgerError):
+    """A withdrawal while a slash against (or by) the node waits in its challenge window."""
+
+    code = 728
+
+
 class CorruptLog(LedgerError):
     """A stored log that fails its audit; `index` is the first bad entry (None: the header itself)."""
 
@@ -144,5 +206,16 @@ ERRORS_BY_CODE: dict[int, type[LedgerError]] = {
         EpochRegression,
         WrongLedger,
         MalformedOperation,
+        UnknownRun,
+        RunExists,
+        NotRunOwner,
+        NotRunValidator,
+        ExceedsRunBounds,
+        PeerIdMismatch,
+        SlashNotPending,
+        ChallengeWindowOpen,
+        ChallengeWindowClosed,
+        AlreadyVoted,
+        SlashPending,
     )
 }

@@ -1,8 +1,8 @@
-"""Checks on what a contribution or a slash cites: pure functions over signed envelope bytes.
+"""Checks on what a slash cites: pure functions over the worker's signed submission envelope.
 
-The signed log runs them inside the state machine; the EVM backend runs the same functions before it
-sends a transaction (the contract cannot afford to decode msgpack or hash a 16 MiB submission, so on
-chain the validator's own transaction signature is the attestation; spec/ledger.md, Trust).
+The contract checks the worker's signature from a citation (header fields, the body's keccak256, the
+signature) with ecrecover; what only the full submission shows (its run, its chunk count) is checked here,
+by the signed log's state machine and by the EVM client before it sends (spec/ledger.md, Trust).
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from crypto.hashing import sha256
+from crypto.hashing import keccak256
 from crypto.signing import InvalidSignature, recover_address
 from ledger.errors import InvalidEvidence
 from protocol.codec import decode
-from protocol.envelope import Envelope, signing_digest
+from protocol.envelope import Envelope, signing_digest, signing_digest_of_body_hash
 from protocol.errors import Reason, Reject
-from protocol.ledger_messages import RecordContribution, Slash
-from protocol.messages import RolloutSubmission, Verdict
+from protocol.ledger_messages import Slash
+from protocol.messages import RolloutSubmission
 
 # Rejections whose verdict anyone holding the checkpoint and the run descriptor can recompute. A malformed
 # rollout (a field outside what the run allows, e.g. a token id beyond the vocabulary) is read off the
@@ -69,32 +69,36 @@ def open_signed(data: bytes, cls: type, what: str) -> SignedMessage:
     return SignedMessage(envelope, message)
 
 
-def check_verdict(op: RecordContribution, validator: bytes) -> bytes:
-    """The cited verdict must be the recording validator's own signed acceptance of exactly this submission.
+@dataclass(frozen=True)
+class SubmissionCitation:
+    """What a slash puts on chain of the worker's signed submission: the envelope's header fields, the
+    keccak256 of its body and its signature. The contract recomputes `digest` from them (domain
+    `swarmnode/rollout_submission/v1`, the slash's run, the slashed worker) and ecrecovers the worker."""
 
-    Returns the verdict digest (sha256 of its envelope) that the ledger stores.
-    """
-    signed = open_signed(op.verdict, Verdict, "verdict")
-    verdict: Verdict = signed.message
-    if signed.envelope.sender != validator:
-        raise InvalidEvidence("the verdict was signed by another node than the recording validator")
-    if not verdict.accepted:
-        raise InvalidEvidence("the verdict rejected the submission; only accepted work is credited")
-    mismatches = [
-        name
-        for name, ours, theirs in (
-            ("run", op.run, verdict.run),
-            ("envelope run", op.run, signed.envelope.run),
-            ("worker", op.worker, verdict.worker),
-            ("step", op.step, verdict.step),
-            ("rollout digest", op.rollout_digest, verdict.submission_digest),
-            ("tokens", op.tokens, verdict.tokens),
-        )
-        if ours != theirs
-    ]
-    if mismatches:
-        raise InvalidEvidence(f"the contribution disagrees with its verdict on {', '.join(mismatches)}")
-    return sha256(op.verdict)
+    seq: int
+    ts: int
+    body_hash: bytes
+    sig: bytes
+    digest: bytes
+
+
+def cite_submission(op: Slash) -> SubmissionCitation:
+    """The citation of the slash's evidence, computed as the contract does; InvalidEvidence if the
+    evidence is not a canonical envelope. Whether the signature recovers is `check_slash_evidence`."""
+    try:
+        envelope = decode(Envelope, op.evidence)
+    except Reject as exc:
+        raise InvalidEvidence(f"the evidence is not a canonical envelope: {exc.detail}") from None
+    body_hash = keccak256(envelope.body)
+    digest = signing_digest_of_body_hash(
+        RolloutSubmission.TYPE, op.run, op.worker, envelope.seq, envelope.ts, body_hash
+    )
+    return SubmissionCitation(envelope.seq, envelope.ts, body_hash, envelope.sig, digest)
+
+
+def slash_digest(op: Slash) -> bytes:
+    """The name of a slashed submission on the ledger: the signing digest the worker signed."""
+    return cite_submission(op).digest
 
 
 def check_slash_form(op: Slash) -> None:
@@ -112,14 +116,20 @@ def _chunk_count(submission: RolloutSubmission) -> int:
 
 
 def check_slash_evidence(op: Slash) -> None:
-    """The evidence must be a submission the slashed worker signed, named by the digest, in this run."""
-    if sha256(op.evidence) != op.submission_digest:
-        raise InvalidEvidence("the evidence does not hash to the named submission digest")
+    """The evidence must be a submission the slashed worker signed in this run (what the contract checks
+    with ecrecover), whose failing chunks exist (what only the full submission shows)."""
+    citation = cite_submission(op)
+    try:
+        signer = recover_address(citation.digest, citation.sig)
+    except InvalidSignature as exc:
+        raise InvalidEvidence(f"the evidence's signature is invalid: {exc}") from None
+    if signer != op.worker:
+        raise InvalidEvidence(
+            f"the evidence is not a rollout submission the slashed worker signed in run {op.run!r}"
+        )
     signed = open_signed(op.evidence, RolloutSubmission, "evidence submission")
-    if signed.envelope.sender != op.worker:
-        raise InvalidEvidence("the evidence submission was not signed by the slashed worker")
     submission: RolloutSubmission = signed.message
-    if submission.run != op.run or signed.envelope.run != op.run:
+    if submission.run != op.run:
         raise InvalidEvidence(f"the evidence submission belongs to run {submission.run!r}, not {op.run!r}")
     chunks = _chunk_count(submission)
     if op.failing_chunks and op.failing_chunks[-1] >= chunks:

@@ -10,8 +10,20 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from crypto.identity import NodeIdentity
-from ledger.types import ContributionRecord, NodeInfo, Params, Receipt, SlashRecord, Snapshot, StakeInfo
-from protocol.ledger_messages import ComputeSpec, RecordContribution, Slash
+from ledger.batches import CreditProof
+from ledger.types import (
+    BatchRecord,
+    ContributionRecord,
+    NodeInfo,
+    Params,
+    Receipt,
+    RunInfo,
+    SlashRecord,
+    Snapshot,
+    StakeInfo,
+    WorkerTotal,
+)
+from protocol.ledger_messages import CommitCredits, ComputeSpec, RegisterRun, SetRunValidators, Slash
 
 
 @runtime_checkable
@@ -32,9 +44,17 @@ class Ledger(Protocol):
 
     def withdraw(self, identity: NodeIdentity) -> Receipt: ...
 
-    def record_contribution(self, identity: NodeIdentity, op: RecordContribution) -> Receipt: ...
+    def register_run(self, identity: NodeIdentity, op: RegisterRun) -> Receipt: ...
+
+    def set_run_validators(self, identity: NodeIdentity, op: SetRunValidators) -> Receipt: ...
+
+    def commit_credits(self, identity: NodeIdentity, op: CommitCredits) -> Receipt: ...
 
     def slash(self, identity: NodeIdentity, op: Slash) -> Receipt: ...
+
+    def void_slash(self, identity: NodeIdentity, slash_index: int) -> Receipt: ...
+
+    def finalize_slash(self, identity: NodeIdentity, slash_index: int) -> Receipt: ...
 
     # queries
     def node(self, address: bytes) -> NodeInfo | None: ...
@@ -45,9 +65,23 @@ class Ledger(Protocol):
 
     def stakes(self) -> list[StakeInfo]: ...
 
+    def run(self, run: str) -> RunInfo | None: ...
+
+    def runs(self) -> list[RunInfo]: ...
+
+    def batches(self, run: str | None = None) -> list[BatchRecord]: ...
+
     def contributions(
         self, node: bytes | None = None, run: str | None = None
     ) -> list[ContributionRecord]: ...
+
+    def totals(self, run: str | None = None) -> list[WorkerTotal]: ...
+
+    def is_credited(self, run: str, worker: bytes, step: int) -> bool: ...
+
+    def prove_credit(self, contribution: int) -> CreditProof: ...
+
+    def check_credit_proof(self, proof: CreditProof) -> bool: ...
 
     def slashes(self, node: bytes | None = None) -> list[SlashRecord]: ...
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from crypto.hashing import sha256
 from crypto.identity import NodeIdentity
 from crypto.merkle import inclusion_proof, is_included, merkle_root
+from ledger.batches import CreditProof, credit_leaf, credit_path
 from ledger.errors import BackendError, CorruptLog, LedgerError, MalformedOperation, TruncatedLog
 from ledger.log import (
     AppliedEntry,
@@ -48,18 +49,34 @@ from ledger.state import (
     snapshot,
     stake_info,
 )
-from ledger.types import ContributionRecord, NodeInfo, Params, Receipt, SlashRecord, Snapshot, StakeInfo
+from ledger.types import (
+    BatchRecord,
+    ContributionRecord,
+    NodeInfo,
+    Params,
+    Receipt,
+    RunInfo,
+    SlashRecord,
+    Snapshot,
+    StakeInfo,
+    WorkerTotal,
+)
 from protocol.codec import decode, encode
 from protocol.errors import Reject
 from protocol.ledger_messages import (
+    CommitCredits,
     ComputeSpec,
+    Credit,
+    FinalizeSlash,
     LedgerGenesis,
-    RecordContribution,
     RegisterNode,
+    RegisterRun,
+    SetRunValidators,
     Slash,
     StakeDeposit,
     StakeUnbond,
     StakeWithdraw,
+    VoidSlash,
 )
 
 SCHEMA = """
@@ -68,7 +85,7 @@ CREATE TABLE IF NOT EXISTS entries (idx INTEGER PRIMARY KEY, hash BLOB NOT NULL,
                                     seal BLOB NOT NULL, data BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS checkpoints (epoch INTEGER PRIMARY KEY, size INTEGER NOT NULL, root BLOB NOT NULL);
 """
-FORMAT_VERSION = b"swarmnode-signed-log/2"  # /2: entries carry their author's seal, meta the signed head
+FORMAT_VERSION = b"swarmnode-signed-log/3"  # /3: body-hash envelope digests, runs, batches, pending slashes
 ROWS = "SELECT idx, CAST(hash AS BLOB), epoch, CAST(seal AS BLOB), CAST(data AS BLOB) FROM entries"
 
 
@@ -326,11 +343,23 @@ class SignedLog:
     def withdraw(self, identity: NodeIdentity) -> Receipt:
         return self.submit(identity, StakeWithdraw())
 
-    def record_contribution(self, identity: NodeIdentity, op: RecordContribution) -> Receipt:
+    def register_run(self, identity: NodeIdentity, op: RegisterRun) -> Receipt:
+        return self.submit(identity, op)
+
+    def set_run_validators(self, identity: NodeIdentity, op: SetRunValidators) -> Receipt:
+        return self.submit(identity, op)
+
+    def commit_credits(self, identity: NodeIdentity, op: CommitCredits) -> Receipt:
         return self.submit(identity, op)
 
     def slash(self, identity: NodeIdentity, op: Slash) -> Receipt:
         return self.submit(identity, op)
+
+    def void_slash(self, identity: NodeIdentity, slash_index: int) -> Receipt:
+        return self.submit(identity, VoidSlash(slash_index))
+
+    def finalize_slash(self, identity: NodeIdentity, slash_index: int) -> Receipt:
+        return self.submit(identity, FinalizeSlash(slash_index))
 
     # --- queries -------------------------------------------------------------------------------
 
@@ -353,6 +382,53 @@ class SignedLog:
 
     def slashes(self, node: bytes | None = None) -> list[SlashRecord]:
         return filter_slashes(self._log.ledger.slashes, node)
+
+    def run(self, run: str) -> RunInfo | None:
+        return self._log.ledger.runs.get(run)
+
+    def runs(self) -> list[RunInfo]:
+        return list(self._log.ledger.runs.values())
+
+    def batches(self, run: str | None = None) -> list[BatchRecord]:
+        return [b for b in self._log.ledger.batches if run is None or b.run == run]
+
+    def totals(self, run: str | None = None) -> list[WorkerTotal]:
+        return [t for t in self._log.ledger.totals.values() if run is None or t.run == run]
+
+    def is_credited(self, run: str, worker: bytes, step: int) -> bool:
+        return (run, worker, step) in self._log.ledger.assignments
+
+    def prove_credit(self, contribution: int) -> CreditProof:
+        """The inclusion proof of one credited contribution in its validator's batch (IndexError if none)."""
+        ledger = self._log.ledger
+        record = ledger.contributions[contribution]
+        batch = ledger.batches[record.batch]
+        members = ledger.contributions[batch.first_contribution : batch.first_contribution + batch.count]
+        credits = [Credit(r.worker, r.step, r.tokens, r.flops, r.rollout_digest) for r in members]
+        leaf_index = contribution - batch.first_contribution
+        return CreditProof(
+            contribution=contribution,
+            batch=batch.index,
+            run=batch.run,
+            validator=batch.validator,
+            leaf_index=leaf_index,
+            count=batch.count,
+            credit=credits[leaf_index],
+            path=credit_path([credit_leaf(c) for c in credits], leaf_index),
+            root=batch.root,
+        )
+
+    def check_credit_proof(self, proof: CreditProof) -> bool:
+        """The proof verifies and names a batch of this log with that root, run and validator."""
+        batches = self._log.ledger.batches
+        if not 0 <= proof.batch < len(batches):
+            return False
+        batch = batches[proof.batch]
+        return (
+            proof.verify()
+            and (batch.root, batch.run, batch.validator, batch.count)
+            == (proof.root, proof.run, proof.validator, proof.count)
+        )
 
     def is_eligible(self, address: bytes) -> bool:
         stake = self.stake(address)

@@ -11,33 +11,75 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field, replace
 
-from crypto.hashing import sha256
+from crypto.identity import address_of_peer_id_text
+from ledger.batches import credit_leaf, credits_root
 from ledger.errors import (
     AlreadyRegistered,
+    AlreadyVoted,
+    ChallengeWindowClosed,
+    ChallengeWindowOpen,
     DuplicateContribution,
     DuplicateSlash,
     EpochRegression,
+    ExceedsRunBounds,
     InsufficientStake,
     InvalidAmount,
+    MalformedOperation,
     NodeEjected,
     NothingToWithdraw,
+    NotRunOwner,
+    NotRunValidator,
+    PeerIdMismatch,
+    RunExists,
+    SlashNotPending,
+    SlashPending,
     StillUnbonding,
     UnknownNode,
+    UnknownRun,
     WrongRole,
 )
-from ledger.evidence import check_slash_evidence, check_slash_form, check_verdict
-from ledger.types import ContributionRecord, NodeInfo, Params, SlashRecord, Snapshot, StakeInfo
+from ledger.evidence import check_slash_evidence, check_slash_form, slash_digest
+from ledger.types import (
+    SLASH_FINAL,
+    SLASH_PENDING,
+    SLASH_VOIDED,
+    BatchRecord,
+    ContributionRecord,
+    NodeInfo,
+    Params,
+    RunInfo,
+    SlashRecord,
+    Snapshot,
+    StakeInfo,
+    WorkerTotal,
+)
 from protocol.ledger_messages import (
-    RecordContribution,
+    CommitCredits,
+    Credit,
+    FinalizeSlash,
     RegisterNode,
+    RegisterRun,
+    SetRunValidators,
     Slash,
     StakeDeposit,
     StakeUnbond,
     StakeWithdraw,
+    VoidSlash,
 )
 from protocol.runs import step_counter, step_version
 
-Operation = RegisterNode | StakeDeposit | StakeUnbond | StakeWithdraw | RecordContribution | Slash
+Operation = (
+    RegisterNode
+    | StakeDeposit
+    | StakeUnbond
+    | StakeWithdraw
+    | RegisterRun
+    | SetRunValidators
+    | CommitCredits
+    | Slash
+    | VoidSlash
+    | FinalizeSlash
+)
 Assignment = tuple[str, bytes, int]  # (run, worker, step): what one credit pays for, once
 
 
@@ -47,6 +89,7 @@ class NodeState:
     bonded_gwei: int = 0
     unbonding_gwei: int = 0
     release_epoch: int = 0
+    pending_slashes: int = 0  # pending slashes against it or made by it: no withdrawal meanwhile
 
 
 @dataclass
@@ -54,11 +97,14 @@ class LedgerState:
     params: Params
     epoch: int = 0
     nodes: dict[bytes, NodeState] = field(default_factory=dict)  # insertion order = registration order
+    runs: dict[str, RunInfo] = field(default_factory=dict)  # insertion order = registration order
+    batches: list[BatchRecord] = field(default_factory=list)
     contributions: list[ContributionRecord] = field(default_factory=list)
-    contributed: set[bytes] = field(default_factory=set)  # rollout digests already credited
     assignments: set[Assignment] = field(default_factory=set)  # (run, worker, step) already credited
+    totals: dict[tuple[str, bytes], WorkerTotal] = field(default_factory=dict)  # first-credit order
     slashes: list[SlashRecord] = field(default_factory=list)
-    slashed: set[bytes] = field(default_factory=set)  # submission digests already slashed
+    slashed: set[bytes] = field(default_factory=set)  # submission signing digests already slashed
+    voters: dict[int, set[bytes]] = field(default_factory=dict)  # pending slash index -> who voted
 
     def copy(self) -> LedgerState:
         return copy.deepcopy(self)
@@ -88,10 +134,26 @@ def get_node(state: LedgerState, address: bytes, who: str = "node") -> NodeState
     return node
 
 
-def assignment_of(op: RecordContribution) -> Assignment:
-    """The assignment a contribution pays for. Credit is per assignment, never per envelope: a worker
-    that seals one assignment twice (two digests) and sends each to another validator is paid once."""
-    return (op.run, op.worker, op.step)
+def get_run(state: LedgerState, run: str) -> RunInfo:
+    info = state.runs.get(run)
+    if info is None:
+        raise UnknownRun(f"run {run!r} is not registered on the ledger; its owner registers it first")
+    return info
+
+
+def get_pending_slash(state: LedgerState, index: int) -> SlashRecord:
+    if not 0 <= index < len(state.slashes):
+        raise SlashNotPending(f"there is no slash {index} (the ledger holds {len(state.slashes)})")
+    record = state.slashes[index]
+    if record.status != SLASH_PENDING:
+        raise SlashNotPending(f"slash {index} is already {record.status}")
+    return record
+
+
+def assignment_of(run: str, credit: Credit) -> Assignment:
+    """The assignment a credit pays for. Credit is per assignment, never per envelope: a worker that
+    seals one assignment twice (two digests) and sends each to another validator is paid once."""
+    return (run, credit.worker, credit.step)
 
 
 def describe_assignment(assignment: Assignment) -> str:
@@ -106,7 +168,7 @@ def check_epoch(state: LedgerState, epoch: int) -> None:
 
 
 def check_active_validator(state: LedgerState, author: bytes) -> NodeState:
-    """Contributions and slashes need a registered, unejected validator holding its full stake."""
+    """Credits, slashes and void votes need a registered, unejected validator holding its full stake."""
     node = get_node(state, author, "validator")
     if node.info.role != "validator":
         raise WrongRole(f"{short(author)} is registered as a {node.info.role}, not a validator")
@@ -120,7 +182,40 @@ def check_active_validator(state: LedgerState, author: bytes) -> NodeState:
     return node
 
 
-# --- operations ------------------------------------------------------------------------------------
+def check_run_validator(state: LedgerState, run: RunInfo, author: bytes) -> None:
+    """An active validator that the run's owner named (the run's set, not the whole swarm)."""
+    check_active_validator(state, author)
+    if author not in run.validators:
+        raise NotRunValidator(
+            f"{short(author)} is not one of run {run.run!r}'s {len(run.validators)} validators"
+        )
+
+
+def check_validator_set(validators: tuple[bytes, ...]) -> None:
+    if not validators:
+        raise MalformedOperation("a run needs at least one validator")
+    if any(b <= a for a, b in zip(validators, validators[1:], strict=False)):
+        raise MalformedOperation("a run's validators must be strictly ascending addresses")
+
+
+def take_stake(node: NodeState, amount: int, params: Params, epoch: int) -> tuple[int, bool]:
+    """Take up to `amount` (bonded first, then unbonding), count one slash, eject at the threshold.
+    Returns (taken, ejected now)."""
+    taken = min(amount, node.bonded_gwei + node.unbonding_gwei)
+    from_bonded = min(taken, node.bonded_gwei)
+    node.bonded_gwei -= from_bonded
+    node.unbonding_gwei -= taken - from_bonded
+    count = node.info.slash_count + 1
+    eject = not node.info.ejected and count >= params.ejection_threshold
+    node.info = replace(node.info, slash_count=count, ejected=node.info.ejected or eject)
+    if eject:  # the rest starts unbonding: still slashable for the delay
+        node.unbonding_gwei += node.bonded_gwei
+        node.bonded_gwei = 0
+        node.release_epoch = epoch + params.unbonding_delay_epochs
+    return taken, eject
+
+
+# --- nodes and stake -------------------------------------------------------------------------------
 
 
 def process_register(state: LedgerState, author: bytes, op: RegisterNode, epoch: int) -> None:
@@ -130,6 +225,11 @@ def process_register(state: LedgerState, author: bytes, op: RegisterNode, epoch:
         raise NodeEjected(f"{short(author)} was ejected and cannot register again")
     if existing is not None:
         raise AlreadyRegistered(f"{short(author)} is already registered as a {existing.info.role}")
+    if address_of_peer_id_text(op.peer_id) != author:
+        raise PeerIdMismatch(
+            f"peer id {op.peer_id[:64]!r} is not derived from the key of {short(author)}; a node registers "
+            "its own peer id"
+        )
     info = NodeInfo(author, op.role, op.compute, op.peer_id, epoch, ejected=False, slash_count=0)
     state.nodes[author] = NodeState(info)
     state.epoch = epoch
@@ -170,6 +270,10 @@ def process_withdraw(state: LedgerState, author: bytes, op: StakeWithdraw, epoch
         raise StillUnbonding(
             f"{node.unbonding_gwei} gwei stays slashable until epoch {node.release_epoch}; now {epoch}"
         )
+    if node.pending_slashes:
+        raise SlashPending(
+            f"{short(author)} is party to {node.pending_slashes} slash(es) still in their challenge window"
+        )
     amount = node.unbonding_gwei
     node.unbonding_gwei = 0
     node.release_epoch = 0
@@ -177,111 +281,245 @@ def process_withdraw(state: LedgerState, author: bytes, op: StakeWithdraw, epoch
     return amount
 
 
-def check_contribution(state: LedgerState, author: bytes, op: RecordContribution, epoch: int) -> None:
-    """Every stateful rule of a contribution, in the contract's order; the verdict check comes last."""
+# --- runs ------------------------------------------------------------------------------------------
+
+
+def process_register_run(state: LedgerState, author: bytes, op: RegisterRun, epoch: int) -> None:
+    """The author, a registered trainer, becomes the run's owner (first come: a follower accepts the run
+    only if its owner is the trainer that signed the RunDescriptor)."""
     check_epoch(state, epoch)
-    check_active_validator(state, author)
-    worker = get_node(state, op.worker, "worker")
+    owner = get_node(state, author, "run owner")
+    if owner.info.role != "trainer":
+        raise WrongRole(f"{short(author)} is registered as a {owner.info.role}; a run's owner is a trainer")
+    if owner.info.ejected:
+        raise NodeEjected(f"trainer {short(author)} was ejected")
+    if op.run in state.runs:
+        raise RunExists(f"run {op.run!r} is already registered (owner {short(state.runs[op.run].owner)})")
+    check_validator_set(op.validators)
+    state.runs[op.run] = RunInfo(
+        run=op.run,
+        owner=author,
+        validators=op.validators,
+        challenge_window_epochs=op.challenge_window_epochs,
+        max_tokens_per_credit=op.max_tokens_per_credit,
+        max_flops_per_token=op.max_flops_per_token,
+        registered_epoch=epoch,
+    )
+    state.epoch = epoch
+
+
+def process_set_validators(state: LedgerState, author: bytes, op: SetRunValidators, epoch: int) -> None:
+    check_epoch(state, epoch)
+    run = get_run(state, op.run)
+    if author != run.owner:
+        raise NotRunOwner(f"only run {op.run!r}'s owner {short(run.owner)} may change its validators")
+    check_validator_set(op.validators)
+    state.runs[op.run] = replace(run, validators=op.validators)
+    state.epoch = epoch
+
+
+# --- credits ---------------------------------------------------------------------------------------
+
+
+def check_credit(state: LedgerState, run: RunInfo, credit: Credit) -> None:
+    """One credit of a batch: an eligible worker, within the run's bounds, its assignment not yet paid."""
+    worker = get_node(state, credit.worker, "worker")
     if worker.info.role != "worker":
-        raise WrongRole(f"{short(op.worker)} is registered as a {worker.info.role}, not a worker")
+        raise WrongRole(f"{short(credit.worker)} is registered as a {worker.info.role}, not a worker")
     if worker.info.ejected:
-        raise NodeEjected(f"worker {short(op.worker)} was ejected")
+        raise NodeEjected(f"worker {short(credit.worker)} was ejected")
     required = required_stake(state.params, worker)
     if worker.bonded_gwei < required:
         raise InsufficientStake(
-            f"worker {short(op.worker)} has {worker.bonded_gwei} gwei bonded, needs {required}"
+            f"worker {short(credit.worker)} has {worker.bonded_gwei} gwei bonded, needs {required}"
         )
-    if op.rollout_digest in state.contributed:
-        raise DuplicateContribution(f"submission {op.rollout_digest.hex()} was already credited")
-    assignment = assignment_of(op)
+    if credit.tokens > run.max_tokens_per_credit:
+        raise ExceedsRunBounds(
+            f"a credit of {credit.tokens} tokens is above run {run.run!r}'s {run.max_tokens_per_credit}"
+        )
+    if credit.flops > credit.tokens * run.max_flops_per_token:
+        raise ExceedsRunBounds(
+            f"{credit.flops} flops for {credit.tokens} tokens is above run {run.run!r}'s "
+            f"{run.max_flops_per_token} flops per token"
+        )
+    assignment = assignment_of(run.run, credit)
     if assignment in state.assignments:
-        raise DuplicateContribution(
-            f"assignment ({describe_assignment(assignment)}) was already credited"
-        )
+        raise DuplicateContribution(f"assignment ({describe_assignment(assignment)}) was already credited")
 
 
-def process_contribution(
-    state: LedgerState, author: bytes, op: RecordContribution, epoch: int, *, verify_evidence: bool = True
-) -> ContributionRecord:
-    check_contribution(state, author, op, epoch)
-    verdict_digest = check_verdict(op, author) if verify_evidence else sha256(op.verdict)
-    return apply_contribution(state, author, op, verdict_digest, epoch)
+def check_commit(state: LedgerState, author: bytes, op: CommitCredits, epoch: int) -> RunInfo:
+    """Every rule of a batch, in the contract's order; the first failing credit names the error."""
+    check_epoch(state, epoch)
+    run = get_run(state, op.run)
+    check_run_validator(state, run, author)
+    if not op.credits:
+        raise MalformedOperation("a batch credits at least one submission")
+    keys = [(c.worker, c.step) for c in op.credits]
+    if any(b <= a for a, b in zip(keys, keys[1:], strict=False)):
+        raise MalformedOperation("a batch's credits must be strictly ascending by (worker, step)")
+    for credit in op.credits:
+        check_credit(state, run, credit)
+    return run
 
 
-def apply_contribution(
-    state: LedgerState, author: bytes, op: RecordContribution, verdict_digest: bytes, epoch: int
-) -> ContributionRecord:
-    record = ContributionRecord(
-        index=len(state.contributions),
+def process_commit(state: LedgerState, author: bytes, op: CommitCredits, epoch: int) -> BatchRecord:
+    check_commit(state, author, op, epoch)
+    batch = BatchRecord(
+        index=len(state.batches),
         run=op.run,
-        step=op.step,
-        worker=op.worker,
         validator=author,
-        tokens=op.tokens,
-        flops=op.flops,
-        rollout_digest=op.rollout_digest,
-        verdict_digest=verdict_digest,
+        root=credits_root([credit_leaf(c) for c in op.credits]),
+        count=len(op.credits),
+        first_contribution=len(state.contributions),
         epoch=epoch,
     )
-    state.contributions.append(record)
-    state.contributed.add(op.rollout_digest)
-    state.assignments.add(assignment_of(op))
+    state.batches.append(batch)
+    for credit in op.credits:
+        state.contributions.append(
+            ContributionRecord(
+                index=len(state.contributions),
+                run=op.run,
+                step=credit.step,
+                worker=credit.worker,
+                validator=author,
+                tokens=credit.tokens,
+                flops=credit.flops,
+                rollout_digest=credit.rollout_digest,
+                batch=batch.index,
+                epoch=epoch,
+            )
+        )
+        state.assignments.add(assignment_of(op.run, credit))
+        key = (op.run, credit.worker)
+        total = state.totals.get(key, WorkerTotal(op.run, credit.worker, 0, 0, 0))
+        state.totals[key] = replace(
+            total,
+            credits=total.credits + 1,
+            tokens=total.tokens + credit.tokens,
+            flops=total.flops + credit.flops,
+        )
     state.epoch = epoch
-    return record
+    return batch
 
 
-def check_slash(state: LedgerState, author: bytes, op: Slash, epoch: int) -> None:
-    """Every stateful and stateless rule of a slash the contract enforces, in its order."""
+# --- slashes ---------------------------------------------------------------------------------------
+
+
+def check_slash(state: LedgerState, author: bytes, op: Slash, epoch: int) -> tuple[RunInfo, bytes]:
+    """Every rule the contract enforces, in its order; returns the run and the cited signing digest.
+    The signature itself (and what only the full submission shows) is `check_slash_evidence`."""
     check_epoch(state, epoch)
-    check_active_validator(state, author)
+    run = get_run(state, op.run)
+    check_run_validator(state, run, author)
     get_node(state, op.worker, "worker")
     if not 1 <= op.amount_gwei <= state.params.slash_gwei:
         raise InvalidAmount(f"a slash takes 1..{state.params.slash_gwei} gwei, not {op.amount_gwei}")
-    if op.submission_digest in state.slashed:
-        raise DuplicateSlash(f"submission {op.submission_digest.hex()} was already slashed")
     check_slash_form(op)
+    digest = slash_digest(op)
+    if digest in state.slashed:
+        raise DuplicateSlash(f"submission {digest.hex()} was already slashed")
+    return run, digest
 
 
 def process_slash(
     state: LedgerState, author: bytes, op: Slash, epoch: int, *, verify_evidence: bool = True
 ) -> SlashRecord:
-    check_slash(state, author, op, epoch)
+    """File a slash: nothing is taken yet; it waits out the run's challenge window (FinalizeSlash)."""
+    run, digest = check_slash(state, author, op, epoch)
     if verify_evidence:
         check_slash_evidence(op)
-    return apply_slash(state, author, op, epoch)
-
-
-def apply_slash(state: LedgerState, author: bytes, op: Slash, epoch: int) -> SlashRecord:
-    """Take from bonded stake first, then from unbonding stake; eject at the threshold."""
-    node = state.nodes[op.worker]
-    taken = min(op.amount_gwei, node.bonded_gwei + node.unbonding_gwei)
-    from_bonded = min(taken, node.bonded_gwei)
-    node.bonded_gwei -= from_bonded
-    node.unbonding_gwei -= taken - from_bonded
-    count = node.info.slash_count + 1
-    eject = not node.info.ejected and count >= state.params.ejection_threshold
-    node.info = replace(node.info, slash_count=count, ejected=node.info.ejected or eject)
-    if eject:
-        node.unbonding_gwei += node.bonded_gwei
-        node.bonded_gwei = 0
-        node.release_epoch = epoch + state.params.unbonding_delay_epochs
     record = SlashRecord(
         index=len(state.slashes),
         run=op.run,
         worker=op.worker,
         validator=author,
         requested_gwei=op.amount_gwei,
-        taken_gwei=taken,
-        submission_digest=op.submission_digest,
+        taken_gwei=0,
+        submission_digest=digest,
         failing_chunks=op.failing_chunks,
         reason_code=op.reason_code,
         epoch=epoch,
-        ejected=eject,
+        final_epoch=epoch + run.challenge_window_epochs,
+        status=SLASH_PENDING,
+        votes=0,
+        penalty_gwei=0,
+        ejected=False,
     )
     state.slashes.append(record)
-    state.slashed.add(op.submission_digest)
+    state.slashed.add(digest)
+    state.nodes[op.worker].pending_slashes += 1
+    state.nodes[author].pending_slashes += 1
     state.epoch = epoch
     return record
+
+
+def void_quorum(run: RunInfo, slasher: bytes) -> int:
+    """A majority of the run's validators other than the one who slashed."""
+    others = sum(1 for v in run.validators if v != slasher)
+    return others // 2 + 1
+
+
+def check_void(state: LedgerState, author: bytes, op: VoidSlash, epoch: int) -> tuple[SlashRecord, bool]:
+    """Returns the slash and whether the author's act voids it (owner, or the vote that reaches quorum)."""
+    check_epoch(state, epoch)
+    record = get_pending_slash(state, op.slash_index)
+    if epoch >= record.final_epoch:
+        raise ChallengeWindowClosed(
+            f"slash {record.index}'s challenge window ended at epoch {record.final_epoch}; now {epoch}"
+        )
+    run = get_run(state, record.run)
+    if author == run.owner:
+        return record, True
+    check_run_validator(state, run, author)
+    if author == record.validator:
+        raise NotRunValidator(f"{short(author)} made slash {record.index}; only the others vote on it")
+    if author in state.voters.get(record.index, set()):
+        raise AlreadyVoted(f"{short(author)} already voted to void slash {record.index}")
+    return record, record.votes + 1 >= void_quorum(run, record.validator)
+
+
+def process_void(state: LedgerState, author: bytes, op: VoidSlash, epoch: int) -> SlashRecord:
+    """A vote, or the void: the worker keeps its stake and the validator who slashed pays what it asked."""
+    record, voids = check_void(state, author, op, epoch)
+    run = state.runs[record.run]
+    votes = record.votes if author == run.owner else record.votes + 1
+    if not voids:
+        state.voters.setdefault(record.index, set()).add(author)
+        updated = replace(record, votes=votes)
+    else:
+        slasher = state.nodes[record.validator]
+        penalty, ejected = take_stake(slasher, record.requested_gwei, state.params, epoch)
+        state.nodes[record.worker].pending_slashes -= 1
+        slasher.pending_slashes -= 1
+        state.voters.pop(record.index, None)
+        updated = replace(record, votes=votes, status=SLASH_VOIDED, penalty_gwei=penalty, ejected=ejected)
+    state.slashes[record.index] = updated
+    state.epoch = epoch
+    return updated
+
+
+def check_finalize(state: LedgerState, op: FinalizeSlash, epoch: int) -> SlashRecord:
+    check_epoch(state, epoch)
+    record = get_pending_slash(state, op.slash_index)
+    if epoch < record.final_epoch:
+        raise ChallengeWindowOpen(
+            f"slash {record.index} may be voided until epoch {record.final_epoch}; now {epoch}"
+        )
+    return record
+
+
+def process_finalize(state: LedgerState, author: bytes, op: FinalizeSlash, epoch: int) -> SlashRecord:
+    """Anyone may finalize: the stake is taken (burned) and the worker ejected at the threshold."""
+    record = check_finalize(state, op, epoch)
+    worker = state.nodes[record.worker]
+    taken, ejected = take_stake(worker, record.requested_gwei, state.params, epoch)
+    worker.pending_slashes -= 1
+    state.nodes[record.validator].pending_slashes -= 1
+    state.voters.pop(record.index, None)
+    updated = replace(record, status=SLASH_FINAL, taken_gwei=taken, ejected=ejected)
+    state.slashes[record.index] = updated
+    state.epoch = epoch
+    return updated
 
 
 def process_operation(
@@ -299,10 +537,20 @@ def process_operation(
         return None
     if isinstance(op, StakeWithdraw):
         return process_withdraw(state, author, op, epoch)
-    if isinstance(op, RecordContribution):
-        return process_contribution(state, author, op, epoch, verify_evidence=verify_evidence)
+    if isinstance(op, RegisterRun):
+        process_register_run(state, author, op, epoch)
+        return None
+    if isinstance(op, SetRunValidators):
+        process_set_validators(state, author, op, epoch)
+        return None
+    if isinstance(op, CommitCredits):
+        return process_commit(state, author, op, epoch)
     if isinstance(op, Slash):
         return process_slash(state, author, op, epoch, verify_evidence=verify_evidence)
+    if isinstance(op, VoidSlash):
+        return process_void(state, author, op, epoch)
+    if isinstance(op, FinalizeSlash):
+        return process_finalize(state, author, op, epoch)
     raise TypeError(f"not a ledger operation: {type(op).__name__}")
 
 
@@ -343,11 +591,26 @@ def filter_slashes(records: list[SlashRecord], node: bytes | None = None) -> lis
     return [r for r in records if node is None or node in (r.worker, r.validator)]
 
 
+def worker_totals(records: list[ContributionRecord], run: str | None = None) -> list[WorkerTotal]:
+    """Per (run, worker) sums of credited contributions, in order of each pair's first credit."""
+    totals: dict[tuple[str, bytes], WorkerTotal] = {}
+    for r in records:
+        if run is not None and r.run != run:
+            continue
+        key = (r.run, r.worker)
+        t = totals.get(key, WorkerTotal(r.run, r.worker, 0, 0, 0))
+        totals[key] = replace(t, credits=t.credits + 1, tokens=t.tokens + r.tokens, flops=t.flops + r.flops)
+    return list(totals.values())
+
+
 def snapshot(state: LedgerState, epoch: int) -> Snapshot:
     return Snapshot(
         epoch=epoch,
         nodes=tuple(query_nodes(state)),
         stakes=tuple(query_stakes(state)),
+        runs=tuple(state.runs.values()),
+        batches=tuple(state.batches),
         contributions=tuple(state.contributions),
+        totals=tuple(state.totals.values()),
         slashes=tuple(state.slashes),
     )

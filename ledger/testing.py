@@ -19,8 +19,8 @@ from ledger.signedlog import SignedLog
 from ledger.types import Params
 from protocol.envelope import seal
 from protocol.errors import Reason
-from protocol.ledger_messages import ComputeSpec, RecordContribution, Slash
-from protocol.messages import Completion, RolloutGroup, RolloutSubmission, Verdict
+from protocol.ledger_messages import CommitCredits, ComputeSpec, Credit, RegisterRun, Slash
+from protocol.messages import Completion, RolloutGroup, RolloutSubmission
 from protocol.runs import assignment_step
 
 if TYPE_CHECKING:
@@ -72,62 +72,41 @@ def submission_envelope(
     return seal(worker, submission, run=run, seq=nonce, ts=ts)
 
 
-def verdict_envelope(
-    validator: NodeIdentity,
-    submission: bytes,
-    worker: bytes,
-    *,
-    run: str = "run-1",
-    step: int = 1,
-    tokens: int = 100,
-    accepted: bool = True,
-    seq: int = 0,
-) -> bytes:
-    verdict = Verdict(
-        run=run,
-        submission_digest=sha256(submission),
-        worker=worker,
-        step=step,
-        checkpoint_version=1,
-        accepted=accepted,
-        reason_code=0 if accepted else int(Reason.BAD_PROOF),
-        detail="",
-        failing_chunks=() if accepted else (0,),
-        tokens=tokens,
-        mean_exp_mismatches=0.0,
-        mean_mant_err=0.0,
-    )
-    return seal(validator, verdict, run=run, seq=seq, ts=0)
-
-
-def contribution(
-    validator: NodeIdentity,
-    worker: NodeIdentity,
+def credit(
+    worker: NodeIdentity | bytes,
     *,
     nonce: int = 0,
-    run: str = "run-1",
     step: int | None = None,
     tokens: int = 100,
-    flops: int = 10**12,
-) -> RecordContribution:
-    """A valid contribution for the worker's `nonce`-th submission, with the validator's signed verdict.
-
-    Each nonce is its own assignment (version 1, counter `nonce`) unless `step` names one, so two calls
-    with one `step` and two nonces are one assignment sealed twice.
-    """
+    flops: int = 10**5,
+    digest: bytes | None = None,
+) -> Credit:
+    """A credit for the worker's `nonce`-th submission: version 1, counter `nonce` unless `step` names one."""
+    address = worker if isinstance(worker, bytes) else worker.address
     step = assignment_step(1, nonce) if step is None else step
-    submission = submission_envelope(worker, run=run, step=step, nonce=nonce)
-    verdict = verdict_envelope(
-        validator, submission, worker.address, run=run, step=step, tokens=tokens, seq=nonce
-    )
-    return RecordContribution(
+    rollout_digest = sha256(b"submission" + address + step.to_bytes(8, "big")) if digest is None else digest
+    return Credit(address, step, tokens, flops, rollout_digest)
+
+
+def batch(run: str, *credits: Credit) -> CommitCredits:
+    """A CommitCredits of these credits in the canonical (worker, step) order."""
+    return CommitCredits(run, tuple(sorted(credits, key=lambda c: (c.worker, c.step))))
+
+
+def register_run(
+    run: str = "run-1",
+    validators: tuple[NodeIdentity, ...] = (),
+    *,
+    window: int = 2,
+    max_tokens: int = 4096,
+    max_flops_per_token: int = 10**4,
+) -> RegisterRun:
+    return RegisterRun(
         run=run,
-        step=step,
-        worker=worker.address,
-        tokens=tokens,
-        flops=flops,
-        rollout_digest=sha256(submission),
-        verdict=verdict,
+        validators=tuple(sorted(v.address for v in validators)),
+        challenge_window_epochs=window,
+        max_tokens_per_credit=max_tokens,
+        max_flops_per_token=max_flops_per_token,
     )
 
 
@@ -139,17 +118,16 @@ def slash(
     run: str = "run-1",
     failing_chunks: tuple[int, ...] = (1, 3),
     reason: Reason = Reason.BAD_PROOF,
+    evidence: bytes | None = None,
 ) -> Slash:
     """A valid slash of the worker's `nonce`-th submission (the evidence it signed itself)."""
-    evidence = submission_envelope(worker, run=run, nonce=nonce)
     return Slash(
         run=run,
         worker=worker.address,
         amount_gwei=amount_gwei,
-        submission_digest=sha256(evidence),
         failing_chunks=failing_chunks,
         reason_code=int(reason),
-        evidence=evidence,
+        evidence=submission_envelope(worker, run=run, nonce=nonce) if evidence is None else evidence,
     )
 
 

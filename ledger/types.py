@@ -55,6 +55,33 @@ class StakeInfo:
 
 
 @dataclass(frozen=True)
+class RunInfo:
+    """A run on the ledger: its owner (the trainer that signs its RunDescriptor), the validators it trusts,
+    the challenge window of its slashes and the bounds of its credits."""
+
+    run: str
+    owner: bytes
+    validators: tuple[bytes, ...]
+    challenge_window_epochs: int
+    max_tokens_per_credit: int
+    max_flops_per_token: int
+    registered_epoch: int
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One validator's CommitCredits: the Merkle root over its credits' leaves (ledger.batches)."""
+
+    index: int
+    run: str
+    validator: bytes
+    root: bytes
+    count: int
+    first_contribution: int  # index of its first ContributionRecord; the rest follow in leaf order
+    epoch: int
+
+
+@dataclass(frozen=True)
 class ContributionRecord:
     index: int
     run: str
@@ -64,8 +91,24 @@ class ContributionRecord:
     tokens: int
     flops: int
     rollout_digest: bytes
-    verdict_digest: bytes
+    batch: int
     epoch: int
+
+
+@dataclass(frozen=True)
+class WorkerTotal:
+    """What a reward split reads: a worker's credited work in one run."""
+
+    run: str
+    worker: bytes
+    credits: int
+    tokens: int
+    flops: int
+
+
+SLASH_PENDING = "pending"  # in its challenge window: nothing taken yet
+SLASH_FINAL = "final"  # the window passed and FinalizeSlash took the stake
+SLASH_VOIDED = "voided"  # the run owner or a quorum voided it; the validator paid `penalty_gwei`
 
 
 @dataclass(frozen=True)
@@ -75,12 +118,16 @@ class SlashRecord:
     worker: bytes
     validator: bytes
     requested_gwei: int
-    taken_gwei: int
-    submission_digest: bytes
+    taken_gwei: int  # 0 until final
+    submission_digest: bytes  # the envelope signing digest the worker signed (protocol.envelope)
     failing_chunks: tuple[int, ...]
     reason_code: int
     epoch: int
-    ejected: bool  # this slash reached the ejection threshold
+    final_epoch: int  # epoch + the run's challenge window: finalizable from here, voidable before
+    status: str
+    votes: int  # void votes of the run's other validators so far
+    penalty_gwei: int  # taken from the validator when the slash was voided
+    ejected: bool  # this slash (final) ejected the worker, or (voided) ejected the validator
 
 
 @dataclass(frozen=True)
@@ -99,5 +146,8 @@ class Snapshot:
     epoch: int
     nodes: tuple[NodeInfo, ...]
     stakes: tuple[StakeInfo, ...]
+    runs: tuple[RunInfo, ...]
+    batches: tuple[BatchRecord, ...]
     contributions: tuple[ContributionRecord, ...]
+    totals: tuple[WorkerTotal, ...]
     slashes: tuple[SlashRecord, ...]

@@ -1,7 +1,8 @@
 """The signed envelope every protocol message travels in.
 
 `{v, type, run, sender, seq, ts, body, sig}`. The signature is over keccak256 of a length-prefixed
-domain string `swarmnode/<type>/v1`, the run id, the sender, seq, ts and the canonical body: a signature
+domain string `swarmnode/<type>/v1`, the run id, the sender, seq, ts and the keccak256 of the canonical
+body (so a contract can check it from the header and the body's hash): a signature
 for one message type, run or position in the sender's sequence can never be passed off as another.
 Replays are caught by (sender, seq) in a sliding window, so gossip reordering is tolerated.
 """
@@ -18,7 +19,7 @@ from typing import Annotated, Any, ClassVar
 
 from crypto.identity import NodeIdentity
 from crypto.signing import InvalidSignature, recover_address
-from crypto.hashing import keccak256_parts, sha256
+from crypto.hashing import keccak256, sha256
 from protocol.codec import MaxLen, Size, decode, encode
 from protocol.errors import Ignore, Reason, Reject
 from protocol.messages import MESSAGE_TYPES
@@ -57,12 +58,19 @@ def _lp(data: bytes) -> bytes:
 
 
 def signing_digest(message_type: str, run: str, sender: bytes, seq: int, ts: int, body: bytes) -> bytes:
-    """keccak256(lp(domain) || lp(run) || sender || u64 seq || u64 ts || lp(body)).
+    """keccak256(lp(domain) || lp(run) || sender || u64 seq || u64 ts || keccak256(body)).
 
-    Hashed in two parts so a body of up to 18 MiB is never copied into a preimage buffer.
+    The body enters by its hash, so a contract can recompute the digest of an envelope from its header
+    fields and a 32-byte body hash, and check the signature with ecrecover (spec/ledger.md, Slash).
     """
-    head = _lp(domain(message_type)) + _lp(run.encode()) + sender + struct.pack(">QQI", seq, ts, len(body))
-    return keccak256_parts(head, body)
+    return signing_digest_of_body_hash(message_type, run, sender, seq, ts, keccak256(body))
+
+
+def signing_digest_of_body_hash(
+    message_type: str, run: str, sender: bytes, seq: int, ts: int, body_hash: bytes
+) -> bytes:
+    head = _lp(domain(message_type)) + _lp(run.encode()) + sender + struct.pack(">QQ", seq, ts)
+    return keccak256(head + body_hash)
 
 
 def seal(identity: NodeIdentity, message: Any, *, run: str, seq: int, ts: int) -> bytes:

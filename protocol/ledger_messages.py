@@ -67,25 +67,67 @@ class StakeWithdraw:
     MAX_SIZE: ClassVar[int] = 64
 
 
-@dataclass(frozen=True)
-class RecordContribution:
-    """Validator-authored: an accepted submission's tokens credited to its worker; cites the signed verdict."""  # noqa: E501
+MAX_RUN_VALIDATORS = 16  # a run's validator set; the contract loops over it when the set changes
+MAX_CREDITS_PER_BATCH = 512  # one CommitCredits: about 2.5 MB of gas budget on chain, 9 Merkle levels
+RUN_LIMIT_MAX = U32_MAX  # max tokens per credit and max flops per token: keeps per-worker totals in 224 bits
 
-    TYPE: ClassVar[str] = "record_contribution"
-    MAX_SIZE: ClassVar[int] = 128 * KIB
+
+@dataclass(frozen=True)
+class RegisterRun:
+    """Owner-authored: puts a run on the ledger with the validators it trusts and the bounds of its credits.
+
+    The author becomes the run's owner; followers accept the run only if that is the `trainer` who signed
+    its RunDescriptor. `validators` are strictly ascending addresses (one canonical form)."""
+
+    TYPE: ClassVar[str] = "register_run"
+    MAX_SIZE: ClassVar[int] = 2 * KIB
 
     run: RunId
-    step: int
+    validators: Annotated[tuple[Address, ...], MaxLen(MAX_RUN_VALIDATORS)]
+    challenge_window_epochs: Annotated[int, Range(0, U32_MAX)]
+    max_tokens_per_credit: Annotated[int, Range(1, RUN_LIMIT_MAX)]
+    max_flops_per_token: Annotated[int, Range(0, RUN_LIMIT_MAX)]
+
+
+@dataclass(frozen=True)
+class SetRunValidators:
+    """Owner-authored: replaces the run's validator set (strictly ascending, 1..16 addresses)."""
+
+    TYPE: ClassVar[str] = "set_run_validators"
+    MAX_SIZE: ClassVar[int] = 1 * KIB
+
+    run: RunId
+    validators: Annotated[tuple[Address, ...], MaxLen(MAX_RUN_VALIDATORS)]
+
+
+@dataclass(frozen=True)
+class Credit:
+    """One accepted submission, credited to its worker: what a batch's Merkle leaf commits to."""
+
     worker: Address
-    tokens: int
-    flops: int
-    rollout_digest: Digest  # the submission's envelope digest, as named by the verdict
-    verdict: Annotated[bytes, MaxLen(96 * KIB)]  # the validator's signed Verdict envelope
+    step: Annotated[int, Range(0, U64_MAX)]  # version << 32 | counter: the assignment it paid for
+    tokens: Annotated[int, Range(1, U64_MAX)]
+    flops: Annotated[int, Range(0, U64_MAX)]
+    rollout_digest: Digest  # the submission's envelope digest, as named by the validator's verdict
+
+
+@dataclass(frozen=True)
+class CommitCredits:
+    """Validator-authored: the accepted submissions of one run since its last commit, as one entry (one
+    transaction on chain). Credits are strictly ascending by (worker, step)."""
+
+    TYPE: ClassVar[str] = "commit_credits"
+    MAX_SIZE: ClassVar[int] = 96 * KIB
+
+    run: RunId
+    credits: Annotated[tuple[Credit, ...], MaxLen(MAX_CREDITS_PER_BATCH)]
 
 
 @dataclass(frozen=True)
 class Slash:
-    """Validator-authored: takes stake from a worker; the evidence is the worker's own signed submission."""
+    """Validator-authored: asks to take stake from a worker. The evidence is the worker's own signed
+    submission; the slash names it by its signing digest, which the contract recomputes and checks with
+    ecrecover. It takes effect only after the run's challenge window (`FinalizeSlash`)."""
 
     TYPE: ClassVar[str] = "slash"
     MAX_SIZE: ClassVar[int] = 17 * MIB
@@ -93,10 +135,29 @@ class Slash:
     run: RunId
     worker: Address
     amount_gwei: Annotated[int, Range(1, U64_MAX)]
-    submission_digest: Digest
     failing_chunks: Annotated[tuple[Annotated[int, Range(0, U32_MAX)], ...], MaxLen(MAX_FAILING_CHUNKS)]
     reason_code: Annotated[int, Range(0, 999)]
     evidence: Annotated[bytes, MaxLen(16 * MIB + 4 * KIB)]  # the worker's signed RolloutSubmission envelope
+
+
+@dataclass(frozen=True)
+class VoidSlash:
+    """Run owner: voids a pending slash. Another validator of the run: one vote; a quorum voids it."""
+
+    TYPE: ClassVar[str] = "void_slash"
+    MAX_SIZE: ClassVar[int] = 64
+
+    slash_index: Annotated[int, Range(0, U64_MAX)]
+
+
+@dataclass(frozen=True)
+class FinalizeSlash:
+    """Anyone: applies a pending slash once its challenge window has passed."""
+
+    TYPE: ClassVar[str] = "finalize_slash"
+    MAX_SIZE: ClassVar[int] = 64
+
+    slash_index: Annotated[int, Range(0, U64_MAX)]
 
 
 @dataclass(frozen=True)
@@ -128,4 +189,15 @@ class LedgerEntry:
     op: Annotated[bytes, MaxLen(17 * MIB + 4 * KIB)]
 
 
-LEDGER_OPERATIONS = (RegisterNode, StakeDeposit, StakeUnbond, StakeWithdraw, RecordContribution, Slash)
+LEDGER_OPERATIONS = (
+    RegisterNode,
+    StakeDeposit,
+    StakeUnbond,
+    StakeWithdraw,
+    RegisterRun,
+    SetRunValidators,
+    CommitCredits,
+    Slash,
+    VoidSlash,
+    FinalizeSlash,
+)

@@ -13,14 +13,18 @@ from protocol.codec import MaxLen, Pattern, Range, Size, registry  # noqa: F401
 
 from protocol.types import KIB, MIB, Address, Digest, Role, RunId, Url  # noqa: F401
 from protocol.ledger_messages import (
+    CommitCredits,
+    FinalizeSlash,
     LedgerGenesis,
     LedgerEntry,
-    RecordContribution,
     RegisterNode,
+    RegisterRun,
+    SetRunValidators,
     Slash,
     StakeDeposit,
     StakeUnbond,
     StakeWithdraw,
+    VoidSlash,
 )
 
 
@@ -402,8 +406,12 @@ MESSAGE_TYPES = registry(
     StakeDeposit,
     StakeUnbond,
     StakeWithdraw,
-    RecordContribution,
+    RegisterRun,
+    SetRunValidators,
+    CommitCredits,
     Slash,
+    VoidSlash,
+    FinalizeSlash,
     LedgerEntry,
     LedgerGenesis,
     Hello,
