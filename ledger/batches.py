@@ -16,7 +16,8 @@ from crypto.hashing import keccak256
 from protocol.ledger_messages import Credit
 
 MAX_PROOF_DEPTH = 16  # 2^16 leaves, far above MAX_CREDITS_PER_BATCH; the contract's loop bound
-LOW_COUNTERS = 64  # counters below this share a slot across 4 versions (the usual case: 64 is the default)
+LOW_COUNTERS = 32  # counters below this share a slot across 8 versions (workers rarely go higher)
+VERSIONS_PER_SLOT = 8
 
 
 def word(value: int) -> bytes:
@@ -114,12 +115,14 @@ def run_key(run: str) -> bytes:
 def credit_slot(run: str, worker: bytes, step: int) -> tuple[bytes, int]:
     """The contract's storage key and bit recording that assignment (run, worker, step) was credited.
 
-    One 256-bit slot holds counters 0..63 of four consecutive versions, so a worker's usual credits cost
-    one fresh slot per four versions; a counter of 64 or more gets a slot per 256 counters of its version.
+    One 256-bit slot holds counters 0..31 of eight consecutive versions, so a worker's usual credits cost
+    one fresh slot (22,100 gas) per eight versions; a counter of 32 or more gets a slot per 256 counters of
+    its version (bucket 1 + counter // 256).
     """
     version, counter = step >> 32, step & 0xFFFFFFFF
     if counter < LOW_COUNTERS:
-        group, bucket, bit = version >> 2, 0, (version & 3) * LOW_COUNTERS + counter
+        group, bucket = version // VERSIONS_PER_SLOT, 0
+        bit = (version % VERSIONS_PER_SLOT) * LOW_COUNTERS + counter
     else:
         group, bucket, bit = version, 1 + (counter >> 8), counter & 0xFF
     return keccak256(run_key(run) + address_word(worker) + word(group) + word(bucket)), bit

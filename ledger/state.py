@@ -293,6 +293,11 @@ def process_register_run(state: LedgerState, author: bytes, op: RegisterRun, epo
         raise WrongRole(f"{short(author)} is registered as a {owner.info.role}; a run's owner is a trainer")
     if owner.info.ejected:
         raise NodeEjected(f"trainer {short(author)} was ejected")
+    required = required_stake(state.params, owner)
+    if owner.bonded_gwei < required:  # run ids are first come: only a staked trainer may claim one
+        raise InsufficientStake(
+            f"trainer {short(author)} has {owner.bonded_gwei} gwei bonded, needs {required} to register a run"
+        )
     if op.run in state.runs:
         raise RunExists(f"run {op.run!r} is already registered (owner {short(state.runs[op.run].owner)})")
     check_validator_set(op.validators)
@@ -308,11 +313,18 @@ def process_register_run(state: LedgerState, author: bytes, op: RegisterRun, epo
     state.epoch = epoch
 
 
+def check_owner_not_ejected(state: LedgerState, run: RunInfo) -> None:
+    """An ejected owner keeps its run's records but loses its powers over the run."""
+    if state.nodes[run.owner].info.ejected:
+        raise NodeEjected(f"run {run.run!r}'s owner {short(run.owner)} was ejected")
+
+
 def process_set_validators(state: LedgerState, author: bytes, op: SetRunValidators, epoch: int) -> None:
     check_epoch(state, epoch)
     run = get_run(state, op.run)
     if author != run.owner:
         raise NotRunOwner(f"only run {op.run!r}'s owner {short(run.owner)} may change its validators")
+    check_owner_not_ejected(state, run)
     check_validator_set(op.validators)
     state.runs[op.run] = replace(run, validators=op.validators)
     state.epoch = epoch
@@ -469,6 +481,7 @@ def check_void(state: LedgerState, author: bytes, op: VoidSlash, epoch: int) -> 
         )
     run = get_run(state, record.run)
     if author == run.owner:
+        check_owner_not_ejected(state, run)
         return record, True
     check_run_validator(state, run, author)
     if author == record.validator:

@@ -69,7 +69,10 @@ class StakeWithdraw:
 
 MAX_RUN_VALIDATORS = 16  # a run's validator set; the contract loops over it when the set changes
 MAX_CREDITS_PER_BATCH = 512  # one CommitCredits: about 2.5 MB of gas budget on chain, 9 Merkle levels
-RUN_LIMIT_MAX = U32_MAX  # max tokens per credit and max flops per token: keeps per-worker totals in 224 bits
+RUN_LIMIT_MAX = U32_MAX  # max tokens per credit: a credit's tokens fit 32 bits
+# max flops per token: 2 x parameters for inference, so up to ~550B-parameter models. A credit's flops are a
+# u64 whatever the limits, so a worker's totals (at most 2^32 credits) fit the contract's 128-bit field.
+FLOPS_PER_TOKEN_MAX = (1 << 40) - 1
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ class RegisterRun:
     validators: Annotated[tuple[Address, ...], MaxLen(MAX_RUN_VALIDATORS)]
     challenge_window_epochs: Annotated[int, Range(0, U32_MAX)]
     max_tokens_per_credit: Annotated[int, Range(1, RUN_LIMIT_MAX)]
-    max_flops_per_token: Annotated[int, Range(0, RUN_LIMIT_MAX)]
+    max_flops_per_token: Annotated[int, Range(0, FLOPS_PER_TOKEN_MAX)]
 
 
 @dataclass(frozen=True)
