@@ -1,4 +1,4 @@
-"""The swarm's ledger: stake, registered compute, contributions and slashes (spec/ledger.md).
+"""The swarm's ledger: stake, registered compute, runs, batched credits and slashes (spec/ledger.md).
 
 One pure state machine (`ledger.state`) and two backends behind one `Ledger` interface:
 `SignedLog` (an append-only signed log in SQLite, the embedded default) and `EvmLedger` (a Vyper
@@ -11,26 +11,42 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ledger.batches import CreditProof
 from ledger.errors import LedgerError
 from ledger.interface import Ledger
 from ledger.signedlog import SignedLog, verify_log
-from ledger.types import ContributionRecord, NodeInfo, Params, Receipt, SlashRecord, Snapshot, StakeInfo
+from ledger.types import (
+    BatchRecord,
+    ContributionRecord,
+    NodeInfo,
+    Params,
+    Receipt,
+    RunInfo,
+    SlashRecord,
+    Snapshot,
+    StakeInfo,
+    WorkerTotal,
+)
 
 if TYPE_CHECKING:
     from ledger.evm import EvmLedger
 
 __all__ = [
+    "BatchRecord",
     "ContributionRecord",
+    "CreditProof",
     "EvmLedger",
     "Ledger",
     "LedgerError",
     "NodeInfo",
     "Params",
     "Receipt",
+    "RunInfo",
     "SignedLog",
     "SlashRecord",
     "Snapshot",
     "StakeInfo",
+    "WorkerTotal",
     "open_ledger",
     "parse_ledger_url",
     "verify_log",

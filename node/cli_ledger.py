@@ -26,12 +26,26 @@ from rich.table import Table
 
 from crypto.identity import NodeIdentity, format_address, parse_address
 from crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
-from ledger import Ledger, LedgerError, Params, SignedLog, open_ledger, parse_ledger_url, verify_log
-from ledger.types import GWEI_PER_NATIVE, ROLES
+from ledger import (
+    Ledger,
+    LedgerError,
+    Params,
+    SignedLog,
+    SlashRecord,
+    open_ledger,
+    parse_ledger_url,
+    verify_log,
+)
+from ledger.proofs import ProofFormatError, dump_proof, load_proof, proof_to_json
+from ledger.types import GWEI_PER_NATIVE, ROLES, SLASH_PENDING, SLASH_VOIDED
+from protocol.codec import Pattern
+from protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, U32_MAX
+from protocol.types import RunId
 
 LEDGER_ENV = "SWARMNODE_LEDGER"
 CONTRACT_ENV = "SWARMNODE_CONTRACT"
 KEY_ENV = "SWARMNODE_KEY"
+RUN_ID = re.compile(next(m.regex for m in RunId.__metadata__ if isinstance(m, Pattern)))
 _AMOUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gwei|eth|ether)?\s*$", re.IGNORECASE)
 
 
@@ -77,7 +91,7 @@ def _short(data: bytes) -> str:
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     table = Table(title=title)
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # addresses and digests wrap, never cut
     for row in rows:
         table.add_row(*(str(cell) for cell in row))
     Console().print(table)
@@ -249,7 +263,6 @@ def stake_status(
 @click.option("--count", type=int, required=True, help="number of accelerators (compute units)")
 @click.option("--memory-gb", type=int, required=True)
 @click.option("--benchmark-gflops", type=int, default=0, show_default=True, help="measured throughput")
-@click.option("--peer-id", default=None, help="default: derived from the key")
 @ledger_options
 @key_option
 @json_option
@@ -259,13 +272,17 @@ def register_command(
     count: int,
     memory_gb: int,
     benchmark_gflops: int,
-    peer_id: str | None,
     ledger_spec: str,
     contract: str | None,
     key: str | None,
     as_json: bool,
 ) -> None:
-    """Register this node's role and compute in the ledger."""
+    """Register this node's role and compute in the ledger.
+
+    The node's libp2p peer id is derived from the --key, and the ledger binds it to that key: a node can
+    only register its own peer id. Stake the required amount next (`swarmnode stake deposit`): the minimum
+    per compute unit times --count.
+    """
     from protocol.ledger_messages import ComputeSpec
 
     identity = load_identity(key)
@@ -273,7 +290,12 @@ def register_command(
         accelerator=accelerator, count=count, memory_gb=memory_gb, benchmark_gflops=benchmark_gflops
     )
     with opened(ledger_spec, contract) as ledger:
-        report_receipt("register_node", ledger.register(identity, role, spec, peer_id), as_json)
+        receipt = ledger.register(identity, role, spec)
+    if as_json:
+        emit_json({"operation": "register_node", "peer_id": identity.peer_id, "receipt": receipt})
+    else:
+        report_receipt("register_node", receipt, as_json)
+        click.echo(f"{identity.checksum_address} is a {role} with peer id {identity.peer_id}")
 
 
 # --- ledger --------------------------------------------------------------------------------------
@@ -281,7 +303,20 @@ def register_command(
 
 @click.group("ledger")
 def ledger_group() -> None:
-    """Query, audit and deploy the ledger."""
+    """Query, audit and deploy the ledger.
+
+    \b
+    The flow:
+      ledger deploy                once: a signed-log file, or the contract on a chain
+      register, stake deposit      every node: its role and compute, then its stake
+      ledger run register          the trainer: its run, the validators it trusts, the bounds of a credit
+      (the node)                   validators commit credit batches and file slashes as they validate
+      contributions, batches,      read the credited work; totals is what a reward split reads
+      totals
+      prove                        prove one credit is in its batch; check a saved proof
+      slashes, slash void|finalize see and settle slashes after their challenge window
+      verify                       audit every record
+    """
 
 
 @ledger_group.command("nodes")
@@ -348,7 +383,10 @@ def ledger_stakes(ledger_spec: str, contract: str | None, as_json: bool) -> None
 def ledger_contributions(
     node_text: str | None, run: str | None, ledger_spec: str, contract: str | None, as_json: bool
 ) -> None:
-    """Credited contributions, optionally for one node or run."""
+    """Credited contributions, optionally for one node or run, each with the batch that credited it.
+
+    `swarmnode ledger prove --contribution N` proves one of them is in its batch's Merkle root.
+    """
     node = address_arg(node_text)
     with opened(ledger_spec, contract) as ledger:
         records = ledger.contributions(node=node, run=run)
@@ -357,10 +395,11 @@ def ledger_contributions(
         return
     _table(
         "contributions",
-        ["#", "run", "step", "worker", "validator", "tokens", "flops", "rollout", "epoch"],
+        ["#", "batch", "run", "step", "worker", "validator", "tokens", "flops", "rollout", "epoch"],
         [
             [
                 r.index,
+                r.batch,
                 r.run,
                 r.step,
                 format_address(r.worker),
@@ -375,44 +414,455 @@ def ledger_contributions(
     )
 
 
-@ledger_group.command("slashes")
-@click.option("--node", "node_text", default=None, metavar="ADDR")
+@ledger_group.command("batches")
+@click.option("--run", default=None, help="only this run's batches")
 @ledger_options
 @json_option
-def ledger_slashes(node_text: str | None, ledger_spec: str, contract: str | None, as_json: bool) -> None:
-    """Slashes with their evidence digests."""
-    node = address_arg(node_text)
+def ledger_batches(run: str | None, ledger_spec: str, contract: str | None, as_json: bool) -> None:
+    """Committed credit batches: one validator's credits of one run as one entry (one transaction on chain).
+
+    The ledger stores each batch's Merkle root over its credits and the per-worker totals; its contributions
+    are numbered first..first+count-1.
+    """
     with opened(ledger_spec, contract) as ledger:
-        records = ledger.slashes(node=node)
+        records = ledger.batches(run=run)
     if as_json:
-        emit_json({"slashes": records})
+        emit_json({"batches": records})
         return
     _table(
-        "slashes",
-        ["#", "run", "worker", "validator", "taken", "reason", "chunks", "submission", "epoch", "ejected"],
+        "batches",
+        ["#", "run", "validator", "credits", "first contribution", "root", "epoch"],
+        [
+            [
+                b.index,
+                b.run,
+                format_address(b.validator),
+                b.count,
+                b.first_contribution,
+                _short(b.root),
+                b.epoch,
+            ]
+            for b in records
+        ],
+    )
+
+
+@ledger_group.command("totals")
+@click.option("--run", default=None, help="only this run's workers")
+@ledger_options
+@json_option
+def ledger_totals(run: str | None, ledger_spec: str, contract: str | None, as_json: bool) -> None:
+    """Each worker's credited work per run: credits, tokens, flops. What a reward split reads."""
+    with opened(ledger_spec, contract) as ledger:
+        records = ledger.totals(run=run)
+    if as_json:
+        emit_json({"totals": records})
+        return
+    _table(
+        "totals",
+        ["run", "worker", "credits", "tokens", "flops"],
+        [[t.run, format_address(t.worker), t.credits, t.tokens, t.flops] for t in records],
+    )
+
+
+@ledger_group.command("slashes")
+@click.option(
+    "--node", "node_text", default=None, metavar="ADDR", help="as the slashed worker or the slasher"
+)
+@click.option("--run", default=None, help="only this run's slashes")
+@click.option(
+    "--pending", is_flag=True, help="only slashes still in their challenge window (or awaiting finalize)"
+)
+@ledger_options
+@json_option
+def ledger_slashes(
+    node_text: str | None,
+    run: str | None,
+    pending: bool,
+    ledger_spec: str,
+    contract: str | None,
+    as_json: bool,
+) -> None:
+    """Slashes with the submission each cites and where each stands.
+
+    A slash is filed pending: nothing is taken during its run's challenge window, while the run's owner (at
+    once) or a majority of the run's other validators (by vote) may void it, which costs the slasher what it
+    asked (`swarmnode ledger slash void`). From its final epoch anyone may finalize it, which takes the
+    worker's stake (`swarmnode ledger slash finalize`).
+    """
+    node = address_arg(node_text)
+    with opened(ledger_spec, contract) as ledger:
+        epoch = ledger.current_epoch()
+        records = [
+            r
+            for r in ledger.slashes(node=node)
+            if (run is None or r.run == run) and (not pending or r.status == SLASH_PENDING)
+        ]
+    if as_json:
+        emit_json({"epoch": epoch, "slashes": records})
+        return
+    _table(
+        f"slashes (epoch {epoch})",
+        [
+            "#",
+            "run",
+            "worker",
+            "validator",
+            "status",
+            "gwei asked/taken/penalty",
+            "votes",
+            "reason",
+            "chunks",
+        ],
         [
             [
                 r.index,
                 r.run,
                 format_address(r.worker),
                 format_address(r.validator),
-                r.taken_gwei,
+                _slash_status(r),
+                f"{r.requested_gwei}/{r.taken_gwei}/{r.penalty_gwei}",
+                r.votes,
                 r.reason_code,
                 ",".join(map(str, r.failing_chunks)),
-                _short(r.submission_digest),
-                r.epoch,
-                r.ejected,
             ]
             for r in records
         ],
     )
 
 
+def _slash_status(record: SlashRecord) -> str:
+    ejected = ", ejected" if record.ejected else ""
+    if record.status == SLASH_PENDING:
+        return f"pending, final from epoch {record.final_epoch}"
+    return f"{record.status}{ejected}"
+
+
+@ledger_group.group("slash")
+def slash_group() -> None:
+    """Settle a pending slash: void it within its challenge window, or finalize it after.
+
+    Validators file slashes as they validate (the node does it); these commands settle them. See
+    `swarmnode ledger slashes --pending`.
+    """
+
+
+@slash_group.command("void")
+@click.argument("index", type=click.IntRange(min=0))
+@ledger_options
+@key_option
+@json_option
+def slash_void(index: int, ledger_spec: str, contract: str | None, key: str | None, as_json: bool) -> None:
+    """Void pending slash INDEX, or vote to.
+
+    Signed by the run's owner, it voids the slash at once; signed by another of the run's validators, it is
+    one vote, and the vote that reaches a majority of the run's validators other than the slasher voids it.
+    A voided slash leaves the worker's stake alone and takes what the slash asked from the slasher.
+    Refused once the challenge window has closed.
+    """
+    identity = load_identity(key)
+    with opened(ledger_spec, contract) as ledger:
+        receipt = ledger.void_slash(identity, index)
+        record = ledger.slashes()[index]
+    if as_json:
+        emit_json({"operation": "void_slash", "receipt": receipt, "slash": record})
+        return
+    report_receipt("void_slash", receipt, as_json)
+    if record.status == SLASH_VOIDED:
+        click.echo(f"slash {index} is voided: the slasher paid {record.penalty_gwei} gwei")
+    else:
+        click.echo(
+            f"slash {index} has {record.votes} void vote(s); still pending until epoch {record.final_epoch}"
+        )
+
+
+@slash_group.command("finalize")
+@click.argument("index", type=click.IntRange(min=0))
+@ledger_options
+@key_option
+@json_option
+def slash_finalize(
+    index: int, ledger_spec: str, contract: str | None, key: str | None, as_json: bool
+) -> None:
+    """Finalize pending slash INDEX once its challenge window has passed (anyone may; --key signs).
+
+    Takes up to the requested amount from the worker's stake (bonded first, then unbonding); at the
+    ledger's ejection threshold the worker is ejected.
+    """
+    identity = load_identity(key)
+    with opened(ledger_spec, contract) as ledger:
+        receipt = ledger.finalize_slash(identity, index)
+        record = ledger.slashes()[index]
+    if as_json:
+        emit_json({"operation": "finalize_slash", "receipt": receipt, "slash": record})
+        return
+    report_receipt("finalize_slash", receipt, as_json)
+    ejected = ", the worker is ejected" if record.ejected else ""
+    click.echo(
+        f"slash {index} is final: {record.taken_gwei} gwei taken from "
+        f"{format_address(record.worker)}{ejected}"
+    )
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+
+def parse_run_id(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
+    if value is not None and not RUN_ID.fullmatch(value):
+        raise click.BadParameter(
+            f"{value!r}: a run id is 1..64 of a-z, 0-9, '.', '_', '-', starting alphanumeric"
+        )
+    return value
+
+
+def parse_validators(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> tuple[bytes, ...]:
+    """The --validator addresses in the ledger's one canonical order (ascending), each once."""
+    addresses = []
+    for text in values:
+        try:
+            addresses.append(parse_address(text))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    if len(set(addresses)) != len(addresses):
+        raise click.BadParameter("a validator is named twice")
+    if not 1 <= len(addresses) <= MAX_RUN_VALIDATORS:
+        raise click.BadParameter(f"a run has 1..{MAX_RUN_VALIDATORS} validators, got {len(addresses)}")
+    return tuple(sorted(addresses))
+
+
+def validators_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--validator",
+        "validators",
+        multiple=True,
+        required=True,
+        metavar="ADDR",
+        callback=parse_validators,
+        help=f"a validator the run trusts to credit and slash (repeat: 1..{MAX_RUN_VALIDATORS})",
+    )(func)
+
+
+@ledger_group.group("run")
+def run_group() -> None:
+    """Put a run on the ledger and choose who may credit and slash in it.
+
+    A run's owner is the trainer that signs its RunDescriptor; it registers the run with the validators it
+    trusts and the bounds of a credit, and may change the validator set later. Only those validators may
+    commit credits or file slashes in the run.
+    """
+
+
+@run_group.command("register")
+@click.argument("run", callback=parse_run_id)
+@validators_option
+@click.option(
+    "--challenge-window",
+    "window",
+    type=click.IntRange(0, U32_MAX),
+    required=True,
+    metavar="EPOCHS",
+    help="epochs a slash waits, voidable, before it may take stake",
+)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(1, RUN_LIMIT_MAX),
+    required=True,
+    metavar="N",
+    help="most tokens one credit may claim: the longest completion times the group size",
+)
+@click.option(
+    "--max-flops-per-token",
+    type=click.IntRange(0, FLOPS_PER_TOKEN_MAX),
+    required=True,
+    metavar="F",
+    help="most flops a credit may claim per token (validators credit 2 x the model's parameters)",
+)
+@ledger_options
+@key_option
+@json_option
+def run_register(
+    run: str,
+    validators: tuple[bytes, ...],
+    window: int,
+    max_tokens: int,
+    max_flops_per_token: int,
+    ledger_spec: str,
+    contract: str | None,
+    key: str | None,
+    as_json: bool,
+) -> None:
+    """Register RUN with the --key's trainer as its owner (first come; a run id is registered once)."""
+    from protocol.ledger_messages import RegisterRun
+
+    identity = load_identity(key)
+    op = RegisterRun(run, validators, window, max_tokens, max_flops_per_token)
+    with opened(ledger_spec, contract) as ledger:
+        receipt = ledger.register_run(identity, op)
+    report_receipt("register_run", receipt, as_json)
+
+
+@run_group.command("set-validators")
+@click.argument("run", callback=parse_run_id)
+@validators_option
+@ledger_options
+@key_option
+@json_option
+def run_set_validators(
+    run: str,
+    validators: tuple[bytes, ...],
+    ledger_spec: str,
+    contract: str | None,
+    key: str | None,
+    as_json: bool,
+) -> None:
+    """Replace RUN's validator set (the run's owner signs with --key). Pending slashes keep their votes."""
+    from protocol.ledger_messages import SetRunValidators
+
+    identity = load_identity(key)
+    with opened(ledger_spec, contract) as ledger:
+        receipt = ledger.set_run_validators(identity, SetRunValidators(run, validators))
+    report_receipt("set_run_validators", receipt, as_json)
+
+
+@run_group.command("show")
+@click.argument("run", required=False, callback=parse_run_id)
+@ledger_options
+@json_option
+def run_show(run: str | None, ledger_spec: str, contract: str | None, as_json: bool) -> None:
+    """RUN's owner, validators and bounds; every registered run without RUN."""
+    with opened(ledger_spec, contract) as ledger:
+        if run is None:
+            runs = ledger.runs()
+        else:
+            info = ledger.run(run)
+            if info is None:
+                raise click.ClickException(f"run {run!r} is not registered on this ledger")
+            runs = [info]
+    if as_json:
+        emit_json({"runs": runs})
+        return
+    _table(
+        "runs",
+        ["run", "owner", "validators", "challenge window", "max tokens", "max flops/token", "since epoch"],
+        [
+            [
+                r.run,
+                format_address(r.owner),
+                "\n".join(format_address(v) for v in r.validators),
+                r.challenge_window_epochs,
+                r.max_tokens_per_credit,
+                r.max_flops_per_token,
+                r.registered_epoch,
+            ]
+            for r in runs
+        ],
+    )
+
+
+# --- proofs --------------------------------------------------------------------------------------
+
+
+@ledger_group.command("prove")
+@click.option(
+    "--contribution",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="make the proof of contribution N (see `ledger contributions`)",
+)
+@click.option(
+    "--check",
+    "check_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="check a saved proof against this ledger instead",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="write the proof here (default: stdout)",
+)
+@ledger_options
+@json_option
+def ledger_prove(
+    contribution: int | None,
+    check_path: Path | None,
+    out: Path | None,
+    ledger_spec: str,
+    contract: str | None,
+    as_json: bool,
+) -> None:
+    """Prove that a credited contribution is in its validator's committed batch, or check such a proof.
+
+    A proof is the credit, its leaf index and the Merkle path to the batch's root (JSON, hex). It is checked
+    twice: its path leads to its root, and the ledger holds that batch with that root, run, validator and
+    count (on evm: the contract's own verify_credit view). Keep it: it shows your credit to anyone holding
+    the ledger, without the validator's records. Exit status 1 when a proof does not verify.
+    """
+    if (contribution is None) == (check_path is None):
+        raise click.UsageError("pass exactly one of --contribution N and --check FILE")
+    if check_path is not None and out is not None:
+        raise click.UsageError("--out writes a new proof; --check reads one")
+    if check_path is not None:
+        try:
+            proof = load_proof(check_path.read_text())
+        except (ProofFormatError, UnicodeDecodeError) as exc:
+            raise click.ClickException(f"{check_path} is not a credit proof: {exc}") from None
+    with opened(ledger_spec, contract) as ledger:
+        if contribution is not None:
+            try:
+                proof = ledger.prove_credit(contribution)
+            except IndexError:
+                count = len(ledger.contributions())
+                raise click.ClickException(
+                    f"there is no contribution {contribution}; the ledger holds {count}"
+                ) from None
+        path_ok = proof.verify()
+        on_ledger = ledger.check_credit_proof(proof)
+    ok = path_ok and on_ledger
+    if contribution is not None:
+        if out is not None:
+            out.write_text(dump_proof(proof))
+        elif not as_json:
+            click.echo(dump_proof(proof), nl=False)
+    if as_json:
+        emit_json(
+            {"ok": ok, "path_leads_to_root": path_ok, "on_ledger": on_ledger, "proof": proof_to_json(proof)}
+        )
+    elif ok:
+        where = f", written to {out}" if out is not None else ""
+        click.echo(
+            f"ok: contribution {proof.contribution} is leaf {proof.leaf_index} of batch {proof.batch} "
+            f"(run {proof.run!r}, {proof.count} credits, root 0x{proof.root.hex()}){where}",
+            err=contribution is not None and out is None,
+        )
+    if not path_ok:
+        raise click.ClickException("the proof's path does not lead to its root")
+    if not on_ledger:
+        raise click.ClickException(
+            f"this ledger holds no batch {proof.batch} with root 0x{proof.root.hex()}, run {proof.run!r}, "
+            f"validator {format_address(proof.validator)} and {proof.count} credits"
+        )
+
+
 @ledger_group.command("verify")
 @ledger_options
 @json_option
 def ledger_verify(ledger_spec: str, contract: str | None, as_json: bool) -> None:
-    """Audit a signed log end to end (exit 1 naming the first bad entry); on evm, check the deployed code."""
+    """Audit a ledger; exit status 1 naming the first failure.
+
+    signed:PATH replays the log from genesis, re-checking every hash, signature and rule. evm:URL checks the
+    contract runs the committed code, then re-derives its records from the transactions' calldata: every
+    batch's root and count, credits within their run's bounds and never twice, the per-worker totals, every
+    slash's cited signature recovering to the slashed worker, validators in their run's set, and the money
+    (deposits - withdrawals = held + burned, covered by the balance). What the chain cannot show is printed
+    as a note.
+    """
     try:
         kind, target = parse_ledger_url(ledger_spec)
     except ValueError as exc:
@@ -432,7 +882,9 @@ def ledger_verify(ledger_spec: str, contract: str | None, as_json: bool) -> None
         "checkpoints": report.checkpoints,
         "first_bad_entry": report.first_bad,
         "truncated": report.truncated,
-        "signed_head": None if head is None else {"entries": head.size, "head": head.head, "signer": head.signer},
+        "signed_head": None
+        if head is None
+        else {"entries": head.size, "head": head.head, "signer": head.signer},
         "error": None if report.error is None else str(report.error),
     }
     if as_json:
@@ -450,24 +902,30 @@ def ledger_verify(ledger_spec: str, contract: str | None, as_json: bool) -> None
 
 
 def _verify_contract(url: str, contract: str | None, as_json: bool) -> None:
-    from ledger.artifact import load_artifact
     from ledger.evm import EvmLedger
+    from ledger.evm_audit import audit_chain
 
     if contract is None:
         raise click.ClickException(f"pass --contract (or set {CONTRACT_ENV})")
     try:
         evm = EvmLedger.connect(url, contract)
+        report = audit_chain(evm)
     except LedgerError as exc:
         raise click.ClickException(str(exc)) from exc
-    code = bytes(evm.w3.eth.get_code(evm.address))
-    expected = bytes.fromhex(load_artifact()["bytecode_runtime"].removeprefix("0x"))
-    ok = code[: len(expected)] == expected  # immutables are appended after the runtime code
     if as_json:
-        emit_json({"ok": ok, "contract": evm.address, "code_size": len(code)})
-    elif ok:
-        click.echo(f"ok: {evm.address} runs the committed SwarmLedger artifact")
-    if not ok:
-        raise click.ClickException(f"{evm.address} does not run the committed SwarmLedger bytecode")
+        emit_json({**dataclasses.asdict(report), "ok": report.ok, "first_failure": report.first_failure})
+    else:
+        for note in report.notes:
+            click.echo(f"note: {note}", err=True)
+    if not report.ok:
+        more = f" (and {len(report.failures) - 1} more)" if len(report.failures) > 1 else ""
+        raise click.ClickException(f"{report.contract} fails the audit: {report.first_failure}{more}")
+    if not as_json:
+        click.echo(
+            f"ok: {report.contract} runs the committed SwarmLedger code; {report.runs} runs, "
+            f"{report.batches} batches ({report.credits} credits), {report.slashes} slashes; "
+            "the money checks out"
+        )
 
 
 @ledger_group.command("deploy")
