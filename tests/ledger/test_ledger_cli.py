@@ -133,6 +133,7 @@ def setup_ledger(env: dict[str, str], tmp_path: Path) -> None:
 def setup_runs(env: dict[str, str], tmp_path: Path) -> None:
     """A trainer and a second validator; run-a (VAL, no challenge window), run-b (VAL and V2, 5 epochs)."""
     register(env, tmp_path, "tr", "trainer")
+    run(env, "stake", "deposit", "1000", "--key", str(tmp_path / "tr.json"))  # a run's owner is staked
     register(env, tmp_path, "v2", "validator")
     run(env, "stake", "deposit", "1000", "--key", str(tmp_path / "v2.json"))
     bounds = ("--max-tokens", "1000", "--max-flops-per-token", "10000")
@@ -206,9 +207,9 @@ def test_operator_flow_and_queries(env: dict[str, str], tmp_path: Path) -> None:
     assert [s["bonded_gwei"] for s in stakes] == [
         1000,
         2500,
-        0,
         1000,
-    ]  # slashes are pending: nothing taken yet
+        1000,
+    ]  # slashes are pending: nothing taken yet (the trainer's 1000 is what registering its runs needs)
 
     runs = json.loads(run(env, "ledger", "run", "show", "--json"))["runs"]
     assert [(r["run"], r["owner"], r["challenge_window_epochs"]) for r in runs] == [
