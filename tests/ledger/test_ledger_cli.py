@@ -282,7 +282,7 @@ def test_operator_flow_and_queries(env: dict[str, str], tmp_path: Path) -> None:
     out = run(env, "stake", "withdraw", "--key", str(tmp_path / "w1.json"), code=1)
     assert "StillUnbonding (707)" in out and "slashable until epoch 2" in out
     verified = json.loads(run(env, "ledger", "verify", "--json"))
-    assert verified["ok"] and verified["entries"] == 16
+    assert verified["ok"] and verified["entries"] == 17
 
 
 def test_set_validators_and_void_by_vote(env: dict[str, str], tmp_path: Path) -> None:
