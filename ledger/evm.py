@@ -355,6 +355,22 @@ class EvmLedger:
             time.sleep(delay)
             delay = min(delay * 2, RECEIPT_POLL_MAX_S)
 
+    def _reverted(self, receipt: Any, what: str, sender: bytes) -> LedgerError:
+        """A transaction the preflight passed but the chain reverted: the state moved in between (another
+        transaction, or a new block's epoch closing a window). Re-run it at its block for the reason, so
+        the caller still gets the typed refusal; BackendError only when the chain gives none."""
+        tx = self.w3.eth.get_transaction(receipt["transactionHash"])
+        call = {"from": tx["from"], "to": tx["to"], "value": tx["value"], "data": tx["input"]}
+        try:
+            self.w3.eth.call(call, block_identifier=receipt["blockNumber"])  # type: ignore[arg-type]
+        except Exception as exc:  # providers raise different types for a revert
+            if revert_code(exc) is not None:
+                return self._refusal(exc, what, sender)
+        return BackendError(
+            f"{what}: transaction {receipt['transactionHash'].hex()} reverted on chain "
+            f"(gas used {receipt['gasUsed']})"
+        )
+
     def send_raw_transaction(self, raw: bytes, *, what: str = "transaction", sender: bytes = b"") -> Receipt:
         """Send a signed transaction and wait for it; a reused nonce is a `ReplayedOperation`."""
         try:
@@ -365,10 +381,7 @@ class EvmLedger:
             raise self._refusal(exc, what, sender) from None
         receipt = self._wait_for_receipt(tx_hash)
         if receipt["status"] != 1:
-            raise BackendError(
-                f"{what}: transaction {receipt['transactionHash'].hex()} reverted on chain "
-                f"(gas used {receipt['gasUsed']})"
-            )
+            raise self._reverted(receipt, what, sender)
         block = self.w3.eth.get_block(receipt["blockNumber"])
         epoch = (int(block["timestamp"]) - self.genesis_time) // self._params.epoch_seconds
         return Receipt(int(receipt["blockNumber"]), bytes(receipt["transactionHash"]), epoch)

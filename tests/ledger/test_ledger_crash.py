@@ -1,4 +1,5 @@
-"""Kill a real appending process with SIGKILL mid-stream: no acknowledged entry is lost, the log verifies."""
+"""Kill a real appending process with SIGKILL mid-stream: no acknowledged entry is lost, the log verifies,
+and what the batches of credits derive (contributions, totals, the credited set) is whole."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 from ledger.signedlog import SignedLog, verify_log
+from ledger.state import worker_totals
 
 WRITER = Path(__file__).with_name("crash_writer.py")
 PROJECT = Path(__file__).resolve().parents[2]
@@ -52,5 +54,11 @@ def test_sigkill_loses_no_acknowledged_entry(tmp_path: Path) -> None:
             assert log.size() >= max(acked) + 1
             for index, digest in acked.items():
                 assert log.prove(index).entry_hash.hex() == digest, f"acknowledged entry {index} changed"
+            batches, contributions = log.batches(), log.contributions()
+            assert len(batches) == log.size() - 7  # three registrations, three deposits, the run
+            assert {b.count for b in batches} == {8} and len(contributions) == 8 * len(batches)
+            assert log.totals() == worker_totals(contributions)
+            assert all(log.is_credited(c.run, c.worker, c.step) for c in contributions)
+            assert log.check_credit_proof(log.prove_credit(len(contributions) - 1))
         finally:
             log.close()

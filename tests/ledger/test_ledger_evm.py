@@ -377,3 +377,21 @@ def test_root_from_path_is_the_contracts_rule() -> None:
         root = credits_root(leaves)
         for i in range(count):
             assert root_from_path(leaves[i], i, count, credit_path(leaves, i)) == root
+
+
+def test_a_transaction_the_chain_reverts_after_its_preflight_keeps_its_typed_error() -> None:
+    """The preflight runs on the latest block; the window can close before the transaction is mined.
+    The client then replays it at its block for the reason: ChallengeWindowClosed, not BackendError."""
+    h = T.EvmHarness.tester(PARAMS)
+    owner, validator, worker = T.identity("late-owner"), T.identity("late-val"), T.identity("late-w")
+    h.fund(owner, validator, worker)
+    for who, role in ((owner, "trainer"), (validator, "validator"), (worker, "worker")):
+        h.ledger.register(who, role, T.compute())
+        h.ledger.deposit(who, 1_000)
+    h.ledger.register_run(owner, T.register_run(RUN, (validator,), window=1))
+    h.ledger.slash(validator, T.slash(worker, 300, nonce=1))
+    raw = h.ledger.sign_transaction(owner, h.ledger.contract.functions.void_slash(0), what="void_slash")
+    h.advance_to(1)  # the window closes between the preflight and the block that mines the void
+    with pytest.raises(E.ChallengeWindowClosed, match="challenge_window_closed"):
+        h.ledger.send_raw_transaction(raw, what="void_slash", sender=owner.address)
+    assert h.ledger.slashes()[0].status == "pending"

@@ -20,7 +20,7 @@ from ledger.signedlog import SignedLog, verify_log
 from ledger.types import Params
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, seal
-from protocol.ledger_messages import LedgerEntry, StakeDeposit
+from protocol.ledger_messages import LedgerEntry, SetRunValidators, StakeDeposit
 
 PARAMS = Params(
     min_stake_per_unit_gwei=1_000,
@@ -29,7 +29,8 @@ PARAMS = Params(
     ejection_threshold=2,
     epoch_seconds=1_000,
 )
-VAL, W1, W2 = T.identity("val"), T.identity("w1"), T.identity("w2")
+TR, VAL, W1, W2 = T.identity("tr"), T.identity("val"), T.identity("w1"), T.identity("w2")
+SETUP_ENTRIES = 9  # four registrations, four deposits, the run
 
 
 @pytest.fixture
@@ -40,19 +41,22 @@ def harness(tmp_path: Path):
 
 
 def populate(h: T.SignedHarness, *, epochs: int = 3, per_epoch: int = 4) -> None:
-    """A log spread over several epochs: registrations, stakes, contributions, a slash."""
+    """A log spread over several epochs: registrations, stakes, a run, batches of credits, a slash."""
     log = h.ledger
+    log.register(TR, "trainer", T.compute())
     log.register(VAL, "validator", T.compute())
     log.register(W1, "worker", T.compute(2))
     log.register(W2, "worker", T.compute())
+    log.deposit(TR, 1_000)
     log.deposit(VAL, 1_000)
     log.deposit(W1, 2_500)
     log.deposit(W2, 1_000)
+    log.register_run(TR, T.register_run("run-1", (VAL,)))
     nonce = 0
     for epoch in range(epochs):
         h.advance_to(epoch)
         for _ in range(per_epoch):
-            log.record_contribution(VAL, T.contribution(VAL, W1, nonce=nonce))
+            log.commit_credits(VAL, T.batch("run-1", T.credit(W1, nonce=nonce), T.credit(W2, nonce=nonce)))
             nonce += 1
     log.slash(VAL, T.slash(W2, 400, nonce=1000))
 
@@ -169,13 +173,16 @@ def test_two_handles_on_one_file_interleave(tmp_path: Path) -> None:
     clock = T.ManualEpochs()
     a = SignedLog.create(tmp_path / "shared.db", PARAMS, epochs=clock, now_ms=lambda: 0)
     b = SignedLog.open(tmp_path / "shared.db", epochs=clock, now_ms=lambda: 0)
+    a.register(TR, "trainer", T.compute())
     a.register(VAL, "validator", T.compute())
     b.register(W1, "worker", T.compute())
     a.deposit(VAL, 1_000)
+    a.deposit(TR, 1_000)
     b.deposit(W1, 1_000)
-    b.record_contribution(VAL, T.contribution(VAL, W1, nonce=0))  # b learns VAL's nonce by catching up
-    a.record_contribution(VAL, T.contribution(VAL, W1, nonce=1))
-    assert a.size() == 6 and b.size() == 5  # b has not seen a's last entry yet
+    b.register_run(TR, T.register_run("run-1", (VAL,)))  # b learns TR's nonce by catching up
+    b.commit_credits(VAL, T.batch("run-1", T.credit(W1, nonce=0)))
+    a.commit_credits(VAL, T.batch("run-1", T.credit(W1, nonce=1)))
+    assert a.size() == 9 and b.size() == 8  # b has not seen a's last entry yet
     b.refresh()
     assert (b.size(), b.head()) == (a.size(), a.head())
     assert a.snapshot() == b.snapshot() and a.merkle_root() == b.merkle_root()
@@ -289,6 +296,36 @@ def test_verify_catches_a_well_chained_but_invalid_operation(harness, tmp_path: 
         SignedLog.open(path, audit=True)
 
 
+def test_verify_rechecks_the_evidence_of_every_slash(harness, tmp_path: Path) -> None:
+    """A validator that appends a slash past its own checks (replay without signatures) cannot make
+    the forged evidence pass an audit: verify names the entry, an audited open refuses the file."""
+    populate(harness, epochs=1, per_epoch=1)
+    path = tmp_path / "ledger.db"
+    log = new_log_state(harness.ledger.genesis)
+    for data in harness.ledger.iter_entries():
+        apply_entry(log, data)
+    honest = T.slash(W1, 100, nonce=77)
+    evidence = bytearray(honest.evidence)
+    evidence[-10] ^= 0x01  # inside the worker's signature
+    op = harness.ledger.sign(VAL, replace(honest, evidence=bytes(evidence)))
+    entry = encode(LedgerEntry(index=log.size, prev_hash=log.head, epoch=0, op=op))
+    sealed = seal_entry(VAL, "test", log.size, sha256(entry))
+    index = log.size
+    apply_entry(log, entry, seal=sealed, check_signatures=False)  # the state machine alone accepts it
+    harness.ledger.close()
+    tamper(path, "INSERT INTO entries VALUES (?, ?, ?, ?, ?)", index, sha256(entry), 0, sealed, entry)
+    tamper(
+        path,
+        "UPDATE meta SET value = ? WHERE key = 'head'",
+        encode(sign_head(VAL, "test", log.size, log.head)),
+    )
+    report = verify_log(path)
+    assert report.first_bad == index and "InvalidEvidence" in str(report.error), report.error
+    with pytest.raises(E.CorruptLog):
+        SignedLog.open(path, audit=True)
+    harness.ledger = SignedLog.create(tmp_path / "other.db", PARAMS)
+
+
 def test_open_refuses_a_file_that_is_not_a_log(tmp_path: Path) -> None:
     path = tmp_path / "other.db"
     sqlite3.connect(path).execute("CREATE TABLE meta (key TEXT, value BLOB)").connection.close()
@@ -316,7 +353,7 @@ def test_checkpoints_close_each_epoch(harness) -> None:
     log = harness.ledger
     checkpoints = log.checkpoints()
     assert [c.epoch for c in checkpoints] == [0, 1]
-    assert [c.size for c in checkpoints] == [10, 14]  # 6 setup entries + 4 per epoch
+    assert [c.size for c in checkpoints] == [SETUP_ENTRIES + 4, SETUP_ENTRIES + 8]  # 4 batches per epoch
     hashes = [sha256(log.entry(i)) for i in range(log.size())]
     for checkpoint in checkpoints:
         assert checkpoint.root == merkle_root(hashes[: checkpoint.size])
@@ -326,6 +363,67 @@ def test_checkpoints_close_each_epoch(harness) -> None:
     assert log.checkpoint(0) == checkpoints[0]
     assert log.checkpoint(2).size == log.size()  # the open epoch: the current head
     assert log.checkpoint(7).root == log.merkle_root()
+
+
+def test_every_credit_has_a_proof_the_log_accepts(harness) -> None:
+    populate(harness, epochs=2, per_epoch=3)
+    log = harness.ledger
+    contributions = log.contributions()
+    assert len(contributions) == 12 and [b.count for b in log.batches()] == [2] * 6
+    for record in contributions:
+        proof = log.prove_credit(record.index)
+        assert proof.verify() and log.check_credit_proof(proof)
+        assert (proof.batch, proof.run, proof.validator) == (record.batch, "run-1", VAL.address)
+        assert log.is_credited(record.run, record.worker, record.step)
+    proof = log.prove_credit(5)
+    other = log.batches()[proof.batch + 1]
+    forged = [
+        replace(proof, batch=other.index),  # a real batch, not the one the path leads to
+        replace(proof, batch=99),
+        replace(proof, root=other.root),
+        replace(proof, count=proof.count + 1),
+        replace(proof, run="run-2"),
+        replace(proof, validator=W1.address),
+        replace(proof, leaf_index=1 - proof.leaf_index),
+        replace(proof, credit=replace(proof.credit, tokens=proof.credit.tokens + 1)),
+        replace(proof, path=proof.path[:-1]),
+    ]
+    assert not any(log.check_credit_proof(p) for p in forged)
+    with pytest.raises(IndexError):
+        log.prove_credit(len(contributions))
+    assert not log.is_credited("run-1", W1.address, T.assignment_step(1, 99))
+    assert not log.is_credited("run-2", W1.address, T.assignment_step(1, 0))
+
+
+def test_reopen_replays_runs_batches_votes_and_slash_outcomes(harness, tmp_path: Path) -> None:
+    """Everything the new operations derive (runs, totals, pending votes, voids, finals) comes back from the
+    entries alone, with and without the audit."""
+    populate(harness, epochs=1, per_epoch=2)
+    log = harness.ledger
+    val2, val3 = T.identity("val2"), T.identity("val3")
+    for who in (val2, val3):
+        log.register(who, "validator", T.compute())
+        log.deposit(who, 2_000)  # val2 pays for its voided slash and stays eligible
+    log.set_run_validators(TR, SetRunValidators("run-1", tuple(sorted(v.address for v in (VAL, val2, val3)))))
+    harness.advance_to(2)
+    log.finalize_slash(W1, 0)  # slash 0 (populate's): final
+    log.slash(VAL, T.slash(W1, 100, nonce=1001))  # slash 1: one vote, still pending
+    log.void_slash(val2, 1)
+    log.slash(val2, T.slash(W1, 50, nonce=1002))  # slash 2: voided by the owner
+    log.void_slash(TR, 2)
+    log.commit_credits(val3, T.batch("run-1", T.credit(W1, nonce=50)))
+    expected = (log.snapshot(), log.head(), log.merkle_root())
+    assert [s.status for s in expected[0].slashes] == ["final", "pending", "voided"]
+    assert expected[0].slashes[1].votes == 1
+    log.close()
+    for audit in (False, True):
+        reopened = SignedLog.open(tmp_path / "ledger.db", audit=audit, epochs=harness.clock)
+        assert (reopened.snapshot(), reopened.head(), reopened.merkle_root()) == expected
+        with pytest.raises(E.AlreadyVoted):  # the vote itself is replayed, not only its count
+            reopened.void_slash(val2, 1)
+        reopened.close()
+    assert verify_log(tmp_path / "ledger.db").ok
+    harness.ledger = SignedLog.open(tmp_path / "ledger.db", epochs=harness.clock)
 
 
 def test_accumulator_matches_rfc6962_at_every_size() -> None:
@@ -478,8 +576,8 @@ def test_only_the_author_can_append_its_operation(harness) -> None:
 
 TAMPERS = st.one_of(
     st.tuples(st.just("truncate"), st.integers(1, 5)),
-    st.tuples(st.just("edit"), st.integers(0, 21)),
-    st.tuples(st.just("swap"), st.integers(0, 20)),
+    st.tuples(st.just("edit"), st.integers(0, 24)),
+    st.tuples(st.just("swap"), st.integers(0, 23)),
 )
 
 
@@ -507,10 +605,10 @@ def test_verify_names_the_tampered_entry(pristine: Path, tampering) -> None:
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One honest 22-entry log over three epochs, copied before each tampering."""
+    """One honest 25-entry log over three epochs, copied before each tampering."""
     directory = tmp_path_factory.mktemp("pristine")
     h = T.SignedHarness.create(directory, PARAMS)
     populate(h, epochs=3, per_epoch=5)
-    assert h.ledger.size() == 22
+    assert h.ledger.size() == 25
     h.close()
     return directory / "ledger.db"
