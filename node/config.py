@@ -83,6 +83,14 @@ class WorkSettings:
     tasks: str = ""
     engine: str = "auto"  # auto (vLLM when CUDA and the vllm extra are present, else transformers)
     max_new_tokens: int = 6  # trainer, when it creates its run: the longest completion (GRPO max_new_tokens)
+    # The run on the ledger (spec/ledger.md): the lead trainer registers it with the validators it trusts
+    # (0x addresses; only they may credit or slash in it) and the epochs a slash waits, voidable, before
+    # it takes stake. Validators commit their accepted credits as one batch every credit_interval_s (a real
+    # swarm: about one ledger epoch) and finalize their slashes once the window passed.
+    run_validators: tuple[str, ...] = ()
+    challenge_window_epochs: int = 24
+    credit_interval_s: float = 5.0
+    slash_check_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -237,16 +245,31 @@ def check_work(work: WorkSettings) -> WorkSettings:
         path = getattr(work, key)
         if path and not Path(path).expanduser().exists():
             raise ConfigError(f"[work] {key} = {path!r} does not exist")
+    if work.challenge_window_epochs < 0 or not work.credit_interval_s > 0 or not work.slash_check_s > 0:
+        raise ConfigError(
+            "[work] challenge_window_epochs must be >= 0; credit_interval_s and slash_check_s > 0"
+        )
+    for text in work.run_validators:
+        if not isinstance(text, str) or len(_hex_bytes(text)) != 20:
+            raise ConfigError(f"[work] run_validators must be 0x addresses, not {text!r}")
     if bool(work.diloco_plan) != bool(work.diloco_lead):
         raise ConfigError("[work] diloco_plan and diloco_lead go together (the plan file and its signer)")
     if work.diloco_lead:
-        try:
-            lead = bytes.fromhex(work.diloco_lead.removeprefix("0x"))
-        except ValueError:
-            lead = b""
-        if len(lead) != 20:
+        if len(_hex_bytes(work.diloco_lead)) != 20:
             raise ConfigError(f"[work] diloco_lead must be a 20-byte 0x address, not {work.diloco_lead!r}")
     return work
+
+
+def _hex_bytes(text: str) -> bytes:
+    """The bytes of 0x-prefixed hex; b"" for anything else."""
+    try:
+        return bytes.fromhex(text.removeprefix("0x"))
+    except ValueError:
+        return b""
+
+
+def run_validator_addresses(work: WorkSettings) -> tuple[bytes, ...]:
+    return tuple(_hex_bytes(text) for text in work.run_validators)
 
 
 def _address(text: object) -> bytes:

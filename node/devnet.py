@@ -175,6 +175,21 @@ class Devnet:
         self.identities: dict[str, NodeIdentity] = {}
         self.ledger: DevnetLedger | None = None
 
+    def register_run(self) -> None:
+        """The lead trainer's key puts the run on the ledger with every validator of the devnet in its set,
+        as an operator would (`swarmnode ledger run register`) before starting the roles."""
+        assert self.ledger is not None
+        trainers = [n for n in self.nodes.values() if n.role == "trainer"]
+        if not trainers:
+            return
+        self.ledger.register_run(
+            self.identities[trainers[0].name],
+            self.plan.run,
+            [self.identities[n.name] for n in self.nodes.values() if n.role == "validator"],
+            model=self.plan.model,
+            max_new_tokens=self.plan.max_new_tokens,
+        )
+
     def prepare(self) -> list[DevnetNode]:
         if self.folder.exists():
             raise click.ClickException(
@@ -203,6 +218,7 @@ class Devnet:
             self.ledger.create()
             staked = [(n.role, identities[n.name]) for n in self.nodes.values() if n.role in STAKED_ROLES]
             self.ledger.enroll(staked, {n.address: n.peer_id for n in self.nodes.values()})
+            self.register_run()
         if self.plan.steps and self.plan.trainers > 1:
             self.write_diloco_plan()
         bootstrap = self.nodes["bootstrap"].addr
@@ -789,6 +805,7 @@ def _report(devnet: Devnet, run_summary: dict[str, Any], console: Console, path:
         statuses={name: status for name, status in run_summary["nodes"].items() if status is not None},
         ledger_slashes=facts.slashes,
         ledger_contributions=facts.contributions,
+        ledger_batches=facts.batches,
     )
     summary = build_summary(inputs)
     write_json(devnet.folder / "devnet-summary.json", summary)

@@ -55,8 +55,9 @@ class ReportInputs:
     final_reward: float  # held-out eval of the final checkpoint, same tasks and seeds
     nodes: list[NodeFacts]
     statuses: dict[str, dict[str, Any]]  # node name -> its last status.json; "work" holds the role's status
-    ledger_slashes: list[dict[str, Any]]  # {worker, amount_gwei, reason_code, reason}
+    ledger_slashes: list[dict[str, Any]]  # {worker, amount_gwei, reason_code, reason, status}
     ledger_contributions: dict[str, int]  # worker address -> contributions recorded
+    ledger_batches: int = 0  # CommitCredits batches that carried them
 
 
 # --- tolerant readers -------------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def _node_summary(
 ) -> dict[str, Any]:
     key = _key(node.address)
     counts = verdicts.get(key, {})
-    own = slashes.get(key, [])
+    own = [s for s in slashes.get(key, []) if s.get("status") != "voided"]  # a voided slash was wrong
     return {
         "role": node.role,
         "address": node.address,
@@ -190,10 +191,19 @@ def _node_summary(
         "stake_before_gwei": node.stake_before_gwei,
         "stake_after_gwei": node.stake_after_gwei,
         "slashes": len(own),
+        "slashes_final": sum(1 for s in own if s.get("status", "final") == "final"),
         "slashed_gwei": sum(_count(s.get("amount_gwei")) for s in own),
         "slash_reasons": sorted({str(s.get("reason", "")) for s in own} - {""}),
         "contributions": contributions.get(key, 0),
     }
+
+
+def _slashes_by_status(slashes: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for slash in slashes:
+        status = str(_mapping(slash).get("status", "final"))
+        counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def build_summary(inputs: ReportInputs) -> dict[str, Any]:
@@ -246,7 +256,14 @@ def build_summary(inputs: ReportInputs) -> dict[str, Any]:
             "rejected": sum(_count(w.get("rejected")) for w in validator_works),
             "by_reason": _sum_reasons(validator_works),
         },
-        "ledger": {"kind": inputs.ledger_kind, "url": inputs.ledger_url, "verified": inputs.ledger_verified},
+        "ledger": {
+            "kind": inputs.ledger_kind,
+            "url": inputs.ledger_url,
+            "verified": inputs.ledger_verified,
+            "batches": inputs.ledger_batches,
+            "credits": sum(_count(n) for n in inputs.ledger_contributions.values()),
+            "slashes_by_status": _slashes_by_status(inputs.ledger_slashes),
+        },
         "cheaters": cheaters,
         "cheaters_unslashed": [name for name in cheaters if nodes[name]["slashes"] == 0],
         "every_cheater_slashed": all(nodes[name]["slashes"] > 0 for name in cheaters),

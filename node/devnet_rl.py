@@ -2,9 +2,13 @@
 
 `DevnetLedger` creates the run's ledger before any node starts (a signed log in the devnet folder, or the
 contract on a local anvil chain the devnet starts itself) and stakes and registers every role node from
-its own key, as each operator would with `swarmnode stake deposit` and `swarmnode register`. After the
-run, `final_facts` reads the ledger back and measures the held-out reward of the base and the final
-checkpoint with the same tasks and seeds (`node.rl.sync.eval_reward`).
+its own key, as each operator would with `swarmnode stake deposit` and `swarmnode register`; then the lead
+trainer's key registers the run with every validator of the devnet in its set (`register_run`), as the
+trainer itself does when it names its validators. The devnet's epochs are short (`DEVNET_PARAMS`,
+`DEVNET_CHALLENGE_WINDOW_EPOCHS`) so that a cheater's slash is finalized, its stake taken, within the run.
+After the run, `ledger_facts` reads the ledger back (stakes, slashes with their status, credits and
+batches) and the held-out reward of the base and the final checkpoint is measured with the same tasks and
+seeds (`node.rl.sync.eval_reward`).
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from typing import Any
 
 from crypto.identity import NodeIdentity
 from ledger import Ledger
-from ledger.types import Params
+from ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params, RunInfo
 from node.rl.tasks import Task
-from protocol.ledger_messages import ComputeSpec
+from protocol.ledger_messages import MAX_RUN_VALIDATORS, ComputeSpec
 
 DEVNET_STAKE_GWEI = 2 * 10**9  # twice the devnet's minimum: one slash leaves a node eligible, three eject it
 DEVNET_PARAMS = Params(
@@ -27,8 +31,9 @@ DEVNET_PARAMS = Params(
     unbonding_delay_epochs=24,
     slash_gwei=5 * 10**8,
     ejection_threshold=3,
-    epoch_seconds=3600,
+    epoch_seconds=2,  # short epochs: a slash's challenge window passes within the run
 )
+DEVNET_CHALLENGE_WINDOW_EPOCHS = 2  # 4 to 6 s of review before a slash takes the stake
 STAKED_ROLES = ("trainer", "relay", "worker", "validator")
 EVAL_SAMPLES = 8
 
@@ -84,22 +89,70 @@ class DevnetLedger:
         finally:
             ledger.close()
 
+    def register_run(
+        self,
+        owner: NodeIdentity,
+        run: str,
+        validators: Sequence[NodeIdentity],
+        *,
+        model: str = "",
+        max_new_tokens: int | None = None,
+    ) -> RunInfo:
+        """The lead trainer's key registers the run with (the first 16 of) the devnet's validators and the
+        bounds of the run the trainer will describe: the devnet's GRPO recipe for `model` (a folder, ""
+        for the built-in one) and the parameters its weights files hold."""
+        from node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, devnet_grpo
+        from node.rl.tokenizer import load_tokenizer
+        from node.swarm.common import ensure_run, run_registration
+
+        folder = Path(model) if model else DEVNET_MODEL
+        tokens = DEVNET_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+        grpo = devnet_grpo(load_tokenizer(folder)[1], tokens)
+        members = [v.address for v in validators][:MAX_RUN_VALIDATORS]
+        op = run_registration(run, grpo, members, model_parameters(folder), DEVNET_CHALLENGE_WINDOW_EPOCHS)
+        ledger = self.open()
+        try:
+            return ensure_run(ledger, owner, op)
+        finally:
+            ledger.close()
+
     def stop(self) -> None:
         if self.anvil is not None:
             self.anvil.stop()
             self.anvil = None
 
 
+def model_parameters(folder: Path) -> int:
+    """The parameters a model folder's weights files hold, read from their headers (nothing loaded)."""
+    from safetensors import safe_open
+
+    from node.rl.model import weight_files
+
+    total = 0
+    for name in weight_files(folder):
+        with safe_open(str(folder / name), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                shape = f.get_slice(key).get_shape()
+                count = 1
+                for size in shape:
+                    count *= size
+                total += count
+    return total
+
+
 @dataclass(frozen=True)
 class LedgerFacts:
     stakes: dict[str, int]  # 0x address (lowercase) → gwei held: bonded + unbonding (ejection unbonds)
-    slashes: list[dict[str, Any]]
-    contributions: dict[str, int]
+    slashes: list[dict[str, Any]]  # each with its status: pending, final (stake taken) or voided
+    contributions: dict[str, int]  # 0x worker → credits
     verified: bool | None
+    batches: int = 0  # CommitCredits batches
+    credits: int = 0  # credits in them
+    slashes_by_status: dict[str, int] | None = None  # pending / final / voided → slashes
 
 
 def ledger_facts(devnet_ledger: DevnetLedger) -> LedgerFacts:
-    """Stakes, slashes and contribution counts now; for a signed log, the full audit too."""
+    """Stakes, slashes, batches and credits now; for a signed log, the full audit too."""
     from protocol.errors import Reason
 
     ledger = devnet_ledger.open()
@@ -115,7 +168,9 @@ def ledger_facts(devnet_ledger: DevnetLedger) -> LedgerFacts:
                 {
                     "worker": "0x" + record.worker.hex(),
                     "validator": "0x" + record.validator.hex(),
-                    "amount_gwei": record.taken_gwei,
+                    "amount_gwei": record.taken_gwei,  # taken: 0 while pending or once voided
+                    "requested_gwei": record.requested_gwei,
+                    "status": record.status,
                     "reason_code": record.reason_code,
                     "reason": reason,
                 }
@@ -124,14 +179,30 @@ def ledger_facts(devnet_ledger: DevnetLedger) -> LedgerFacts:
         for entry in ledger.contributions():
             key = "0x" + entry.worker.hex()
             contributions[key] = contributions.get(key, 0) + 1
+        batches = ledger.batches()
+        by_status = dict.fromkeys((SLASH_PENDING, SLASH_FINAL, SLASH_VOIDED), 0)
+        for slash in slashes:
+            by_status[slash["status"]] = by_status.get(slash["status"], 0) + 1
+        verified = None
+        if devnet_ledger.kind == "evm":  # what `swarmnode ledger verify --ledger evm:` checks
+            from ledger.evm_audit import audit_chain
+
+            verified = audit_chain(ledger).ok  # type: ignore[arg-type]
     finally:
         ledger.close()
-    verified = None
     if devnet_ledger.kind == "signed":
         from ledger.signedlog import verify_log
 
         verified = verify_log(devnet_ledger.folder / "ledger.db").ok
-    return LedgerFacts(stakes, slashes, contributions, verified)
+    return LedgerFacts(
+        stakes,
+        slashes,
+        contributions,
+        verified,
+        batches=len(batches),
+        credits=sum(b.count for b in batches),
+        slashes_by_status=by_status,
+    )
 
 
 def work_cell(role: str, work: dict[str, Any], steps: int) -> str:
@@ -154,9 +225,12 @@ def work_cell(role: str, work: dict[str, Any], steps: int) -> str:
             f" ok {work.get('accepted', 0)} rej {work.get('rejected', 0)}{cheat}"
         )
     if role == "validator":
+        credits = work.get("credits") or {}
         return (
             f"ok {work.get('accepted', 0)} rej {work.get('rejected', 0)} slash {work.get('slashes', 0)}"
-            f" queue {work.get('queued', 0)} cpu {work.get('cpu_s', 0):.0f}s"
+            f" (final {work.get('slashes_finalized', 0)}) credited {credits.get('committed', 0)}"
+            f" in {credits.get('batches', 0)} batches queue {work.get('queued', 0)}"
+            f" cpu {work.get('cpu_s', 0):.0f}s"
         )
     if role == "relay":
         served = work.get("bytes_served", 0) / 1e6

@@ -124,6 +124,7 @@ def inputs(**changes) -> ReportInputs:
             slash(8, "BAD_REWARD", 603),
         ],
         ledger_contributions={address(4): 8, lower(5): 6},
+        ledger_batches=3,
     )
     return dataclasses.replace(base, **changes)
 
@@ -147,7 +148,14 @@ def test_summary_of_a_run_where_every_cheater_is_caught():
     assert summary["trainer_wait_fraction"] == pytest.approx(10.0 / 40.0)
     assert summary["validator_cpu_s_per_accepted"] == pytest.approx(7.0 / 14)
     assert summary["worker_cpu_s_per_accepted"] == pytest.approx(80.0 / 14)  # honest workers only
-    assert summary["ledger"] == {"kind": "signed", "url": "signed:/tmp/ledger.db", "verified": True}
+    assert summary["ledger"] == {
+        "kind": "signed",
+        "url": "signed:/tmp/ledger.db",
+        "verified": True,
+        "batches": 3,
+        "credits": 14,
+        "slashes_by_status": {"final": 4},
+    }
     assert summary["every_cheater_slashed"] is True and summary["honest_slashed"] == []
     assert summary["cheaters"] == ["cheater-1", "cheater-2", "cheater-3"]
     assert summary["validators"] == {
@@ -173,6 +181,7 @@ def test_node_rows_match_addresses_case_insensitively():
         "stake_before_gwei": STAKE,
         "stake_after_gwei": STAKE,
         "slashes": 0,
+        "slashes_final": 0,
         "slashed_gwei": 0,
         "slash_reasons": [],
         "contributions": 8,
@@ -359,3 +368,15 @@ def test_trainers_that_disagree_on_the_final_weights_are_flagged():
 
 def test_a_single_trainer_run_has_no_diloco_summary():
     assert build_summary(inputs())["diloco"] is None
+
+
+def test_a_voided_slash_is_not_counted_and_a_pending_one_is_not_final():
+    """A slash the run's owner or a quorum voided was wrong: it neither shows a cheater caught nor an
+    honest node punished; a pending one is filed but has taken nothing yet."""
+    voided = {**slash(5), "status": "voided"}
+    pending = {**slash(8, "BAD_REWARD", 603), "status": "pending"}
+    summary = build_summary(inputs(ledger_slashes=[slash(6), slash(7), pending, voided]))
+    assert summary["honest_slashed"] == [] and summary["every_cheater_slashed"] is True
+    cheater = summary["nodes"]["cheater-3"]
+    assert cheater["slashes"] == 1 and cheater["slashes_final"] == 0
+    assert summary["ledger"]["slashes_by_status"] == {"final": 2, "pending": 1, "voided": 1}

@@ -16,8 +16,14 @@ One SQLite file (WAL, synchronous=FULL: a commit is on disk when it returns) hol
 - `accepted`: the append-only log the trainer pulls with `AcceptedRequest`: index (from 1), the
   validator's sealed accepting verdict and the worker's signed submission, digest unique, and the version.
 - `pruned`: the outcome counts of judged rows pruned, so the status counts survive pruning.
+- `credits`: what each acceptance is owed on the ledger (run, worker, assignment step, tokens, flops, the
+  submission's digest), written in the same transaction as the acceptance (`finish`), so a credit is never
+  lost to a crash. The validator's committer sends the queued ones in batches (`CommitCredits`) and marks
+  them committed, or dropped with the reason (already credited, a worker no longer eligible, ...).
 
-Retention (`prune`): every table is bounded. `pending` and `decided` by the queue's caps. Rows of
+Retention (`prune`): every table is bounded. `pending` and `decided` by the queue's caps; queued
+`credits` by the validator (SUBMIT answers BUSY while too many wait for the ledger), settled ones below the
+floor version are pruned. Rows of
 assignments older than the floor version (a durable value that never goes down; the work sets it to the
 newest version held minus the async window minus an audit horizon) are pruned from `judged` and
 `accepted`, and `enqueue` refuses a submission below the floor as stale (203): a pruned assignment cannot
@@ -27,9 +33,11 @@ trainer has pulled: an item a trainer has not pulled goes only when its version 
 
 A judgement is decided (`decided`) before the ledger is written, and leaves `pending` and `decided` for
 `judged` (and `accepted`) in one later transaction (`finish`): nothing is judged twice by this store,
-nothing is lost. A crash between the two replays the ledger write from the stored decision after a
-restart (the ledger refuses a repeated entry: at least once, and the ledger makes it exactly once) and
-finishes with the verdict sealed the first time, the one the ledger's contribution cites.
+nothing is lost. A crash between the two replays the ledger write (a slash) from the stored decision
+after a restart (the ledger refuses a repeated slash: at least once, and the ledger makes it exactly
+once) and finishes with the verdict sealed the first time. An acceptance writes nothing to the ledger
+before `finish`: its credit is queued by `finish` itself and committed later, and a credit committed just
+before a crash (not yet marked) is refused as a duplicate and dropped when it is sent again.
 
 Every method is blocking and thread-safe (one lock around one connection): call them from
 `trio.to_thread.run_sync`. `finish_async` and `wait_after` are the trio side: a finished acceptance
@@ -47,6 +55,7 @@ from pathlib import Path
 import trio
 
 from protocol.errors import Ignore, Reason, Reject
+from protocol.ledger_messages import Credit
 from protocol.messages import AcceptedRollout
 from protocol.runs import step_version
 
@@ -101,6 +110,20 @@ CREATE TABLE IF NOT EXISTS accepted (
     submission BLOB NOT NULL,
     version INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS credits (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run TEXT NOT NULL,
+    worker BLOB NOT NULL,
+    step BLOB NOT NULL,
+    version INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    flops BLOB NOT NULL,
+    rollout_digest BLOB NOT NULL,
+    state INTEGER NOT NULL DEFAULT 0,
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE UNIQUE INDEX IF NOT EXISTS credits_assignment ON credits (run, worker, step);
+CREATE INDEX IF NOT EXISTS credits_queue ON credits (state, run, id);
 """
 # After `judged` and `accepted` have their `ignored` and `version` columns (`_migrate` adds them to an
 # older store). One verdict per assignment, except the reuse rejections (610) that name a second submission.
@@ -120,6 +143,8 @@ MAX_CURSOR = 2**63 - 1  # accepted indices are SQLite INTEGERs
 SECRET_KEY = "sample_secret"
 FLOOR_KEY = "floor"  # the oldest version whose assignments are kept (and may be queued)
 MAX_JUDGED_PER_ASSIGNMENT = 4  # judgements of one (worker, step): a verdict, or ignores and then a verdict
+# `credits.state`: waiting for the ledger, in a committed batch, or dropped (the reason in `detail`)
+CREDIT_QUEUED, CREDIT_COMMITTED, CREDIT_DROPPED = 0, 1, 2
 
 
 def _u64(value: int) -> bytes:
@@ -153,6 +178,23 @@ class Decided:
 
 
 @dataclass(frozen=True)
+class RunCredit:
+    """A credit an acceptance is owed in one run (the `credits` table)."""
+
+    run: str
+    credit: Credit
+
+
+@dataclass(frozen=True)
+class CreditCounts:
+    """The `credits` table by state (settled rows pruned below the floor are no longer counted)."""
+
+    queued: int
+    committed: int
+    dropped: int
+
+
+@dataclass(frozen=True)
 class JudgedCounts:
     """What the `judged` table says, for the status after a restart."""
 
@@ -180,6 +222,7 @@ class StoreStatistics:
     accepted: int
     accepted_bytes: int
     floor: int
+    credits_queued: int = 0
 
 
 class AcceptedStore:
@@ -433,15 +476,21 @@ class AcceptedStore:
         submission: bytes | None,
         judged_ms: int,
         ignored: bool = False,
+        credit: RunCredit | None = None,
     ) -> int | None:
         """Move a judged submission out of the queue; an acceptance (`status` 0, with its submission
-        envelope) is appended to the accepted log. `ignored`: the outcome was an `Ignore` (whatever its
-        code), which leaves the assignment step free. A decided submission (`decide`) finishes with the
-        verdict it was decided with, and its decision goes. Returns the accepted index, or None."""
+        envelope) is appended to the accepted log, and its `credit` (with a ledger) queued for the
+        committer. `ignored`: the outcome was an `Ignore` (whatever its code), which leaves the assignment
+        step free. A decided submission (`decide`) finishes with the verdict it was decided with, and its
+        decision goes. Returns the accepted index, or None."""
         if (status == ACCEPTED) != (submission is not None):
             raise ValueError("exactly the accepted judgements carry their submission")
         if ignored and status == ACCEPTED:
             raise ValueError("an acceptance is not an ignore")
+        if credit is not None and (
+            status != ACCEPTED or (credit.credit.worker, credit.credit.step) != (item.worker, item.step)
+        ):
+            raise ValueError("a credit is owed for an acceptance, to its worker, for its assignment")
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -458,6 +507,8 @@ class AcceptedStore:
                         (item.digest, verdict, submission, step_version(item.step)),
                     )
                     index = cursor.lastrowid
+                if credit is not None:
+                    self._insert_credit(credit)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -465,6 +516,15 @@ class AcceptedStore:
             if index is not None:
                 self._newest = index
         return index
+
+    def _insert_credit(self, owed: RunCredit) -> None:
+        c = owed.credit
+        version = step_version(c.step)
+        self._db.execute(
+            "INSERT INTO credits (run, worker, step, version, tokens, flops, rollout_digest)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (owed.run, c.worker, _u64(c.step), version, c.tokens, _u64(c.flops), c.rollout_digest),
+        )
 
     def _insert_judged(
         self, item: PendingItem, status: int, tokens: int, verdict: bytes, judged_ms: int, ignored: bool
@@ -510,6 +570,7 @@ class AcceptedStore:
         submission: bytes | None,
         judged_ms: int,
         ignored: bool = False,
+        credit: RunCredit | None = None,
     ) -> int | None:
         """`finish` in a thread, then wake the long polls (call from the trio thread)."""
         index = await trio.to_thread.run_sync(
@@ -521,6 +582,7 @@ class AcceptedStore:
                 submission=submission,
                 judged_ms=judged_ms,
                 ignored=ignored,
+                credit=credit,
             )
         )
         if index is not None:
@@ -554,12 +616,57 @@ class AcceptedStore:
             ).fetchone()[0]
         return JudgedCounts(by_status, ignores, per_worker, int(tokens))
 
+    # --- credits owed on the ledger ------------------------------------------------------------------
+
+    def queued_credits(self, run: str, limit: int) -> list[Credit]:
+        """The oldest `limit` credits of `run` still to commit, in a batch's order: by (worker, step)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT worker, step, tokens, flops, rollout_digest FROM credits"
+                " WHERE state = ? AND run = ? ORDER BY id LIMIT ?",
+                (CREDIT_QUEUED, run, limit),
+            ).fetchall()
+        credits = [
+            Credit(bytes(w), int.from_bytes(s, "big"), int(t), int.from_bytes(f, "big"), bytes(d))
+            for w, s, t, f, d in rows
+        ]
+        return sorted(credits, key=lambda c: (c.worker, c.step))
+
+    def settle_credits(self, run: str, settled: list[tuple[Credit, str]], *, committed: bool) -> int:
+        """Mark queued credits committed (`detail` ""), or dropped with the reason each was dropped for,
+        in one transaction. Credits no longer queued are left alone; returns how many were marked."""
+        state = CREDIT_COMMITTED if committed else CREDIT_DROPPED
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                marked = 0
+                for credit, detail in settled:
+                    marked += self._db.execute(
+                        "UPDATE credits SET state = ?, detail = ?"
+                        " WHERE run = ? AND worker = ? AND step = ? AND state = ?",
+                        (state, detail, run, credit.worker, _u64(credit.step), CREDIT_QUEUED),
+                    ).rowcount
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return marked
+
+    def credit_counts(self) -> CreditCounts:
+        with self._lock:
+            rows = dict(self._db.execute("SELECT state, COUNT(*) FROM credits GROUP BY state").fetchall())
+        return CreditCounts(
+            queued=int(rows.get(CREDIT_QUEUED, 0)),
+            committed=int(rows.get(CREDIT_COMMITTED, 0)),
+            dropped=int(rows.get(CREDIT_DROPPED, 0)),
+        )
+
     # --- retention -----------------------------------------------------------------------------------
 
     def prune(self, *, floor: int, max_accepted_bytes: int, pulled: int) -> Pruned:
         """Drop what no one needs any more, in one transaction (see the module docstring):
         - raise the floor version to `floor` (it never goes down); judged and accepted rows of versions
-          below it go (judged ones into the `pruned` counts);
+          below it go (judged ones into the `pruned` counts), and settled credits;
         - then accepted items with index <= `pulled` (what every trainer has pulled), oldest first, while
           the log holds more than `max_accepted_bytes`."""
         with self._lock:
@@ -581,6 +688,9 @@ class AcceptedStore:
                 )
                 judged = self._db.execute("DELETE FROM judged WHERE version < ?", (new_floor,)).rowcount
                 stale = self._db.execute("DELETE FROM accepted WHERE version < ?", (new_floor,)).rowcount
+                self._db.execute(  # settled credits only: a queued one waits for the ledger, whatever its age
+                    "DELETE FROM credits WHERE version < ? AND state != ?", (new_floor, CREDIT_QUEUED)
+                )
                 over = self._accepted_bytes() - max_accepted_bytes
                 cut = 0
                 if over > 0:
@@ -619,6 +729,9 @@ class AcceptedStore:
             (decided,) = self._db.execute("SELECT COUNT(*) FROM decided").fetchone()
             (judged,) = self._db.execute("SELECT COUNT(*) FROM judged").fetchone()
             (accepted,) = self._db.execute("SELECT COUNT(*) FROM accepted").fetchone()
+            (credits_queued,) = self._db.execute(
+                "SELECT COUNT(*) FROM credits WHERE state = ?", (CREDIT_QUEUED,)
+            ).fetchone()
             accepted_bytes = self._accepted_bytes()
         return StoreStatistics(
             pending=int(pending),
@@ -628,6 +741,7 @@ class AcceptedStore:
             accepted=int(accepted),
             accepted_bytes=accepted_bytes,
             floor=self._floor,
+            credits_queued=int(credits_queued),
         )
 
     # --- the accepted log ----------------------------------------------------------------------------

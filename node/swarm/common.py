@@ -1,23 +1,42 @@
-"""What the role works share: the run's setup from its descriptor, the ledger, the ACCEPTED protocol."""
+"""What the role works share: the run's setup from its descriptor, the ledger, the ACCEPTED protocol.
+
+The run on the ledger (spec/ledger.md, Runs): its owner is the trainer that signs the RunDescriptor. The
+lead trainer registers it (`ensure_run`, with `run_registration`'s bounds); every follower refuses a run
+whose ledger owner is anyone else (`check_run_owner`), since that owner names the validators whose credits
+and slashes count.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
 import torch
+import trio
 
-from ledger import Ledger, open_ledger
+from crypto.identity import NodeIdentity
+from ledger import Ledger, LedgerError, open_ledger
+from ledger.errors import BackendError, CorruptLog, EpochRegression, ReplayedOperation, RunExists
+from ledger.signedlog import SignedLog
+from ledger.types import RunInfo
 from node.config import WorkSettings
 from node.p2p.reqresp import ProtocolSpec
 from node.rl.run import DEVNET_MODEL, devnet_dataset
 from node.rl.run import RunMismatch as RunMismatch  # re-exported: the roles raise it
 from node.rl.tasks import Task
 from protocol import ids
-from protocol.messages import AcceptedBatch, AcceptedRequest
+from protocol.ledger_messages import (
+    FLOPS_PER_TOKEN_MAX,
+    MAX_RUN_VALIDATORS,
+    RUN_LIMIT_MAX,
+    RegisterRun,
+    SetRunValidators,
+)
+from protocol.messages import AcceptedBatch, AcceptedRequest, GrpoParams, RunDescriptor
 
 # The trainer pulls accepted submissions from each validator with this (long poll, cursor).
 # Long polls hold a serving slot up to 30 s: room for every trainer of a run (a lead and up to 15
@@ -27,9 +46,17 @@ ACCEPTED = ProtocolSpec(
 )
 
 CONTRACT_ENV = "SWARMNODE_CONTRACT"
+# LedgerErrors that say nothing about the operation (the backend or the log's file failed, a nonce race):
+# retried, like every exception that is not a LedgerError. Every other LedgerError is a decided refusal.
+TRANSIENT_LEDGER_ERRORS = (BackendError, CorruptLog, ReplayedOperation, EpochRegression)
+# Epochs a slash of the run waits before it takes stake, while the run's owner (or a majority of its other
+# validators) may void it. Params.epoch_seconds defaults to an hour: a day of review.
+CHALLENGE_WINDOW_EPOCHS = 24
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+
+log = logging.getLogger(__name__)
 
 
 def run_model_dir(work: WorkSettings) -> Path:
@@ -57,6 +84,93 @@ def open_work_ledger(url: str) -> Ledger | None:
     elif url.startswith("evm:"):
         contract = os.environ.get(CONTRACT_ENV)
     return open_ledger(url, contract=contract)
+
+
+# --- the run on the ledger ----------------------------------------------------------------------------
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """A typed refusal of the ledger's state machine: the operation is decided, retrying cannot help."""
+    return isinstance(exc, LedgerError) and not isinstance(exc, TRANSIENT_LEDGER_ERRORS)
+
+
+def run_registration(
+    run: str, grpo: GrpoParams, validators: Sequence[bytes], parameters: int, window_epochs: int
+) -> RegisterRun:
+    """The RegisterRun of a run (its descriptor's GRPO parameters): its validator set (sorted, distinct)
+    and the bounds of one credit.
+
+    A submission carries `prompts_per_step` groups of `group_size` completions of at most `max_new_tokens`
+    each; a token costs about 2 · parameters FLOPs. Both are capped at the ledger's limits (a validator
+    credits at most the run's bound per token)."""
+    members = tuple(sorted(set(validators)))
+    if not 1 <= len(members) <= MAX_RUN_VALIDATORS:
+        raise ValueError(f"a run names 1 to {MAX_RUN_VALIDATORS} validators, not {len(members)}")
+    tokens = grpo.max_new_tokens * grpo.group_size * grpo.prompts_per_step
+    return RegisterRun(
+        run=run,
+        validators=members,
+        challenge_window_epochs=window_epochs,
+        max_tokens_per_credit=min(tokens, RUN_LIMIT_MAX),
+        max_flops_per_token=min(2 * parameters, FLOPS_PER_TOKEN_MAX),
+    )
+
+
+def check_run_owner(info: RunInfo, descriptor: RunDescriptor) -> None:
+    """A follower takes part in a run only if the ledger's owner of it signed its descriptor."""
+    if info.owner != descriptor.trainer:
+        raise RunMismatch(
+            f"run {descriptor.run!r} is registered on the ledger by 0x{info.owner.hex()}, not by its "
+            f"descriptor's trainer 0x{descriptor.trainer.hex()}: its credits and slashes are another "
+            "trainer's to govern; refusing the run"
+        )
+
+
+def read_run(ledger: Ledger, run: str) -> RunInfo | None:
+    """Blocking: the run as the ledger holds it now (a signed log first reads what others appended)."""
+    if isinstance(ledger, SignedLog):
+        ledger.refresh()
+    return ledger.run(run)
+
+
+async def wait_run_owner(ledger: Ledger, descriptor: RunDescriptor, *, poll_s: float = 1.0) -> RunInfo:
+    """Wait until the run is on the ledger, then refuse it (RunMismatch) unless its owner signed
+    `descriptor`. The blocking ledger reads run in a worker thread, one at a time."""
+    logged = False
+    while True:
+        info = await trio.to_thread.run_sync(read_run, ledger, descriptor.run)
+        if info is not None:
+            check_run_owner(info, descriptor)
+            return info
+        if not logged:
+            log.info("waiting for the run's owner to register it", extra={"run": descriptor.run})
+            logged = True
+        await trio.sleep(poll_s)
+
+
+def ensure_run(ledger: Ledger, owner: NodeIdentity, op: RegisterRun) -> RunInfo:
+    """Blocking: register the run with `owner` as its owner, or accept it already registered by `owner` (a
+    restart); then its validator set is `op`'s (SetRunValidators when the operator changed it).
+    RunMismatch when another key owns the run; a refusal (the owner is not a registered trainer) raises
+    its LedgerError."""
+    info = read_run(ledger, op.run)
+    if info is None:
+        try:
+            ledger.register_run(owner, op)
+        except RunExists:  # registered meanwhile: by us (an earlier attempt) or by another key
+            pass
+        info = read_run(ledger, op.run)
+        assert info is not None
+    if info.owner != owner.address:
+        raise RunMismatch(
+            f"run {op.run!r} is registered on the ledger by 0x{info.owner.hex()}, not by this trainer "
+            f"{owner.checksum_address}: choose another run id"
+        )
+    if info.validators != op.validators:
+        ledger.set_run_validators(owner, SetRunValidators(op.run, op.validators))
+        info = read_run(ledger, op.run)
+        assert info is not None
+    return info
 
 
 def set_threads(threads: int) -> None:

@@ -38,7 +38,7 @@ from libp2p.peer.id import ID
 
 from crypto.identity import NodeIdentity
 from ledger import Ledger
-from node.config import NodeConfig
+from node.config import NodeConfig, run_validator_addresses
 from node.dataplane.http_server import Handler
 from node.dataplane.store import ShardStore
 from node.diloco.holdings import Holdings
@@ -430,5 +430,12 @@ class CoTrainer(RoleService):
 
 
 def make_diloco_trainer(config: NodeConfig, identity: NodeIdentity, ledger: Ledger | None) -> RoleService:
-    work = DilocoSwarmTrainerWork(config, identity, ledger=ledger, bounds=trainer_bounds(config))
+    work = DilocoSwarmTrainerWork(
+        config,
+        identity,
+        ledger=ledger,
+        bounds=trainer_bounds(config),
+        run_validators=run_validator_addresses(config.work),
+        challenge_window_epochs=config.work.challenge_window_epochs,
+    )
     return LeadTrainer(work) if work.is_lead else CoTrainer(work)

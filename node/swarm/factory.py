@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from crypto.identity import NodeIdentity
-from node.config import NodeConfig
+from node.config import NodeConfig, run_validator_addresses
 from node.roles import ROLE_CLASSES
 from node.roles.base import RoleService
 from node.swarm.common import open_work_ledger
@@ -21,7 +21,12 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
         from node.swarm.trainer import SwarmTrainerWork, trainer_bounds
 
         work = SwarmTrainerWork(
-            config, identity, ledger=open_work_ledger(config.ledger_url), bounds=trainer_bounds(config)
+            config,
+            identity,
+            ledger=open_work_ledger(config.ledger_url),
+            bounds=trainer_bounds(config),
+            run_validators=run_validator_addresses(config.work),
+            challenge_window_epochs=config.work.challenge_window_epochs,
         )
         return cls(work)  # type: ignore[call-arg]
     if role == "relay":
@@ -44,6 +49,8 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
             open_work_ledger(config.ledger_url),
             retention_versions=config.work.retention_versions,
             max_accepted_bytes=config.work.accepted_max_mb * 2**20,
+            credit_interval_s=config.work.credit_interval_s,
+            slash_check_s=config.work.slash_check_s,
         )
         return cls(validator)  # type: ignore[call-arg]
     return cls()

@@ -20,6 +20,11 @@ The distributed twin of `node.rl.sync.run_sync` (DESIGN.md, Run lifecycle, steps
   by `GrpoTrainer.step` itself (online filtering). The rows are marked used by the step *before* the
   weights are saved, and a trainer that resumes at step s releases what steps >= s used, so a kill at any
   point neither loses an accepted rollout nor trains on one twice.
+- With a ledger, the lead registers its run before publishing (`register_run`): owner itself, the
+  validators it names (`run_validators`), the challenge window of the run's slashes and the bounds of a
+  credit (`node.swarm.common.run_registration`). A run it registered before (a restart) is fine, its
+  validator set updated if the operator changed it; a run another key owns is refused (`RunMismatch`),
+  and so is, for a co-trainer, a run its lead does not own.
 - After `work.steps` steps the trainer stops training and keeps serving (`done` in the status).
 - Bounded: each publication prunes the inbox past the async window plus `inbox_retention_versions`
   (`node.swarm.inbox`); the per-worker verdict tally keeps `MAX_VERDICT_WORKERS` workers (the least
@@ -52,6 +57,7 @@ from libp2p.peer.id import ID
 from crypto.identity import NodeIdentity
 from ledger import Ledger, LedgerError
 from ledger.signedlog import SignedLog
+from ledger.types import RunInfo
 from node.config import NodeConfig
 from node.dataplane.catalog import Catalog
 from node.dataplane.checkpoint import MODEL_LAYOUT
@@ -70,7 +76,19 @@ from node.rl.run import DEVNET_MAX_NEW_TOKENS, RunMismatch, devnet_optimizer, de
 from node.rl.tasks import Task
 from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats, signal_groups
 from node.roles.base import RoleNet
-from node.swarm.common import ACCEPTED, bounded_get, run_model_dir, run_tasks, set_threads
+from node.swarm.common import (
+    ACCEPTED,
+    CHALLENGE_WINDOW_EPOCHS,
+    bounded_get,
+    check_run_owner,
+    ensure_run,
+    is_refusal,
+    read_run,
+    run_model_dir,
+    run_registration,
+    run_tasks,
+    set_threads,
+)
 from node.swarm.inbox import RETENTION_VERSIONS, InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
@@ -110,6 +128,7 @@ KEEP_SAVES = 2  # trainer states kept on disk (the newest and one before it)
 MAX_VERDICT_WORKERS = 1024  # workers in the gossiped-verdict tally (the status display); LRU beyond
 MAX_TRACKED_VALIDATORS = 256  # validators with a pull state (and a ledger check every TRUST_CHECK_S)
 MAX_ROWS_PER_VALIDATOR = 2048  # inbox rows held that one validator delivered; pulling from it waits beyond
+RUN_WAIT_S = 2.0  # the ledger cannot answer, or (co-trainer) the run is not registered yet: look again
 
 DESCRIPTOR_FILE = "run_descriptor.bin"
 INBOX_FILE = "inbox.sqlite"
@@ -545,9 +564,14 @@ class SwarmTrainerWork:
         optim: OptimizerParams | None = None,
         ledger: Ledger | None = None,
         bounds: TrainerBounds | None = None,
+        run_validators: Sequence[bytes] = (),
+        challenge_window_epochs: int = CHALLENGE_WINDOW_EPOCHS,
     ) -> None:
         self.config = config
         self.identity = identity
+        self.run_validators = tuple(run_validators)  # the run's validator set on the ledger (lead only)
+        self.challenge_window_epochs = challenge_window_epochs
+        self.ledger_run: RunInfo | None = None  # the run as the ledger held it at start
         self.bounds = bounds or TrainerBounds()
         self.ledger = ledger  # with one, only validators in good standing there are pulled from
         self._ledger_lock = trio.Lock()  # ledger calls run in threads, never two at once
@@ -631,6 +655,9 @@ class SwarmTrainerWork:
         trainer = await trio.to_thread.run_sync(self._load_trainer, descriptor)
         self.trainer = trainer
         self.model_config = trainer.engine.info
+        if self.ledger is not None:
+            parameters = sum(p.numel() for p in trainer.engine.model.parameters())
+            self.ledger_run = await self.register_run(self.ledger, descriptor, parameters)
         self.inbox = inbox = RolloutInbox(
             self.inbox_path, retention_versions=self.bounds.inbox_retention_versions
         )
@@ -665,6 +692,46 @@ class SwarmTrainerWork:
             self._last_status = self.status()  # the node writes a final status after the work stops
             self.inbox = None
             inbox.close()
+
+    async def register_run(self, ledger: Ledger, descriptor: RunDescriptor, parameters: int) -> RunInfo:
+        """The lead registers the run (or finds it its own); a co-trainer, or a lead that names no
+        validators (the run registered beforehand, as the devnet does), checks the ledger's owner of it,
+        waiting for the registration. RunMismatch for another owner or a refused registration; a ledger
+        that cannot answer is asked again every `RUN_WAIT_S`."""
+        lead = descriptor.trainer == self.identity.address
+        op = None
+        if lead and self.run_validators:
+            window = self.challenge_window_epochs
+            op = run_registration(descriptor.run, descriptor.grpo, self.run_validators, parameters, window)
+        waiting = False
+        while True:
+            try:
+                async with self._ledger_lock:
+                    if op is not None:
+                        return await trio.to_thread.run_sync(ensure_run, ledger, self.identity, op)
+                    info = await trio.to_thread.run_sync(read_run, ledger, descriptor.run)
+            except RunMismatch:
+                raise
+            except Exception as exc:  # web3 and the OS raise anything: a refusal is decided, the rest passes
+                if is_refusal(exc):
+                    refused = f"the ledger refused to register run {descriptor.run!r}: {exc}"
+                    raise RunMismatch(refused) from exc
+                self.tallies.ledger_errors += 1
+                log.warning("ledger unavailable for the run's registration", extra={"error": repr(exc)})
+                await trio.sleep(RUN_WAIT_S)
+                continue
+            if info is not None:
+                check_run_owner(info, descriptor)
+                return info
+            if lead:
+                raise RunMismatch(
+                    f"run {descriptor.run!r} is not on the ledger, and this trainer names no validators to "
+                    "register it with ([trainer] run_validators)"
+                )
+            if not waiting:
+                log.info("waiting for the lead to register the run", extra={"run": descriptor.run})
+                waiting = True
+            await trio.sleep(RUN_WAIT_S)
 
     # --- what a multi-trainer run (node.swarm.diloco_rl) does differently ---------------------------
 

@@ -1,5 +1,5 @@
 """Validator work: queue signed submissions, judge them on the claimed checkpoint, gossip signed verdicts,
-serve the accepted ones to the trainer, and credit or slash in the ledger.
+serve the accepted ones to the trainer, and credit (in batches) or slash in the ledger.
 
 The life of a submission (spec/validation.md):
 1. SUBMIT (`submit`): only cheap checks (a RolloutSubmission of this run, once the run is loaded; its step
@@ -21,13 +21,17 @@ The life of a submission (spec/validation.md):
    stores and the ledger cites; the decision (outcome, verdict, sealed envelope) is written to the store
    before any ledger call. After the ledger write and `finish`, the verdict is gossiped on `verdicts`
    (ignores are not: nobody is at fault and nothing is recorded).
-4. Accepted: a contribution (tokens, flops = 2 · parameters · tokens) citing the sealed verdict, and an
-   entry in the accepted log that the run's trainers (the lead and its co-trainers, only they) pull with
-   ACCEPTED (long poll, cursor).
-   Rejected for a
-   slashable reason (`ledger.evidence.SLASHABLE_REASONS`): a slash of the run's `slash_gwei` (capped by
-   the ledger's own maximum) whose evidence is the worker's signed submission and, for a bad proof, the
-   failing chunks. Other rejections only get the verdict.
+4. Accepted: an entry in the accepted log that the run's trainers (the lead and its co-trainers, only
+   they) pull with ACCEPTED (long poll, cursor), and, in the same store transaction, a credit owed
+   (tokens, flops = 2 · parameters · tokens, capped by the run's bound per token; the submission's
+   digest). The committer (`commit_credits`) sends the queued credits of the run as one `CommitCredits`
+   of up to `max_credits_per_batch`, sorted by (worker, step), every `credit_interval_s` or as soon as a
+   batch is full, and marks them committed.
+   Rejected for a slashable reason (`ledger.evidence.SLASHABLE_REASONS`): a slash of the run's
+   `slash_gwei` (capped by the ledger's own maximum) whose evidence is the worker's signed submission
+   and, for a bad proof, the failing chunks. The ledger files it pending; `finalize_slashes` applies it
+   once the run's challenge window has passed (unless the run's owner or its other validators voided it).
+   Other rejections only get the verdict.
 
 Decisions:
 - One engine per retained checkpoint version (`CheckpointEngines`, the newest `async_level + 1`), each a
@@ -42,12 +46,22 @@ Decisions:
   a replayed nonce, an OS, SQLite or web3 error) is transient: the submission stays queued with its stored
   decision, and the ledger write is retried with exponential backoff (`ledger_retries`). A worker
   whose stake cannot be read is not judged at all until it can (never accepted on an unread stake).
-- Crash safety: the decision is durable (`AcceptedStore.decide`) before the ledger is written, and the
-  judgement leaves the queue (`finish`) after it. A submission with a stored decision is never judged
-  again: after a restart its ledger write is replayed from the decision (a duplicate refusal means it was
-  written before the crash) and it finishes with the verdict sealed the first time, so the accepted log
-  holds the very envelope the ledger's contribution cites, whatever checkpoints the restarted validator
-  holds.
+- Crash safety: the decision is durable (`AcceptedStore.decide`) before the ledger is written (a slash),
+  and the judgement leaves the queue (`finish`) after it. A submission with a stored decision is never
+  judged again: after a restart its slash is replayed from the decision (a duplicate refusal means it was
+  filed before the crash) and it finishes with the verdict sealed the first time, whatever checkpoints
+  the restarted validator holds. A credit is queued by `finish` itself, so an acceptance is credited
+  after any crash; one committed just before a crash, not yet marked, is found credited and dropped.
+- A refused batch is settled credit by credit, never retried as it was: the credits the ledger holds
+  already, those of a worker no longer eligible (unregistered, not a worker, ejected, under-staked) and
+  those above the run's bounds are dropped (each logged and counted by reason), the rest sent again; a
+  refusal none of these explain is split in halves down to the one credit it names, which is dropped with
+  the ledger's message. A refusal of the whole batch (the run not registered yet, this validator not in
+  its set or not staked) drops nothing: the credits wait for the next round. The run's owner must be the
+  descriptor's trainer: a validator refuses any other run (`RunMismatch`).
+- The slashes this validator filed and still pending are read back from the ledger at start and tried
+  every `slash_check_s`: a window still open waits; a slash no longer pending (voided, or finalized by
+  anyone else) is forgotten.
 - The gossip of verdicts runs in its own task behind a bounded channel, so a slow mesh never holds up the
   judge (a full channel drops the gossip copy and counts it; the ledger and the accepted log keep it).
 - Bounded state: the store is pruned every `PRUNE_EVERY_S` past the async window plus
@@ -63,7 +77,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -73,9 +87,10 @@ from libp2p.peer.id import ID
 
 from crypto.identity import NodeIdentity, address_of_peer_id
 from ledger import Ledger, LedgerError
-from ledger.errors import BackendError, CorruptLog, EpochRegression, ReplayedOperation
-from ledger.evidence import SLASHABLE_REASONS
+from ledger.errors import ChallengeWindowOpen, DuplicateSlash, SlashNotPending
+from ledger.evidence import SLASHABLE_REASONS, slash_digest
 from ledger.signedlog import SignedLog
+from ledger.types import SLASH_PENDING, SLASH_VOIDED, Receipt, RunInfo
 from node.config import NodeConfig
 from node.dataplane.checkpoint import load_checkpoint
 from node.dataplane.follower import VerifiedCheckpoint
@@ -95,14 +110,37 @@ from node.rl.validation import (
 )
 from node.roles.base import RoleNet
 from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
-from node.swarm.accepted import MAX_CURSOR, AcceptedStore, Decided, PendingItem, StoreStatistics
-from node.swarm.common import ACCEPTED, TtlCache, bounded_get, run_model_dir, run_tasks, set_threads
+from node.swarm.accepted import MAX_CURSOR, AcceptedStore, Decided, PendingItem, RunCredit, StoreStatistics
+from node.swarm.common import (
+    ACCEPTED,
+    TtlCache,
+    bounded_get,
+    check_run_owner,
+    is_refusal,
+    read_run,
+    run_model_dir,
+    run_tasks,
+    set_threads,
+)
 from node.swarm.follow import SwarmFollower
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened
 from protocol.errors import Ignore, ProtocolError, Reason, Reject
-from protocol.ledger_messages import MAX_FAILING_CHUNKS, RecordContribution, Slash
-from protocol.messages import AcceptedBatch, AcceptedRequest, RolloutSubmission, SubmitAck, Verdict
+from protocol.ledger_messages import (
+    MAX_CREDITS_PER_BATCH,
+    MAX_FAILING_CHUNKS,
+    CommitCredits,
+    Credit,
+    Slash,
+)
+from protocol.messages import (
+    AcceptedBatch,
+    AcceptedRequest,
+    RolloutSubmission,
+    RunDescriptor,
+    SubmitAck,
+    Verdict,
+)
 from protocol.runs import run_trainers
 from protocol.types import MIB
 
@@ -120,9 +158,6 @@ VERDICT_BACKLOG = 256  # verdicts waiting for gossip before new ones are dropped
 MAX_DETAIL_BYTES = 512
 MAX_VERDICT_CHUNKS = 4096
 UNSAMPLED = "cheap checks only: not drawn for the prefill checks"
-# LedgerErrors that say nothing about the operation (the backend or the log's file failed, a nonce race):
-# retried, like every exception that is not a LedgerError. Every other LedgerError is a decided refusal.
-TRANSIENT_LEDGER_ERRORS = (BackendError, CorruptLog, ReplayedOperation, EpochRegression)
 LEDGER_RETRY_S = 1.0  # first wait before retrying a ledger write that failed; doubles up to the max
 LEDGER_RETRY_MAX_S = 60.0
 STORE_FILE = "validator.db"
@@ -133,6 +168,12 @@ MAX_WORKER_TALLIES = 1024  # workers with a per-worker tally in the status (leas
 ACCEPTED_RETENTION_VERSIONS = 4
 MAX_ACCEPTED_BYTES = 2048 * MIB  # accepted log bytes; over it, items every trainer pulled go, oldest first
 PRUNE_EVERY_S = 30.0
+# Credits: one CommitCredits per interval, or as soon as a batch is full. The devnet's scale; a real swarm
+# commits about once an epoch (Params.epoch_seconds: an hour), one transaction per validator.
+CREDIT_INTERVAL_S = 5.0
+MAX_QUEUED_CREDITS = 16 * MAX_CREDITS_PER_BATCH  # credits waiting for the ledger; SUBMIT is BUSY beyond
+SLASH_CHECK_S = 5.0  # how often the pending slashes this validator filed are tried for finalization
+RUN_WAIT_S = 2.0  # while the run is not on the ledger yet: how often to look again
 
 
 class VerdictOut(Protocol):
@@ -314,24 +355,49 @@ def slash_for(verdict: Verdict, evidence: bytes, amount_gwei: int) -> Slash | No
         run=verdict.run,
         worker=verdict.worker,
         amount_gwei=amount_gwei,
-        submission_digest=verdict.submission_digest,
         failing_chunks=chunks,
         reason_code=verdict.reason_code,
         evidence=evidence,
     )
 
 
-def contribution_for(verdict: Verdict, sealed: bytes, parameters: int) -> RecordContribution:
-    """The credit an acceptance earns: its tokens, about 2 · parameters FLOPs per token, and the verdict."""
-    return RecordContribution(
-        run=verdict.run,
-        step=verdict.step,
+def credit_for(verdict: Verdict, parameters: int) -> Credit:
+    """The credit an acceptance earns: its tokens, about 2 · parameters FLOPs per token, the submission."""
+    return Credit(
         worker=verdict.worker,
+        step=verdict.step,
         tokens=verdict.tokens,
         flops=2 * parameters * verdict.tokens,
         rollout_digest=verdict.submission_digest,
-        verdict=sealed,
     )
+
+
+def fit_credit(credit: Credit, run: RunInfo) -> Credit:
+    """The FLOPs the run lets a credit claim: at most its bound per token (the ledger caps that bound, so
+    a model beyond it is credited the cap)."""
+    return replace(credit, flops=min(credit.flops, credit.tokens * run.max_flops_per_token))
+
+
+def commit_blocker(ledger: Ledger, run: RunInfo, validator: bytes) -> str | None:
+    """Blocking: why no batch of this validator can be committed to the run now (None: one can)."""
+    if validator not in run.validators:
+        return f"not one of run {run.run!r}'s {len(run.validators)} validators (its owner sets them)"
+    info = ledger.node(validator)
+    if info is None or info.role != "validator" or info.ejected or not ledger.is_eligible(validator):
+        return "this node is not a registered, unejected, fully staked validator on the ledger"
+    return None
+
+
+def credit_refusal(ledger: Ledger, run: RunInfo, credit: Credit) -> str | None:
+    """Blocking: why the ledger refuses this one credit whatever batch carries it (None: no such reason)."""
+    if ledger.is_credited(run.run, credit.worker, credit.step):
+        return "already_credited"
+    worker = ledger.node(credit.worker)
+    if worker is None or worker.role != "worker" or worker.ejected or not ledger.is_eligible(credit.worker):
+        return "ineligible"
+    if credit.tokens > run.max_tokens_per_credit:
+        return "out_of_bounds"
+    return None
 
 
 # --- the ledger, from trio ----------------------------------------------------------------------------
@@ -341,14 +407,10 @@ class LedgerUnavailable(Exception):
     """A ledger call failed for a reason that may pass (backend down, RPC error, file error): retry later."""
 
 
-def is_refusal(exc: Exception) -> bool:
-    """A typed refusal of the ledger's state machine: the operation is decided, retrying cannot help."""
-    return isinstance(exc, LedgerError) and not isinstance(exc, TRANSIENT_LEDGER_ERRORS)
-
-
 class LedgerAccess:
-    """Blocking ledger calls in a thread, one at a time. A typed refusal returns None; any other
-    exception (web3's and the OS's included) raises `LedgerUnavailable`. Both are counted."""
+    """Blocking ledger calls in a thread, one at a time. A typed refusal returns None (`attempt`: the
+    refusal itself); any other exception (web3's and the OS's included) raises `LedgerUnavailable`. Both
+    are counted."""
 
     def __init__(self, ledger: Ledger | None) -> None:
         self.ledger = ledger
@@ -358,6 +420,11 @@ class LedgerAccess:
         self._lock: trio.Lock | None = None
 
     async def call(self, what: str, fn: Callable[[], T]) -> T | None:
+        result = await self.attempt(what, fn)
+        return None if isinstance(result, LedgerError) else result
+
+    async def attempt(self, what: str, fn: Callable[[], T]) -> T | LedgerError:
+        """`call`, returning a typed refusal (to act on its kind) instead of None."""
         if self._lock is None:
             self._lock = trio.Lock()
         async with self._lock:
@@ -366,10 +433,10 @@ class LedgerAccess:
             except Exception as exc:  # backends raise anything (web3 has no common base); never let it out
                 self.errors += 1
                 self.last_error = f"{what}: {exc}"
-                if is_refusal(exc):
+                if isinstance(exc, LedgerError) and is_refusal(exc):
                     self.refusals += 1
                     log.warning("ledger refused", extra={"call": what, "error": str(exc)})
-                    return None
+                    return exc
                 log.warning("ledger call failed", extra={"call": what, "error": repr(exc)})
                 raise LedgerUnavailable(f"{what}: {exc!r}") from exc
 
@@ -458,9 +525,21 @@ class SwarmValidatorWork:
         retention_versions: int = ACCEPTED_RETENTION_VERSIONS,
         max_accepted_bytes: int = MAX_ACCEPTED_BYTES,
         prune_every_s: float = PRUNE_EVERY_S,
+        credit_interval_s: float = CREDIT_INTERVAL_S,
+        max_credits_per_batch: int = MAX_CREDITS_PER_BATCH,
+        max_queued_credits: int = MAX_QUEUED_CREDITS,
+        slash_check_s: float = SLASH_CHECK_S,
     ) -> None:
         if retention_versions < 0 or max_accepted_bytes < 0 or not prune_every_s > 0:
             raise ValueError("retention_versions and max_accepted_bytes >= 0, prune_every_s > 0")
+        if not 1 <= max_credits_per_batch <= MAX_CREDITS_PER_BATCH or max_queued_credits < 1:
+            raise ValueError(f"max_credits_per_batch 1..{MAX_CREDITS_PER_BATCH}, max_queued_credits >= 1")
+        if not credit_interval_s > 0 or not slash_check_s > 0:
+            raise ValueError("credit_interval_s and slash_check_s > 0")
+        self.credit_interval_s = credit_interval_s
+        self.max_credits_per_batch = max_credits_per_batch
+        self.max_queued_credits = max_queued_credits
+        self.slash_check_s = slash_check_s
         self.config = config
         self.wait_for_checkpoint_s = wait_for_checkpoint_s
         self.ledger_retry_s = ledger_retry_s
@@ -488,6 +567,8 @@ class SwarmValidatorWork:
         self._changed = trio.Event()  # a submission queued or a checkpoint held: the scheduler looks again
         self._progress = trio.Event()  # a submission judged
         self._torch: trio.Lock | None = None
+        self._batch_full = trio.Event()  # a full batch of credits is queued: the committer goes now
+        self._pending_slashes: dict[int, int] = {}  # slash index -> its final epoch: filed here, pending
         self.setup: RunSetup | None = None
         # the run's trainers (lead and co-trainers), once its record is known: ACCEPTED serves them only
         self.trainers: frozenset[bytes] = frozenset()
@@ -522,7 +603,12 @@ class SwarmValidatorWork:
         self.tokens = counts.tokens
         self.refused = 0  # submissions answered at SUBMIT without being queued
         self.full_checks = self.cheap_checks = 0
-        self.slashes = self.contributions = 0
+        self.slashes = 0  # slashes filed (pending on the ledger until their window passes)
+        self.slashes_finalized = self.slashes_voided = self.slashes_settled_elsewhere = 0
+        self.credits_queued = self.store.credit_counts().queued  # waiting for the committer (durable)
+        self.contributions = self.batches = 0  # credits committed, and their batches
+        self.credits_dropped: dict[str, int] = {}  # reason -> credits dropped (`credit_refusal`, "refused")
+        self.credit_blocked = ""  # why the last commit round could not commit (the run, our standing)
         self.cpu_s = self.cpu_full_s = 0.0
         self.verdicts_gossiped = self.verdicts_dropped = 0
         self.ledger_retries = 0  # judgements put back in the queue by a ledger failure
@@ -547,7 +633,18 @@ class SwarmValidatorWork:
             "refused": self.refused,
             "by_reason": dict(sorted(self.by_reason.items())),
             "slashes": self.slashes,
+            "slashes_pending": len(self._pending_slashes),
+            "slashes_finalized": self.slashes_finalized,
+            "slashes_voided": self.slashes_voided,
+            "slashes_settled_elsewhere": self.slashes_settled_elsewhere,
             "contributions": self.contributions,
+            "credits": {
+                "queued": self.credits_queued,
+                "committed": self.contributions,
+                "batches": self.batches,
+                "dropped": dict(sorted(self.credits_dropped.items())),
+                "blocked": self.credit_blocked,
+            },
             "ledger_errors": self.ledger.errors,
             "ledger_refusals": self.ledger.refusals,
             "ledger_retries": self.ledger_retries,
@@ -594,6 +691,8 @@ class SwarmValidatorWork:
             if self.setup is None:
                 raise Ignore(Reason.BUSY, "not judging yet: the run is still loading")
             check_step(sub, self.setup.descriptor)  # the store then holds at most the run's counters
+            if self.credits_queued >= self.max_queued_credits:
+                raise Ignore(Reason.BUSY, f"{self.credits_queued} credits wait for the ledger; try later")
             self._check_fresh(sub)
             self._check_known(sub)
             await self._check_staked(opened.sender)
@@ -701,7 +800,7 @@ class SwarmValidatorWork:
         self, out: VerdictOut, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Judge queued submissions as their checkpoints become available; gossip verdicts through `out`;
-        prune the store every `prune_every_s`.
+        prune the store every `prune_every_s`; commit the queued credits and finalize the pending slashes.
 
         Total: whatever an item holds, it ends judged. An exception on one item's path (but a ledger
         that cannot answer, which defers it) quarantines that item as a JUDGE_FAULT ignore, and the loop
@@ -712,6 +811,9 @@ class SwarmValidatorWork:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._gossip_verdicts, out, receive)
             nursery.start_soon(self._prune_forever)
+            if self.ledger.ledger is not None:
+                nursery.start_soon(self._commit_forever)
+                nursery.start_soon(self._finalize_forever)
             task_status.started()
             while True:
                 item = await self._next_ready()
@@ -774,6 +876,10 @@ class SwarmValidatorWork:
             return
         outcome, verdict = decision.outcome, decision.verdict
         status = ACCEPTED_STATUS if isinstance(outcome, Accepted) else int(outcome.reason)
+        credit = None
+        if isinstance(outcome, Accepted) and self.ledger.ledger is not None:
+            assert self.engines is not None
+            credit = RunCredit(self.run_id, credit_for(verdict, self.engines.parameters))
         await self.store.finish_async(
             item,
             status=status,
@@ -782,7 +888,12 @@ class SwarmValidatorWork:
             submission=evidence if isinstance(outcome, Accepted) else None,
             judged_ms=int(time.time() * 1000),
             ignored=isinstance(outcome, Ignore),
+            credit=credit,
         )
+        if credit is not None:
+            self.credits_queued += 1
+            if self.credits_queued >= self.max_credits_per_batch:
+                self._batch_full.set()
         if not isinstance(outcome, Ignore):
             try:
                 gossip.send_nowait(verdict)
@@ -871,11 +982,10 @@ class SwarmValidatorWork:
         return Decision(outcome, judgement, verdict, sealed)
 
     async def _write_ledger(self, decision: Decision, evidence: bytes) -> bool:
-        """Credit or slash as the outcome warrants; True when a slash was recorded."""
+        """Slash as a rejection warrants; True when a slash was filed. (An acceptance's credit is queued
+        by `finish` and committed in a batch.)"""
         assert self.setup is not None
-        if isinstance(decision.outcome, Accepted):
-            await self._credit(decision.verdict, decision.sealed)
-        elif isinstance(decision.outcome, Reject):
+        if isinstance(decision.outcome, Reject):
             return await self._slash(decision.verdict, evidence, self.setup.descriptor.policy.slash_gwei)
         return False
 
@@ -931,19 +1041,9 @@ class SwarmValidatorWork:
         eligible = await self.ledger.call("is_eligible", lambda: self.ledger.eligible(worker))
         return bool(eligible)
 
-    async def _credit(self, verdict: Verdict, sealed: bytes) -> None:
-        ledger = self.ledger.ledger
-        if ledger is None:
-            return
-        assert self.engines is not None
-        op = contribution_for(verdict, sealed, self.engines.parameters)
-        receipt = await self.ledger.call(
-            "record_contribution", lambda: ledger.record_contribution(self.identity, op)
-        )
-        if receipt is not None:
-            self.contributions += 1
-
     async def _slash(self, verdict: Verdict, evidence: bytes, amount_gwei: int) -> bool:
+        """File the slash (pending on the ledger) and remember it for `finalize_slashes`. A duplicate
+        refusal (filed before a crash) is remembered too, but not counted again."""
         ledger = self.ledger.ledger
         if ledger is None or verdict.reason_code not in SLASHABLE_REASONS or amount_gwei < 1:
             return False
@@ -951,14 +1051,231 @@ class SwarmValidatorWork:
         op = slash_for(verdict, evidence, capped or 0)
         if op is None:
             return False
-        receipt = await self.ledger.call("slash", lambda: ledger.slash(self.identity, op))
-        if receipt is None:
+        result = await self.ledger.attempt("slash", lambda: ledger.slash(self.identity, op))
+        if isinstance(result, LedgerError) and not isinstance(result, DuplicateSlash):
+            return False
+        digest = slash_digest(op)
+        records = await self.ledger.call("slashes", lambda: ledger.slashes(op.worker))
+        for record in records or ():
+            mine = record.validator == self.identity.address and record.submission_digest == digest
+            if mine and record.status == SLASH_PENDING:
+                self._pending_slashes[record.index] = record.final_epoch
+        if isinstance(result, LedgerError):
             return False
         log.info(
-            "slashed worker",
+            "filed a slash",
             extra={"worker": "0x" + verdict.worker.hex(), "reason": reason_name(verdict.reason_code)},
         )
         return True
+
+    # --- the run on the ledger, credits and slashes ------------------------------------------------------
+
+    async def ledger_run(self) -> RunInfo | None:
+        """The run as the ledger holds it (None: not registered yet). RunMismatch when its owner is not
+        the descriptor's trainer. LedgerUnavailable when the ledger cannot answer."""
+        ledger = self.ledger.ledger
+        assert ledger is not None and self.setup is not None
+        info = await self.ledger.call("run", lambda: read_run(ledger, self.run_id))
+        if info is not None:
+            check_run_owner(info, self.setup.descriptor)
+        return info
+
+    async def wait_run_on_ledger(self, descriptor: RunDescriptor) -> RunInfo | None:
+        """Before judging: wait until the run is on the ledger, and refuse it (RunMismatch) unless its
+        owner is the trainer that signed `descriptor`. Without a ledger, nothing to wait for."""
+        ledger = self.ledger.ledger
+        if ledger is None:
+            return None
+        waiting = False
+        while True:
+            try:
+                info = await self.ledger.call("run", lambda: read_run(ledger, descriptor.run))
+            except LedgerUnavailable:
+                info = None
+            if info is not None:
+                check_run_owner(info, descriptor)
+                if self.identity.address not in info.validators:
+                    log.warning(
+                        "this validator is not in the run's validator set: its credits wait until the "
+                        "run's owner adds it",
+                        extra={"run": descriptor.run},
+                    )
+                return info
+            if not waiting:
+                log.info("waiting for the run's owner to register it", extra={"run": descriptor.run})
+                waiting = True
+            await trio.sleep(RUN_WAIT_S)
+
+    async def _commit_forever(self) -> None:
+        """`commit_credits` every `credit_interval_s`, or at once when a batch is full; after a failure,
+        the ledger retry backoff (a full queue must not spin on a ledger that is down)."""
+        failures = 0
+        while True:
+            full = self._batch_full
+            with trio.move_on_after(self.credit_interval_s):
+                await full.wait()
+            self._batch_full = trio.Event()
+            try:
+                await self.commit_credits()
+                failures = 0
+            except LedgerUnavailable as exc:
+                failures += 1
+                self.credit_blocked = str(exc)
+                backoff = self.ledger_retry_s * 2 ** min(failures - 1, 32)
+                await trio.sleep(min(self.ledger_retry_max_s, backoff))
+
+    async def commit_credits(self) -> None:
+        """Commit the queued credits of the run, a batch at a time, until none is left or the batch as a
+        whole cannot be committed now (`credit_blocked` says why). LedgerUnavailable: try again later."""
+        ledger = self.ledger.ledger
+        if ledger is None:
+            return
+        self.credits_queued = (await trio.to_thread.run_sync(self.store.credit_counts)).queued
+        while True:
+            credits = await trio.to_thread.run_sync(
+                self.store.queued_credits, self.run_id, self.max_credits_per_batch
+            )
+            if not credits:
+                self.credit_blocked = ""
+                return
+            if not await self._commit(credits):
+                return
+
+    async def _blocked(self) -> RunInfo | None:
+        """The run, when a batch can be committed to it now; else None (why: `credit_blocked`)."""
+        ledger = self.ledger.ledger
+        assert ledger is not None
+        run = await self.ledger_run()
+        if run is None:
+            self.credit_blocked = f"run {self.run_id!r} is not registered on the ledger yet"
+            return None
+        blocker = await self.ledger.call(
+            "run standing", lambda: commit_blocker(ledger, run, self.identity.address)
+        )
+        if blocker is not None:
+            self.credit_blocked = blocker
+            return None
+        return run
+
+    async def _commit(self, credits: list[Credit]) -> bool:
+        """One batch (sorted by (worker, step)). True when every credit was settled: committed, or
+        dropped for a reason of its own; False when the batch as a whole cannot be committed now."""
+        ledger = self.ledger.ledger
+        assert ledger is not None
+        run = await self._blocked()
+        if run is None:
+            return False
+        op = CommitCredits(self.run_id, tuple(fit_credit(c, run) for c in credits))
+        result = await self.ledger.attempt("commit_credits", lambda: ledger.commit_credits(self.identity, op))
+        if isinstance(result, Receipt):
+            await self._settle(credits, committed=True, detail="")
+            self.batches += 1
+            log.info("committed credits", extra={"credits": len(credits), "run": self.run_id})
+            return True
+        return await self._settle_refused(run, credits, result)
+
+    async def _settle_refused(self, run: RunInfo, credits: list[Credit], error: LedgerError) -> bool:
+        """A refused batch: drop what `credit_refusal` explains (the rest go in the next round); a refusal
+        nothing explains is split in halves down to the credit it names (dropped with the ledger's
+        message). Terminates: every round settles a credit at least, or stops on a refusal of the whole
+        batch; the splitting recurses at most log2(batch) deep."""
+        ledger = self.ledger.ledger
+        assert ledger is not None
+        checked = await self.ledger.call(
+            "credit checks", lambda: [credit_refusal(ledger, run, c) for c in credits]
+        )
+        reasons = checked if checked is not None else [None] * len(credits)
+        dropped = [(c, r) for c, r in zip(credits, reasons, strict=True) if r is not None]
+        if dropped:  # the rest stay queued: the next round sends them
+            for credit, reason in dropped:
+                await self._drop(credit, reason, reason)
+            return True
+        if await self._blocked() is None:
+            return False
+        if len(credits) == 1:
+            await self._drop(credits[0], "refused", str(error))
+            return True
+        half = len(credits) // 2
+        first = await self._commit(credits[:half])
+        return await self._commit(credits[half:]) and first
+
+    async def _drop(self, credit: Credit, reason: str, detail: str) -> None:
+        await self._settle([credit], committed=False, detail=detail)
+        self.credits_dropped[reason] = self.credits_dropped.get(reason, 0) + 1
+        log.warning(
+            "credit dropped",
+            extra={
+                "worker": "0x" + credit.worker.hex(),
+                "step": credit.step,
+                "reason": reason,
+                "error": detail,
+            },
+        )
+
+    async def _settle(self, credits: list[Credit], *, committed: bool, detail: str) -> None:
+        settled = [(c, detail) for c in credits]
+        marked = await trio.to_thread.run_sync(
+            lambda: self.store.settle_credits(self.run_id, settled, committed=committed)
+        )
+        self.credits_queued = max(0, self.credits_queued - marked)
+        if committed:
+            self.contributions += marked
+
+    async def _finalize_forever(self) -> None:
+        """Read back the pending slashes this validator filed, then `finalize_slashes` every
+        `slash_check_s`; a ledger that cannot answer is asked again next time."""
+        ledger = self.ledger.ledger
+        assert ledger is not None
+        me = self.identity.address
+        loaded = False
+        while True:
+            try:
+                if not loaded:
+                    records = await self.ledger.call("slashes", lambda: ledger.slashes(me))
+                    for record in records or ():
+                        if record.validator == me and record.status == SLASH_PENDING:
+                            self._pending_slashes.setdefault(record.index, record.final_epoch)
+                    loaded = True
+                await self.finalize_slashes()
+            except LedgerUnavailable:
+                pass
+            await trio.sleep(self.slash_check_s)
+
+    async def finalize_slashes(self) -> None:
+        """Finalize each pending slash filed here whose challenge window has passed (anyone may; the one
+        who filed it has the reason to). A window still open waits; a slash no longer pending is dropped."""
+        ledger = self.ledger.ledger
+        if ledger is None or not self._pending_slashes:
+            return
+        epoch = await self.ledger.call("current_epoch", ledger.current_epoch)
+        for index, final_epoch in sorted(self._pending_slashes.items()):
+            if epoch is None or epoch < final_epoch:
+                continue
+            result = await self.ledger.attempt(
+                "finalize_slash", lambda index=index: ledger.finalize_slash(self.identity, index)
+            )
+            if isinstance(result, ChallengeWindowOpen):
+                continue
+            del self._pending_slashes[index]
+            if isinstance(result, Receipt):
+                self.slashes_finalized += 1
+                log.info("finalized a slash", extra={"slash": index})
+            elif isinstance(result, SlashNotPending):
+                await self._count_settled(index)
+            else:
+                log.warning("finalizing a slash was refused", extra={"slash": index, "error": str(result)})
+
+    async def _count_settled(self, index: int) -> None:
+        """A slash someone else settled: voided (the worker keeps its stake), or finalized by another."""
+        ledger = self.ledger.ledger
+        assert ledger is not None
+        me = self.identity.address
+        records = await self.ledger.call("slashes", lambda: ledger.slashes(me))
+        record = next((r for r in records or () if r.index == index), None)
+        if record is not None and record.status == SLASH_VOIDED:
+            self.slashes_voided += 1
+        else:
+            self.slashes_settled_elsewhere += 1
 
     # --- retention -----------------------------------------------------------------------------------
 
@@ -1057,6 +1374,7 @@ class SwarmValidatorWork:
         net.serve(ACCEPTED, self.serve_accepted, admit=self.admits_puller)
         task_status.started()
         record = await net.wait_run_record()
+        await self.wait_run_on_ledger(record.descriptor)  # RunMismatch: another trainer owns the run
         self.trainers = frozenset(run_trainers(record.descriptor))
         setup = await trio.to_thread.run_sync(load_run_setup, record.descriptor, self.model_dir, self.tasks)
         await self.prepare(setup)

@@ -58,7 +58,7 @@ from node.rl.tasks import GraderFault, Task
 from node.roles.base import RoleNet
 from node.roles.validator import SUBMIT
 from node.swarm.cheats import FORGED_REWARD, TAMPERED_PROMPT, build_dishonest_submission, tamper_weights
-from node.swarm.common import run_model_dir, run_tasks, set_threads
+from node.swarm.common import run_model_dir, run_tasks, set_threads, wait_run_owner
 from node.swarm.follow import SwarmFollower
 from protocol.errors import Reason
 from protocol.messages import CheckpointManifest, RolloutSubmission, RunDescriptor, SubmitAck, Verdict
@@ -533,6 +533,8 @@ class SwarmWorkerWork:
             self.setup = setup = await trio.to_thread.run_sync(
                 load_run_setup, record.descriptor, self.model_dir, self.tasks
             )
+            if self.ledger is not None:  # work only for a run its descriptor's signer owns on the ledger
+                await wait_run_owner(self.ledger, record.descriptor)
             self.counters = Counters.load(self.config.data_dir / STATE_FILE, net.run, self.address)
             kind = choose_engine(self.config.work.engine)  # EngineUnavailable: says what is missing
             self.engine = await trio.to_thread.run_sync(

@@ -997,3 +997,58 @@ def test_a_validator_with_its_share_of_the_inbox_is_not_pulled_from_until_a_prun
 
     trio.run(main)
     assert asked == [1, 1]
+
+
+# --- the run on the ledger -------------------------------------------------------------------------------
+
+
+class FailsFirst:
+    """A real signed log whose first `failures` calls of `run` fail as an RPC outage would."""
+
+    def __init__(self, inner: SignedLog, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def run(self, run: str) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("rpc down")
+        return self.inner.run(run)
+
+
+def test_the_lead_registers_its_run_and_followers_refuse_another_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lead registers the run with the validators it names (bounds from the descriptor, a ledger outage
+    waited out) and finds it its own after a restart; a lead naming none refuses an unregistered run; a
+    trainer refuses a run another key owns (RunMismatch), whatever it names."""
+    monkeypatch.setattr(trainer_module, "RUN_WAIT_S", 0.01)
+    other, validator = T.identity("another trainer"), T.identity("a validator")
+    ledger = SignedLog.create(tmp_path / "ledger.db", LEDGER_PARAMS, ledger_id="devnet")
+    for who in (TRAINER, other):
+        ledger.register(who, "trainer", T.compute())
+        ledger.deposit(who, LEDGER_STAKE)
+    descriptor = small_descriptor()
+    flaky = FailsFirst(ledger, failures=2)
+    lead = trainer_work(work_config(tmp_path / "t"), ledger=flaky, run_validators=[validator.address])
+    info = trio.run(lead.register_run, flaky, descriptor, 1000)
+    grpo = descriptor.grpo
+    assert (info.owner, info.validators) == (TRAINER.address, (validator.address,))
+    assert info.max_tokens_per_credit == grpo.max_new_tokens * grpo.group_size * grpo.prompts_per_step
+    assert info.max_flops_per_token == 2000 and lead.tallies.ledger_errors == 2
+    assert trio.run(lead.register_run, ledger, descriptor, 1000) == info  # a restart
+
+    unnamed = trainer_work(work_config(tmp_path / "u"), ledger=ledger)
+    assert trio.run(unnamed.register_run, ledger, descriptor, 1000) == info  # registered: it checks the owner
+    with pytest.raises(RunMismatch, match="names no validators"):
+        trio.run(unnamed.register_run, ledger, replace(descriptor, run="unregistered"), 1000)
+    with pytest.raises(RunMismatch, match="not by its descriptor.s trainer"):  # a follower of another trainer
+        trio.run(unnamed.register_run, ledger, replace(descriptor, trainer=other.address), 1000)
+    stranger = SwarmTrainerWork(work_config(tmp_path / "o"), other, model_dir=eos_folder(), ledger=ledger,
+                                run_validators=[validator.address])  # fmt: skip
+    with pytest.raises(RunMismatch, match="choose another run id"):
+        trio.run(stranger.register_run, ledger, replace(descriptor, trainer=other.address), 1000)
+    ledger.close()

@@ -139,6 +139,7 @@ def test_poison_items_are_quarantined_and_a_restart_judges_the_honest_ones_behin
         async with trio.open_nursery() as nursery:
             await nursery.start(work.judge_forever, GossipLog())
             await wait_judged(work, 4)
+            await work.commit_credits()
             nursery.cancel_scope.cancel()
 
     trio.run(restart)

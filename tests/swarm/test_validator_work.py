@@ -51,6 +51,9 @@ PARAMS = Params(
 )
 
 
+WINDOW = 2  # the run's challenge window, in epochs
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -143,13 +146,15 @@ def signed(worker, sub: RolloutSubmission, seq: int = 1):
     return open_envelope(data, run=RUN, now_ms=now_ms(), replay=None), envelope_digest(data), data
 
 
-def make_ledger(path: Path) -> SignedLog:
-    ledger = SignedLog.create(path, PARAMS, ledger_id="devnet")
-    ledger.register(VALIDATOR, "validator", T.compute())
-    ledger.deposit(VALIDATOR, STAKE)
-    for worker in WORKERS:
-        ledger.register(worker, "worker", T.compute())
-        ledger.deposit(worker, STAKE)
+def make_ledger(path: Path, **kwargs) -> SignedLog:
+    """The trainer owns the run with VALIDATOR in its set; every worker staked. `kwargs`: SignedLog.create's
+    (an epoch clock)."""
+    ledger = SignedLog.create(path, PARAMS, ledger_id="devnet", **kwargs)
+    for who, role in ((TRAINER, "trainer"), (VALIDATOR, "validator"), *((w, "worker") for w in WORKERS)):
+        ledger.register(who, role, T.compute())
+        ledger.deposit(who, STAKE)
+    run = T.register_run(RUN, (VALIDATOR,), window=WINDOW, max_tokens=10**6, max_flops_per_token=2**32 - 1)
+    ledger.register_run(TRAINER, run)
     return ledger
 
 
@@ -402,6 +407,7 @@ def test_honest_work_is_credited_and_every_cheat_is_slashed(tmp_path, setup, che
                 opened, digest, _ = sent[name] = signed(worker, sub)
                 acks[name] = await work.submit(None, opened, digest)
             await wait_judged(work, len(submissions))
+            await work.commit_credits()  # the committer's round, without waiting for its interval
             duplicate = await work.submit(None, *sent["honest"][:2])  # the same envelope again
             assert duplicate.status == Reason.DUPLICATE
             resealed = await work.submit(None, *signed(HONEST, submissions["honest"][1], seq=2)[:2])
@@ -438,12 +444,20 @@ def test_honest_work_is_credited_and_every_cheat_is_slashed(tmp_path, setup, che
     ledger.refresh()
     [credit] = ledger.contributions()
     assert credit.worker == HONEST.address and credit.tokens == verdicts[HONEST.address].tokens > 0
-    assert credit.verdict_digest == sha256(item.verdict)
+    assert credit.rollout_digest == verdicts[HONEST.address].submission_digest
     assert credit.flops == 2 * work.engines.parameters * credit.tokens
+    [batch] = ledger.batches()
+    assert (batch.validator, batch.count) == (VALIDATOR.address, 1)
+    assert ledger.check_credit_proof(ledger.prove_credit(credit.index))
     slashed = {s.worker: s for s in ledger.slashes()}
     assert set(slashed) == {PERTURBED.address, TAMPERED.address, FORGED.address}
     assert slashed[PERTURBED.address].failing_chunks == verdicts[PERTURBED.address].failing_chunks
-    assert all(s.taken_gwei == PARAMS.slash_gwei for s in slashed.values())
+    # filed, pending their challenge window: nothing taken yet
+    assert all(
+        (s.status, s.taken_gwei, s.requested_gwei) == ("pending", 0, PARAMS.slash_gwei)
+        for s in slashed.values()
+    )
+    assert all(s.final_epoch == s.epoch + WINDOW for s in slashed.values())
     assert not ledger.slashes(HONEST.address)
     assert ledger.stake(HONEST.address).bonded_gwei == STAKE
     assert verify_log(tmp_path / "ledger.db").ok
@@ -452,6 +466,8 @@ def test_honest_work_is_credited_and_every_cheat_is_slashed(tmp_path, setup, che
     assert (status["judged"], status["accepted"], status["rejected"], status["ignored"]) == (4, 1, 3, 0)
     assert status["by_reason"] == {"BAD_ASSIGNMENT": 1, "BAD_PROOF": 1, "BAD_REWARD": 1}
     assert (status["slashes"], status["contributions"], status["ledger_errors"]) == (3, 1, 0)
+    assert status["slashes_pending"] == 3 and status["slashes_finalized"] == 0
+    assert status["credits"] == {"queued": 0, "committed": 1, "batches": 1, "dropped": {}, "blocked": ""}
     assert status["per_worker"]["0x" + HONEST.address.hex()] == {"accepted": 1, "rejected": 0, "slashed": 0}
     assert status["per_worker"]["0x" + PERTURBED.address.hex()]["slashed"] == 1
     assert status["versions_held"] == [VERSION] and status["queued"] == 0 and status["cpu_s"] > 0
@@ -480,6 +496,7 @@ def test_queued_submissions_are_judged_after_a_restart(tmp_path, setup, checkpoi
         async with trio.open_nursery() as nursery:
             await nursery.start(work.judge_forever, GossipLog())
             await wait_judged(work, 1)
+            await work.commit_credits()
             nursery.cancel_scope.cancel()
 
     trio.run(restart)
@@ -589,12 +606,13 @@ async def poll_until(predicate, timeout: float = 20.0) -> None:  # noqa: ASYNC10
 def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
     tmp_path, setup, checkpoint, submissions, monkeypatch
 ):
-    """Eligibility unreadable (a web3-style error): nothing is judged. Writes failing (BackendError,
-    OSError): judged once, kept queued, retried with backoff until the ledger answers. A typed refusal
+    """Eligibility unreadable (a web3-style error): nothing is judged. A slash failing (OSError): judged
+    once, kept queued, retried with backoff until the ledger answers; an acceptance finishes at once, its
+    credit queued, and a failing commit (BackendError) is retried by the committer. A typed refusal
     (DuplicateSlash) decides the write: the submission leaves the queue without a retry."""
     inner = make_ledger(tmp_path / "ledger.db")
     ledger = FlakyLedger(inner)
-    work = make_work(tmp_path, ledger, ledger_retry_s=0.02, ledger_retry_max_s=0.1)
+    work = make_work(tmp_path, ledger, ledger_retry_s=0.02, ledger_retry_max_s=0.1, credit_interval_s=0.05)
     out = GossipLog()
     judged_calls = []
     real_judge = validator_module.judge_submission
@@ -613,7 +631,7 @@ def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
             assert (await work.submit(None, *signed(worker, sub)[:2])).status == 100
         ledger.fail = {
             "is_eligible": RuntimeError("{'code': -32000, 'message': 'header not found'}"),
-            "record_contribution": BackendError("rpc down"),
+            "commit_credits": BackendError("rpc down"),
             "slash": OSError("connection reset"),
         }
         async with trio.open_nursery() as nursery:
@@ -623,14 +641,18 @@ def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
 
             del ledger.fail["is_eligible"]  # stake readable, writes still failing
             await poll_until(
-                lambda: ledger.calls.get("slash", 0) >= 2 and ledger.calls.get("record_contribution", 0) >= 2
+                lambda: ledger.calls.get("slash", 0) >= 2 and ledger.calls.get("commit_credits", 0) >= 2
             )
-            assert work.judged == 0 and out.published == []
-            decided = work.store.decided()  # the retries use the decisions stored before the first write
-            assert sorted(d.outcome for d in decided.values()) == ["accepted", "rejected"]
+            assert work.judged == 1 and work.accepted == 1  # the acceptance is done: its credit waits
+            assert (
+                work.status()["credits"]["queued"] == 1 and "rpc down" in work.status()["credits"]["blocked"]
+            )
+            [decided] = work.store.decided().values()  # the slash's retries use the decision stored first
+            assert decided.outcome == "rejected"
 
-            ledger.fail = {"slash": DuplicateSlash("already slashed")}  # credit works; the slash is decided
+            ledger.fail = {"slash": DuplicateSlash("already slashed")}  # commits work; the slash is decided
             await wait_judged(work, 2)
+            await poll_until(lambda: work.contributions == 1)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -638,7 +660,8 @@ def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
     status = work.status()
     assert (status["accepted"], status["rejected"], status["queued"]) == (1, 1, 0)
     assert (status["contributions"], status["slashes"], status["ledger_refusals"]) == (1, 0, 1)
-    assert status["ledger_deferred"] == 0 and status["ledger_retries"] >= 8
+    assert status["ledger_deferred"] == 0 and status["ledger_retries"] >= 6
+    assert status["credits"]["queued"] == 0 and status["credits"]["blocked"] == ""
     assert sorted(v.worker for v in out.published) == sorted([HONEST.address, FORGED.address])
     assert work.store.decided() == {}
     inner.refresh()
@@ -653,8 +676,9 @@ def test_a_decided_submission_is_not_judged_again_after_a_crash(
 ):
     """Killed after the decision was stored, before (or after) the ledger write, before `finish`. The
     restarted validator holds no checkpoint (judged again, the submission would be ignored 607 after its
-    wait), yet it does not judge again: it replays the ledger write (a duplicate refusal when it was written
-    before the crash), finishes with the verdict sealed before the crash and gossips it once."""
+    wait), yet it does not judge again: it replays the slash (a duplicate refusal when it was filed before
+    the crash), finishes with the verdict sealed before the crash (an acceptance queues its credit then,
+    committed once) and gossips it once."""
     ledger_path = tmp_path / "ledger.db"
     make_ledger(ledger_path).close()
     worker, sub = submissions[name]
@@ -688,7 +712,9 @@ def test_a_decided_submission_is_not_judged_again_after_a_crash(
     stored, written = trio.run(judge_then_die)
     [decided] = stored.values()
     assert decided.outcome == ("accepted" if name == "honest" else "rejected") and decided.sealed
-    assert written == (1 if crash == "before_finish" else 0) and first_out.published == []
+    assert (
+        written == (1 if crash == "before_finish" and name == "forged" else 0) and first_out.published == []
+    )
 
     def judge_again(*args):
         raise AssertionError("a decided submission was judged again")
@@ -705,12 +731,13 @@ def test_a_decided_submission_is_not_judged_again_after_a_crash(
             await nursery.start(work.judge_forever, out)
             await wait_judged(work, 1)
             await poll_until(lambda: out.published)
+            await work.commit_credits()
             nursery.cancel_scope.cancel()
 
     trio.run(restart)
     status = work.status()
     assert status["queued"] == 0 and status["versions_held"] == [] and status["ignored"] == 0
-    assert status["ledger_refusals"] == (1 if crash == "before_finish" else 0)
+    assert status["ledger_refusals"] == (1 if crash == "before_finish" and name == "forged" else 0)
     assert work.store.decided() == {}
     [gossiped] = out.published
     assert gossiped == decode(Verdict, decode(Envelope, decided.sealed).body)
@@ -721,7 +748,7 @@ def test_a_decided_submission_is_not_judged_again_after_a_crash(
         assert item.verdict == decided.sealed  # byte for byte: sealed once, before the crash
         assert decode(RolloutSubmission, decode(Envelope, item.submission).body) == sub
         [credit] = ledger.contributions()
-        assert credit.rollout_digest == digest and credit.verdict_digest == sha256(item.verdict)
+        assert credit.rollout_digest == digest and status["contributions"] == 1
         assert ledger.slashes() == []
     else:
         assert status["rejected"] == 1 and status["by_reason"] == {"BAD_REWARD": 1}
