@@ -84,6 +84,10 @@ def test_flags_alone(tmp_path: Path) -> None:
         ("[liveness]\ninterval = true\n", "must be a float"),
         ("[discovery]\nearly_refresh = 3\n", "must be a list"),
         ("not toml = = \n", "cannot read"),
+        ("[work]\nrun_validators = ['0x12']\n", "run_validators must be 0x addresses"),
+        ("[work]\nrun_validators = '0x12'\n", "must be a list"),
+        ("[work]\nchallenge_window_epochs = -1\n", "challenge_window_epochs must be >= 0"),
+        ("[work]\ncredit_interval_s = 0\n", "credit_interval_s and slash_check_s > 0"),
     ],
 )
 def test_invalid_configs(tmp_path: Path, text: str, message: str) -> None:
@@ -99,3 +103,11 @@ def test_render_roundtrip(tmp_path: Path) -> None:
     again = load_config(tmp_path / "again.toml")
     assert again.identity == config.identity and again.bootstrap == config.bootstrap
     assert again.trainer == config.trainer and again.data_dir == config.data_dir
+
+
+def test_the_runs_validators_are_read_as_addresses(tmp_path: Path) -> None:
+    from node.config import run_validator_addresses
+
+    address = "0x" + "ab" * 20
+    config = load_config(write(tmp_path, TOML + f"\n[work]\nrun_validators = ['{address}']\n"))
+    assert run_validator_addresses(config.work) == (bytes.fromhex("ab" * 20),)

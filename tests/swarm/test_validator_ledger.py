@@ -19,7 +19,7 @@ from node.devnet_rl import DEVNET_CHALLENGE_WINDOW_EPOCHS, DevnetLedger, ledger_
 from node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, RunMismatch, devnet_grpo
 from node.rl.tokenizer import load_tokenizer
 from node.swarm.accepted import AcceptedStore, CreditCounts, RunCredit
-from node.swarm.common import check_run_owner, ensure_run, run_registration
+from node.swarm.common import check_run_owner, ensure_run, run_registration, wait_run_owner
 from protocol.errors import Reason
 from protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, Credit
 from tests.swarm import test_validator_work as vw
@@ -257,6 +257,36 @@ def test_a_run_owned_by_another_key_is_refused(tmp_path, setup):
         trio.run(work.commit_credits)
     with pytest.raises(RunMismatch, match="choose another run id"):
         ensure_run(ledger, TRAINER, T.register_run(RUN, (VALIDATOR,)))
+    ledger.close()
+
+
+def test_a_worker_waits_for_the_run_and_refuses_one_another_key_owns(tmp_path, setup):
+    """The worker's gate (node.swarm.worker): it waits while the run is not on the ledger, goes on once the
+    descriptor's trainer registered it, and refuses (RunMismatch) a run another key registered."""
+    ledger = SignedLog.create(tmp_path / "ledger.db", PARAMS, ledger_id="devnet")
+    for who, role in ((TRAINER, "trainer"), (OTHER_TRAINER, "trainer"), (VALIDATOR, "validator")):
+        ledger.register(who, role, T.compute())
+        ledger.deposit(who, STAKE)
+
+    async def register_later_and_wait() -> object:
+        async with trio.open_nursery() as nursery:
+            found: list[object] = []
+
+            async def wait() -> None:
+                found.append(await wait_run_owner(ledger, setup.descriptor, poll_s=0.01))
+
+            nursery.start_soon(wait)
+            await trio.sleep(0.1)
+            assert not found  # still waiting: nobody registered the run
+            ledger.register_run(TRAINER, T.register_run(RUN, (VALIDATOR,)))
+        return found[0]
+
+    info = trio.run(register_later_and_wait)
+    assert info.owner == TRAINER.address  # type: ignore[attr-defined]
+    other = replace(setup.descriptor, run="another-run")
+    ledger.register_run(OTHER_TRAINER, T.register_run("another-run", (VALIDATOR,)))
+    with pytest.raises(RunMismatch, match="not by its descriptor's trainer"):
+        trio.run(lambda: wait_run_owner(ledger, other, poll_s=0.01))
     ledger.close()
 
 
