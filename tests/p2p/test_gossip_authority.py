@@ -23,7 +23,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from crypto.identity import NodeIdentity
 from ledger.log import sign_operation
-from ledger.testing import SignedHarness, slash
+from ledger.testing import SignedHarness, register_run, slash
 from ledger.types import Params
 from node.p2p.clock import SeqCounter, wall_ms
 from node.p2p.gossip import (
@@ -376,7 +376,12 @@ def test_the_ledger_view_is_read_from_a_real_signed_log(tmp_path: Path) -> None:
     assert verdict_of(authorise, "verdicts", unstaked.address, OLD, authority) == "reject UNAUTHORISED"
     assert verdict_of(authorise, "verdicts", worker.address, OLD, authority) == "reject UNAUTHORISED"
     # a slash that ejects the worker takes it out of `registered`, into `former` for the grace period
+    owner = NodeIdentity(secrets.token_bytes(32))
+    log.register(owner, "trainer", ComputeSpec("cpu", 1, 1, 0), owner.peer_id)
+    log.deposit(owner, 10)
+    log.register_run(owner, register_run("run-1", (staked,), window=0))
     log.slash(staked, slash(worker, params.slash_gwei))
+    log.finalize_slash(staked, 0)  # a window of 0: final at once
     later = read_ledger_view(log, view, NOW + 1000)
     assert worker.address not in later.registered and later.former == {worker.address: NOW + 1000}
     assert verdict_of(authorise, "shards", worker.address, OLD, AuthorityView(ledger=later)) == (

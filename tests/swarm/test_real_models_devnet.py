@@ -4,7 +4,8 @@ JSONL of math problems graded by their last \\boxed{}, and `swarmnode devnet --m
 
 The held-out reward must rise, every cheater be slashed (the Qwen2 run has one of each kind) and no honest
 node, the ledger verify, and the relay's copy of the final checkpoint load with transformers
-`from_pretrained`. The Llama run records on a local anvil chain. Slow (about 1.5 minutes per architecture
+`from_pretrained`. Credits go through batches and slashes are finalized after the run's challenge window,
+within the run. The Llama run records on a local anvil chain, whose records the devnet audits. Slow (about 1.5 minutes per architecture
 on 2 cores).
 """
 
@@ -53,6 +54,7 @@ def check_nodes(summary: dict, cheaters: int) -> None:
         else:
             assert node["rollouts_accepted"] == 0 and node["rollouts_rejected"] > 0, name
             assert node["slashes"] > 0 and node["stake_after_gwei"] < node["stake_before_gwei"], name
+            assert node["slashes_final"] > 0, name  # taken after the run's challenge window, in the run
 
 
 def swarmnode(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -94,10 +96,12 @@ def test_a_devnet_trains_a_user_model_on_a_task_file(
     assert final > base, (base, final)
     assert summary["every_cheater_slashed"] is True and summary["honest_slashed"] == []
     assert summary["ledger"]["kind"] == ledger
+    assert summary["ledger"]["batches"] > 0 and summary["ledger"]["credits"] >= summary["ledger"]["batches"]
+    assert summary["ledger"]["slashes_by_status"].get("voided", 0) == 0
+    assert summary["ledger"]["verified"] is True  # signed: the log's audit; evm: the chain's records
     check_nodes(summary, cheaters)
     assert (tmp_path / "run" / "devnet.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if ledger == "signed":  # the chain stops with the devnet; a signed log is audited again from the file
-        assert summary["ledger"]["verified"] is True
         log = f"signed:{tmp_path / 'run' / 'ledger.db'}"
         verify = swarmnode("ledger", "verify", "--ledger", log, timeout=120)
         assert verify.returncode == 0, verify.stdout + verify.stderr
