@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crypto.hashing import keccak256
+from ledger.types import BatchRecord
 from protocol.ledger_messages import Credit
 
 MAX_PROOF_DEPTH = 16  # 2^16 leaves, far above MAX_CREDITS_PER_BATCH; the contract's loop bound
@@ -105,6 +106,24 @@ class CreditProof:
 
     def verify(self) -> bool:
         return root_from_path(credit_leaf(self.credit), self.leaf_index, self.count, self.path) == self.root
+
+
+def credit_proof(contribution: int, batch: BatchRecord, credits: Sequence[Credit]) -> CreditProof:
+    """The proof that contribution `contribution` is in `batch`, whose leaves are `credits` (in order)."""
+    leaf_index = contribution - batch.first_contribution
+    if not 0 <= leaf_index < len(credits):
+        raise IndexError(f"contribution {contribution} is not in batch {batch.index}")
+    return CreditProof(
+        contribution=contribution,
+        batch=batch.index,
+        run=batch.run,
+        validator=batch.validator,
+        leaf_index=leaf_index,
+        count=batch.count,
+        credit=credits[leaf_index],
+        path=credit_path([credit_leaf(c) for c in credits], leaf_index),
+        root=batch.root,
+    )
 
 
 def run_key(run: str) -> bytes:

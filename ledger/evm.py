@@ -36,7 +36,7 @@ from ledger.batches import (
     MAX_PROOF_DEPTH,
     CreditProof,
     credit_leaf,
-    credit_path,
+    credit_proof,
     credit_slot,
     credits_root,
     run_key,
@@ -719,18 +719,7 @@ class EvmLedger:
             raise IndexError(f"no contribution {contribution} (the ledger holds {count})")
         batch = next(b for b in reversed(self._all_batches()) if b.first_contribution <= contribution)
         credits = self.batch_credits(batch.index)
-        leaf_index = contribution - batch.first_contribution
-        return CreditProof(
-            contribution=contribution,
-            batch=batch.index,
-            run=batch.run,
-            validator=batch.validator,
-            leaf_index=leaf_index,
-            count=batch.count,
-            credit=credits[leaf_index],
-            path=credit_path([credit_leaf(c) for c in credits], leaf_index),
-            root=batch.root,
-        )
+        return credit_proof(contribution, batch, credits)
 
     def check_credit_proof(self, proof: CreditProof) -> bool:
         """The contract's `verify_credit` accepts the path, and the proof names that batch's root, run,

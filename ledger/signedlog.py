@@ -20,7 +20,7 @@ from pathlib import Path
 from crypto.hashing import sha256
 from crypto.identity import NodeIdentity
 from crypto.merkle import inclusion_proof, is_included, merkle_root
-from ledger.batches import CreditProof, credit_leaf, credit_path
+from ledger.batches import CreditProof, credit_proof
 from ledger.errors import BackendError, CorruptLog, LedgerError, MalformedOperation, TruncatedLog
 from ledger.log import (
     AppliedEntry,
@@ -405,18 +405,7 @@ class SignedLog:
         batch = ledger.batches[record.batch]
         members = ledger.contributions[batch.first_contribution : batch.first_contribution + batch.count]
         credits = [Credit(r.worker, r.step, r.tokens, r.flops, r.rollout_digest) for r in members]
-        leaf_index = contribution - batch.first_contribution
-        return CreditProof(
-            contribution=contribution,
-            batch=batch.index,
-            run=batch.run,
-            validator=batch.validator,
-            leaf_index=leaf_index,
-            count=batch.count,
-            credit=credits[leaf_index],
-            path=credit_path([credit_leaf(c) for c in credits], leaf_index),
-            root=batch.root,
-        )
+        return credit_proof(contribution, batch, credits)
 
     def check_credit_proof(self, proof: CreditProof) -> bool:
         """The proof verifies and names a batch of this log with that root, run and validator."""
