@@ -55,7 +55,7 @@ from node.rl.tasks import Task
 from node.rl.trainer import GrpoTrainer, OptimizerParams
 from node.roles.base import RoleNet, RoleService
 from node.roles.trainer import MANIFEST, Trainer
-from node.swarm.common import RunMismatch
+from node.swarm.common import CHALLENGE_WINDOW_EPOCHS, RunMismatch
 from node.swarm.inbox import InboxEntry, RolloutInbox
 from node.swarm.trainer import (
     SwarmTrainerWork,
@@ -150,9 +150,19 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         ledger: Ledger | None = None,
         settings: TrainerSettings | None = None,
         bounds: TrainerBounds | None = None,
+        run_validators: Sequence[bytes] = (),
+        challenge_window_epochs: int = CHALLENGE_WINDOW_EPOCHS,
     ) -> None:
         super().__init__(
-            config, identity, model_dir=model_dir, tasks=tasks, optim=optim, ledger=ledger, bounds=bounds
+            config,
+            identity,
+            model_dir=model_dir,
+            tasks=tasks,
+            optim=optim,
+            ledger=ledger,
+            bounds=bounds,
+            run_validators=run_validators,
+            challenge_window_epochs=challenge_window_epochs,
         )
         work = config.work
         self.lead = bytes.fromhex(work.diloco_lead.removeprefix("0x"))
