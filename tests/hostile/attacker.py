@@ -913,6 +913,9 @@ async def newest_weights(ctx: Context) -> tuple[int, bytes]:
     return manifest.version, manifest.merkle_root
 
 
+STAKED_SEND_ATTEMPTS = 4
+
+
 async def send_staked(ctx: Context, attack: str, identity: NodeIdentity, sealed: Sequence[tuple[str, bytes]],
                       validators: Sequence[NodeInfo]) -> list[int | None]:
     """Send each (label, envelope) to a validator, in turn; counts acks by label and status, returns them."""
@@ -922,12 +925,18 @@ async def send_staked(ctx: Context, attack: str, identity: NodeIdentity, sealed:
             node = validators[i % len(validators)]
             digests = ctx.report.facts.setdefault(attack, {}).setdefault("digests", {})
             digests.setdefault(label, []).append(envelope_digest(envelope).hex())
-            try:
-                peer = await dial(host, node)
-                ack = await submit(host, peer, envelope, ctx.swarm.run)
-            except transport_errors() as exc:
-                ctx.report.count(attack, f"{label}_transport_error")
-                ctx.report.error(attack, exc)
+            ack = None
+            for attempt in range(STAKED_SEND_ATTEMPTS):  # the victim may be busy with the floods: retry
+                try:
+                    peer = await dial(host, node)
+                    ack = await submit(host, peer, envelope, ctx.swarm.run)
+                    break
+                except transport_errors() as exc:
+                    ctx.report.count(attack, f"{label}_transport_error")
+                    ctx.report.error(attack, exc)
+                    if attempt + 1 < STAKED_SEND_ATTEMPTS:
+                        await trio.sleep(1.0 + attempt)
+            else:
                 statuses.append(None)
                 continue
             statuses.append(ack.status if ack is not None else None)
