@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crypto.hashing import keccak256
-from ledger.types import BatchRecord
+from ledger.types import BatchRecord, ContributionRecord
 from protocol.ledger_messages import Credit
 
 MAX_PROOF_DEPTH = 16  # 2^16 leaves, far above MAX_CREDITS_PER_BATCH; the contract's loop bound
@@ -106,6 +106,30 @@ class CreditProof:
 
     def verify(self) -> bool:
         return root_from_path(credit_leaf(self.credit), self.leaf_index, self.count, self.path) == self.root
+
+
+def batch_contributions(batch: BatchRecord, credits: Sequence[Credit]) -> list[ContributionRecord]:
+    """The contribution records a batch's credits become, numbered from its first contribution."""
+    return [
+        ContributionRecord(
+            index=batch.first_contribution + offset,
+            run=batch.run,
+            step=c.step,
+            worker=c.worker,
+            validator=batch.validator,
+            tokens=c.tokens,
+            flops=c.flops,
+            rollout_digest=c.rollout_digest,
+            batch=batch.index,
+            epoch=batch.epoch,
+        )
+        for offset, c in enumerate(credits)
+    ]
+
+
+def credits_of(records: Sequence[ContributionRecord]) -> list[Credit]:
+    """The credits (the batch's leaves) that contribution records were made from."""
+    return [Credit(r.worker, r.step, r.tokens, r.flops, r.rollout_digest) for r in records]
 
 
 def credit_proof(contribution: int, batch: BatchRecord, credits: Sequence[Credit]) -> CreditProof:

@@ -35,6 +35,7 @@ from ledger.artifact import load_artifact
 from ledger.batches import (
     MAX_PROOF_DEPTH,
     CreditProof,
+    batch_contributions,
     credit_leaf,
     credit_proof,
     credit_slot,
@@ -675,24 +676,11 @@ class EvmLedger:
         return credits
 
     def _all_contributions(self, batches: list[BatchRecord] | None = None) -> list[ContributionRecord]:
-        records: list[ContributionRecord] = []
-        for batch in self._all_batches() if batches is None else batches:
-            for offset, c in enumerate(self.batch_credits(batch.index)):
-                records.append(
-                    ContributionRecord(
-                        index=batch.first_contribution + offset,
-                        run=batch.run,
-                        step=c.step,
-                        worker=c.worker,
-                        validator=batch.validator,
-                        tokens=c.tokens,
-                        flops=c.flops,
-                        rollout_digest=c.rollout_digest,
-                        batch=batch.index,
-                        epoch=batch.epoch,
-                    )
-                )
-        return records
+        return [
+            record
+            for batch in (self._all_batches() if batches is None else batches)
+            for record in batch_contributions(batch, self.batch_credits(batch.index))
+        ]
 
     def contributions(self, node: bytes | None = None, run: str | None = None) -> list[ContributionRecord]:
         return filter_contributions(self._all_contributions(), node, run)

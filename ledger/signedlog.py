@@ -20,7 +20,7 @@ from pathlib import Path
 from crypto.hashing import sha256
 from crypto.identity import NodeIdentity
 from crypto.merkle import inclusion_proof, is_included, merkle_root
-from ledger.batches import CreditProof, credit_proof
+from ledger.batches import CreditProof, credit_proof, credits_of
 from ledger.errors import BackendError, CorruptLog, LedgerError, MalformedOperation, TruncatedLog
 from ledger.log import (
     AppliedEntry,
@@ -66,7 +66,6 @@ from protocol.errors import Reject
 from protocol.ledger_messages import (
     CommitCredits,
     ComputeSpec,
-    Credit,
     FinalizeSlash,
     LedgerGenesis,
     RegisterNode,
@@ -404,8 +403,7 @@ class SignedLog:
         record = ledger.contributions[contribution]
         batch = ledger.batches[record.batch]
         members = ledger.contributions[batch.first_contribution : batch.first_contribution + batch.count]
-        credits = [Credit(r.worker, r.step, r.tokens, r.flops, r.rollout_digest) for r in members]
-        return credit_proof(contribution, batch, credits)
+        return credit_proof(contribution, batch, credits_of(members))
 
     def check_credit_proof(self, proof: CreditProof) -> bool:
         """The proof verifies and names a batch of this log with that root, run and validator."""

@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass, field, replace
 
 from crypto.identity import address_of_peer_id_text
-from ledger.batches import credit_leaf, credits_root
+from ledger.batches import batch_contributions, credit_leaf, credits_root
 from ledger.errors import (
     AlreadyRegistered,
     AlreadyVoted,
@@ -386,30 +386,11 @@ def process_commit(state: LedgerState, author: bytes, op: CommitCredits, epoch: 
         epoch=epoch,
     )
     state.batches.append(batch)
-    for credit in op.credits:
-        state.contributions.append(
-            ContributionRecord(
-                index=len(state.contributions),
-                run=op.run,
-                step=credit.step,
-                worker=credit.worker,
-                validator=author,
-                tokens=credit.tokens,
-                flops=credit.flops,
-                rollout_digest=credit.rollout_digest,
-                batch=batch.index,
-                epoch=epoch,
-            )
-        )
+    records = batch_contributions(batch, op.credits)
+    state.contributions.extend(records)
+    for credit, record in zip(op.credits, records, strict=True):
         state.assignments.add(assignment_of(op.run, credit))
-        key = (op.run, credit.worker)
-        total = state.totals.get(key, WorkerTotal(op.run, credit.worker, 0, 0, 0))
-        state.totals[key] = replace(
-            total,
-            credits=total.credits + 1,
-            tokens=total.tokens + credit.tokens,
-            flops=total.flops + credit.flops,
-        )
+        add_to_totals(state.totals, record)
     state.epoch = epoch
     return batch
 
@@ -608,12 +589,18 @@ def worker_totals(records: list[ContributionRecord], run: str | None = None) -> 
     """Per (run, worker) sums of credited contributions, in order of each pair's first credit."""
     totals: dict[tuple[str, bytes], WorkerTotal] = {}
     for r in records:
-        if run is not None and r.run != run:
-            continue
-        key = (r.run, r.worker)
-        t = totals.get(key, WorkerTotal(r.run, r.worker, 0, 0, 0))
-        totals[key] = replace(t, credits=t.credits + 1, tokens=t.tokens + r.tokens, flops=t.flops + r.flops)
+        if run is None or r.run == run:
+            add_to_totals(totals, r)
     return list(totals.values())
+
+
+def add_to_totals(totals: dict[tuple[str, bytes], WorkerTotal], record: ContributionRecord) -> None:
+    """Count one credited contribution in its (run, worker) total (created at the pair's first credit)."""
+    key = (record.run, record.worker)
+    t = totals.get(key, WorkerTotal(record.run, record.worker, 0, 0, 0))
+    totals[key] = replace(
+        t, credits=t.credits + 1, tokens=t.tokens + record.tokens, flops=t.flops + record.flops
+    )
 
 
 def snapshot(state: LedgerState, epoch: int) -> Snapshot:
