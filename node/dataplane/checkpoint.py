@@ -147,40 +147,60 @@ def plan_shards(
 # --- model layout (a Hugging Face folder) ----------------------------------------------------------
 
 
-def pack_whole_tensors(state_dict: Mapping[str, torch.Tensor], shard_size: int) -> list[ShardPlan]:
-    """Greedy packing in state-dict order, whole tensors; one larger than `shard_size` sits alone.
+@dataclass(frozen=True)
+class WeightsFile:
+    """One weights file of a model folder: its name, the tensors it holds in order, their bytes."""
 
-    A tensor that does not fit closes the shard being filled; an oversized one then takes a shard of its
-    own, so reading the shards in order gives the tensors in state-dict order. Names follow the count.
+    name: str
+    tensors: tuple[str, ...]
+    nbytes: int
+
+
+def weights_file_name(index: int, count: int) -> str:
+    return WEIGHTS_FILE if count == 1 else f"model-{index + 1:05d}-of-{count:05d}{TENSOR_SUFFIX}"
+
+
+def pack_weights(sizes: Sequence[tuple[str, int]], shard_size: int) -> list[WeightsFile]:
+    """Greedy packing of (tensor name, bytes) in order, whole tensors; an oversized one sits alone.
+
+    A tensor that does not fit closes the file being filled; an oversized one then takes a file of its
+    own, so reading the files in order gives the tensors in state-dict order. Names follow the count.
+    Pure over sizes, so a sharded trainer plans the same files as one process without gathering anything.
     """
     if shard_size < 1:
         raise ValueError("shard_size must be positive")
-    seen: set[int] = set()
-    plans: list[ShardPlan] = []
-    current = ShardPlan("")
-    for name, tensor in state_dict.items():
-        t = _own_tensor(tensor, seen)
-        if current.tensors and current.nbytes + t.nbytes > shard_size:
-            plans.append(current)
-            current = ShardPlan("")
-        current.tensors[name] = t
-        current.nbytes += t.nbytes
-    if current.tensors:
-        plans.append(current)
-    if not plans:
+    groups: list[list[tuple[str, int]]] = []
+    current: list[tuple[str, int]] = []
+    filled = 0
+    for name, nbytes in sizes:
+        if current and filled + nbytes > shard_size:
+            groups.append(current)
+            current, filled = [], 0
+        current.append((name, nbytes))
+        filled += nbytes
+    if current:
+        groups.append(current)
+    if not groups:
         raise ValueError("a model checkpoint needs at least one tensor")
-    for i, plan in enumerate(plans):
-        plan.name = (
-            WEIGHTS_FILE if len(plans) == 1 else f"model-{i + 1:05d}-of-{len(plans):05d}{TENSOR_SUFFIX}"
-        )
-    return plans
+    return [
+        WeightsFile(weights_file_name(i, len(groups)), tuple(n for n, _ in g), sum(b for _, b in g))
+        for i, g in enumerate(groups)
+    ]
 
 
-def weights_index(plans: Sequence[ShardPlan]) -> bytes:
+def pack_whole_tensors(state_dict: Mapping[str, torch.Tensor], shard_size: int) -> list[ShardPlan]:
+    """`pack_weights` over a state dict's tensors, holding the tensors themselves."""
+    seen: set[int] = set()
+    owned = {name: _own_tensor(tensor, seen) for name, tensor in state_dict.items()}
+    layout = pack_weights([(name, t.nbytes) for name, t in owned.items()], shard_size)
+    return [ShardPlan(f.name, {n: owned[n] for n in f.tensors}, nbytes=f.nbytes) for f in layout]
+
+
+def weights_index(files: Sequence[WeightsFile] | Sequence[ShardPlan]) -> bytes:
     """`model.safetensors.index.json` for several weights shards, formatted as transformers writes it."""
     index = {
-        "metadata": {"total_size": sum(p.nbytes for p in plans)},
-        "weight_map": {name: plan.name for plan in plans for name in plan.tensors},
+        "metadata": {"total_size": sum(f.nbytes for f in files)},
+        "weight_map": {name: f.name for f in files for name in f.tensors},
     }
     return (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
 
@@ -198,6 +218,17 @@ def check_model_files(files: Mapping[str, bytes]) -> None:
             raise ValueError(f"{name!r} has {len(data)} bytes, outside [1, {MAX_SHARD_SIZE}]")
 
 
+def model_extra_files(weights: Sequence[WeightsFile], files: Mapping[str, bytes] | None) -> list[FilePlan]:
+    """The files of a model folder besides the weights: `files` as given, and the index when there are
+    several weights files."""
+    files = files or {}
+    check_model_files(files)
+    extras = [FilePlan(n, d) for n, d in files.items()]
+    if len(weights) > 1:
+        extras.append(FilePlan(WEIGHTS_INDEX_FILE, weights_index(weights)))
+    return extras
+
+
 def plan_model_files(
     state_dict: Mapping[str, torch.Tensor],
     shard_size: int = DEFAULT_SHARD_SIZE,
@@ -207,12 +238,10 @@ def plan_model_files(
 
     `files` are config.json, generation_config.json and the tokenizer files, published byte for byte.
     """
-    files = files or {}
-    check_model_files(files)
+    check_model_files(files or {})
     weights = pack_whole_tensors(state_dict, shard_size)
-    planned: list[PlannedFile] = [*weights, *(FilePlan(n, d) for n, d in files.items())]
-    if len(weights) > 1:
-        planned.append(FilePlan(WEIGHTS_INDEX_FILE, weights_index(weights)))
+    layout = [WeightsFile(w.name, tuple(w.tensors), w.nbytes) for w in weights]
+    planned: list[PlannedFile] = [*weights, *model_extra_files(layout, files)]
     return sorted(planned, key=lambda p: p.name)
 
 

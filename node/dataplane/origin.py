@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from node.dataplane.checkpoint import (
 from node.dataplane.follower import wall_ms
 from node.dataplane.store import ShardStore
 from protocol.envelope import seal
-from protocol.messages import CheckpointManifest
+from protocol.messages import CheckpointManifest, ShardInfo
 from protocol.shards import DEFAULT_SHARD_SIZE, versions_to_prune
 
 
@@ -121,6 +121,32 @@ class Origin:
             infos.append(await trio.to_thread.run_sync(shard_info, plan.name, data))
             await trio.to_thread.run_sync(self.store.write_shard, version, plan.name, data)
             del data
+        return await self.publish_written(
+            version=version, parent_version=parent_version, model_config_hash=model_config_hash, shards=infos
+        )
+
+    async def publish_written(
+        self,
+        *,
+        version: int,
+        parent_version: int,
+        model_config_hash: bytes,
+        shards: Sequence[ShardInfo],
+    ) -> tuple[CheckpointManifest, bytes]:
+        """Sign and list version `version` whose files are already in its partial directory.
+
+        The second half of `publish`, and the whole of it for a sharded trainer whose ranks each wrote
+        the files they own (`store.write_shard`) and reported their `ShardInfo`s: the manifest lists
+        `shards` in name order, and nothing is announced unless every listed file is on disk.
+        """
+        latest = self.catalog.latest_version
+        if latest is not None and version <= latest:
+            raise ValueError(f"version {version} is not newer than the published {latest}")
+        infos = sorted(shards, key=lambda s: s.name)
+        partial = self.store.partial_dir(version)
+        missing = [s.name for s in infos if not (partial / s.name).is_file()]
+        if missing:
+            raise ValueError(f"version {version} lists files nobody wrote: {missing[:3]}")
         manifest = build_manifest(
             run=self.seal.run,
             version=version,
