@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from node.rl.engine import TransformersEngine
-from node.rl.grpo import grpo_loss, has_signal
+from node.rl.grpo import GrpoLoss, grpo_loss, has_signal
 from node.rl.model import save_weights, state_dict_of
 from node.rl.rollouts import unpack_logprobs
 from protocol.messages import GrpoParams, RolloutGroup
@@ -73,6 +73,63 @@ def signal_groups(groups: Sequence[RolloutGroup]) -> list[RolloutGroup]:
     return [g for g in groups if has_signal(torch.tensor([c.reward for c in g.completions]))]
 
 
+def mean_reward(groups: Sequence[RolloutGroup]) -> float:
+    rewards = [c.reward for g in groups for c in g.completions]
+    return sum(rewards) / max(len(rewards), 1)
+
+
+@dataclass(frozen=True)
+class CompletionBatch:
+    """A step's completions flattened: what the loss needs besides the fresh logprobs.
+
+    `claimed` are the sampler's logprobs (validator-checked), the loss's old policy.
+    """
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    claimed: list[torch.Tensor]
+    advantages: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def select(self, indices: Sequence[int]) -> CompletionBatch:
+        """The completions at `indices` (a rank's share of the batch)."""
+        return CompletionBatch(
+            [self.prompts[i] for i in indices],
+            [self.completions[i] for i in indices],
+            [self.claimed[i] for i in indices],
+            self.advantages[list(indices)],
+        )
+
+
+def completion_batch(groups: Sequence[RolloutGroup]) -> CompletionBatch:
+    return CompletionBatch(
+        [list(g.prompt_ids) for g in groups for _ in g.completions],
+        [list(c.token_ids) for g in groups for c in g.completions],
+        [unpack_logprobs(c.logprobs) for g in groups for c in g.completions],
+        torch.tensor([c.advantage for g in groups for c in g.completions]),
+    )
+
+
+def batch_loss(
+    current: torch.Tensor, mask: torch.Tensor, batch: CompletionBatch, grpo: GrpoParams
+) -> GrpoLoss:
+    """The GRPO loss of `batch` given its fresh logprobs (B, T) with grad, right-padded under `mask`."""
+    old = torch.zeros_like(current)
+    for i, claimed in enumerate(batch.claimed):
+        old[i, : claimed.numel()] = claimed.to(old.device)
+    return grpo_loss(
+        current,
+        old,
+        batch.advantages.to(current.device),
+        mask,
+        clip_epsilon=grpo.clip_epsilon,
+        clip_delta=grpo.clip_delta,
+        token_budget=grpo.token_budget,
+    )
+
+
 class GrpoTrainer:
     """Owns the policy weights and the optimizer; one `step` per batch of accepted groups."""
 
@@ -97,30 +154,16 @@ class GrpoTrainer:
 
     def step(self, groups: Sequence[RolloutGroup]) -> StepStats:
         used = signal_groups(groups)
-        rewards = [c.reward for g in groups for c in g.completions]
-        mean_reward = sum(rewards) / max(len(rewards), 1)
+        reward = mean_reward(groups)
         self.step_count += 1
         if not used:
-            return StepStats(self.step_count, 0, len(groups), 0, 0.0, 0.0, 0.0, mean_reward)
-        prompts = [list(g.prompt_ids) for g in used for _ in g.completions]
-        completions = [list(c.token_ids) for g in used for c in g.completions]
+            return StepStats(self.step_count, 0, len(groups), 0, 0.0, 0.0, 0.0, reward)
+        batch = completion_batch(used)
         model = self.engine.model
         model.train()
-        current = self.engine.logprobs(prompts, completions, temperature=self.grpo.temperature, grad=True)
-        old = torch.zeros_like(current.values)
-        for i, c in enumerate(c for g in used for c in g.completions):
-            claimed = unpack_logprobs(c.logprobs)
-            old[i, : claimed.numel()] = claimed
-        advantages = torch.tensor([c.advantage for g in used for c in g.completions])
-        out = grpo_loss(
-            current.values,
-            old,
-            advantages,
-            current.mask,
-            clip_epsilon=self.grpo.clip_epsilon,
-            clip_delta=self.grpo.clip_delta,
-            token_budget=self.grpo.token_budget,
-        )
+        temperature = self.grpo.temperature
+        current = self.engine.logprobs(batch.prompts, batch.completions, temperature=temperature, grad=True)
+        out = batch_loss(current.values, current.mask, batch, self.grpo)
         self.optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.grpo.max_grad_norm))
@@ -136,7 +179,7 @@ class GrpoTrainer:
             float(out.loss.item()),
             grad_norm,
             out.clipped_fraction,
-            mean_reward,
+            reward,
         )
 
     # --- persistence ------------------------------------------------------------------------------
