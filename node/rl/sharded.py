@@ -1,0 +1,548 @@
+"""The trainer as a process group: FSDP2 over torch.distributed, rank 0 the node's only face.
+
+A run whose model and AdamW state outgrow one device trains on N ranks (`swarmnode run --role trainer
+--nproc N`, or under `torchrun` across hosts). Rank 0 is the node: its libp2p host, HTTP origin and ledger
+access, its inbox of accepted rollouts. It hands each command to every rank (`broadcast_bytes`: msgpack,
+never pickle) and runs the command itself; the other ranks only run `serve_rank`'s loop.
+
+- The model is sharded with FSDP2 (`fully_shard` per decoder layer, then the root) and so is its AdamW
+  state: each rank holds 1/N of both. On GPUs parameters compute in bf16 and gradients reduce in fp32
+  (`MixedPrecisionPolicy`); on the CPU (gloo) everything stays fp32, so N ranks and one process agree
+  within fp32 rounding.
+- A step's completions are dealt round-robin to the ranks. Each rank's loss is its tokens' share of the
+  sum over the token budget, times N, because FSDP averages gradients over ranks: the averaged gradient is
+  then the one-process gradient.
+- Resume state is torch.distributed.checkpoint (DCP), sharded: `step-NNNNNN.dcp/` beside the same JSON
+  record one process writes (written last, so a record names only complete state).
+- A published checkpoint is written without a full gather on any rank: every rank plans the same weights
+  files from the parameters' global shapes (`pack_weights`), the files are dealt to ranks by size
+  (`assign_files`), each tensor is all-gathered once and kept only by its file's owner, which writes and
+  hashes its files; rank 0 writes the config and tokenizer files and collects the `ShardInfo`s. The ranks
+  must share the filesystem of the store (one host, or a shared mount).
+- A rank that dies breaks the group's next collective; the launcher (torchrun's elastic agent) then ends
+  every rank and restarts the group, which resumes from the last saved step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from node.dataplane.checkpoint import (
+    ShardPlan,
+    WeightsFile,
+    model_extra_files,
+    pack_weights,
+    shard_info,
+)
+from node.dataplane.store import ShardStore
+from node.rl.model import ModelInfo, load_model
+from node.rl.sampling import token_logprobs
+from node.rl.tokenizer import load_tokenizer
+from node.rl.trainer import (
+    OptimizerParams,
+    StepStats,
+    batch_loss,
+    completion_batch,
+    mean_reward,
+    signal_groups,
+)
+from protocol.codec import decode, encode
+from protocol.messages import GrpoParams, RolloutGroup, ShardInfo
+
+RANK_ENV = "RANK"
+WORLD_ENV = "WORLD_SIZE"
+LOCAL_RANK_ENV = "LOCAL_RANK"
+DCP_SUFFIX = ".dcp"
+
+
+# --- the group -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_lead(self) -> bool:
+        return self.rank == 0
+
+
+def launched_rank() -> int | None:
+    """This process's rank when a launcher started it as one of several, else None."""
+    if int(os.environ.get(WORLD_ENV, "1")) <= 1:
+        return None
+    return int(os.environ.get(RANK_ENV, "0"))
+
+
+def join_group() -> GroupInfo:
+    """Join the process group the launcher described in the environment; NCCL on GPUs, gloo on CPUs."""
+    if not dist.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get(LOCAL_RANK_ENV, "0")))
+        dist.init_process_group("nccl" if cuda else "gloo")
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    return GroupInfo(dist.get_rank(), dist.get_world_size(), device)
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- bytes between ranks (no pickle) ---------------------------------------------------------------
+
+
+def broadcast_bytes(data: bytes | None, device: torch.device, src: int = 0) -> bytes:
+    """`data` from rank `src` on every rank (the others pass None)."""
+    size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64, device=device)
+    dist.broadcast(size, src)
+    if dist.get_rank() == src:
+        assert data is not None
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device) if data else None
+    else:
+        buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    if buffer is None or buffer.numel() == 0:
+        return data or b""
+    dist.broadcast(buffer, src)
+    return bytes(buffer.cpu().numpy()) if dist.get_rank() != src else data or b""
+
+
+def all_gather_bytes(data: bytes, device: torch.device) -> list[bytes]:
+    """Every rank's `data`, in rank order, on every rank."""
+    world = dist.get_world_size()
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    if longest == 0:
+        return [b""] * world
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    if data:
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return [bytes(p[: int(s.item())].cpu().numpy()) for p, s in zip(parts, sizes, strict=True)]
+
+
+# --- pure rules ------------------------------------------------------------------------------------
+
+
+def rank_share(count: int, rank: int, world: int) -> list[int]:
+    """The indices of a step's `count` completions that `rank` computes: dealt round-robin."""
+    return list(range(rank, count, world))
+
+
+def assign_files(files: Sequence[WeightsFile], world: int) -> list[int]:
+    """The rank that writes each weights file: largest first to the least-loaded rank (ties: lower rank),
+    so every rank writes about 1/N of the bytes and every rank computes the same assignment."""
+    load = [0] * world
+    owner = [0] * len(files)
+    for index in sorted(range(len(files)), key=lambda i: (-files[i].nbytes, i)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owner[index] = rank
+        load[rank] += files[index].nbytes
+    return owner
+
+
+def dcp_dir(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:06d}{DCP_SUFFIX}"
+
+
+def newest_sharded_step(directory: Path) -> dict[str, Any] | None:
+    """The newest JSON record of a complete sharded save in `directory`, or None."""
+    for record_path in sorted(directory.glob("step-*.json"), reverse=True):
+        try:
+            record = json.loads(record_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("format") == "dcp" and (directory / record["state"]).is_dir():
+            return dict(record)
+    return None
+
+
+# --- the model on one rank -------------------------------------------------------------------------
+
+
+def shard_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """FSDP2 over `model` in place: each decoder layer its own unit, the rest (embeddings, norm, head)
+    the root's. bf16 compute with fp32 reduction on GPUs; fp32 throughout on the CPU."""
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if device.type == "cuda"
+        else MixedPrecisionPolicy()
+    )
+    model.to(device)
+    for layer in model.model.layers:  # type: ignore[union-attr]  # every supported architecture has them
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    pad_id: int,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token logprobs (B, T) of `completions` with grad, and their mask.
+
+    Through the model's own forward (so FSDP's hooks gather each unit), then the rows at the generated
+    positions; `TransformersEngine.logprobs` computes the same numbers from the hidden rows.
+    """
+    seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
+    longest = max(len(s) for s in seqs)
+    t_max = max(1, max(len(c) for c in completions))
+    ids = torch.full((len(seqs), longest), pad_id, dtype=torch.int64)
+    index = torch.zeros((len(seqs), t_max), dtype=torch.int64)
+    targets = torch.full((len(seqs), t_max), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(seqs), t_max), dtype=torch.bool)
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        ids[i, : len(seqs[i])] = torch.tensor(seqs[i])
+        index[i, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
+        targets[i, : len(c)] = torch.tensor(list(c), dtype=torch.int64)
+        mask[i, : len(c)] = True
+    logits = model(input_ids=ids.to(device), use_cache=False).logits.float()
+    index = index.to(device)
+    rows = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
+    mask = mask.to(device)
+    values = token_logprobs(rows, targets.to(device), temperature)
+    return values * mask, mask
+
+
+class ShardedPolicy:
+    """One rank's part of the trainer: its shard of the weights and of the AdamW state."""
+
+    def __init__(
+        self,
+        group: GroupInfo,
+        model: torch.nn.Module,
+        info: ModelInfo,
+        grpo: GrpoParams,
+        optim: OptimizerParams,
+        step: int = 0,
+    ) -> None:
+        self.group = group
+        self.model = shard_model(model, group.device)
+        self.info = info
+        self.grpo = grpo
+        self.optim = optim
+        self.step_count = step
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=grpo.learning_rate,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+
+    @classmethod
+    def open(
+        cls, group: GroupInfo, model_dir: Path, grpo: GrpoParams, optim: OptimizerParams
+    ) -> ShardedPolicy:
+        _, info = load_tokenizer(model_dir)
+        return cls(group, load_model(model_dir), info, grpo, optim)
+
+    def local_bytes(self) -> int:
+        """Bytes of this rank's parameter and optimizer-state shards (what FSDP divides by N)."""
+        total = 0
+        for p in self.model.parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            total += local.numel() * local.element_size()
+        for slots in self.optimizer.state.values():
+            for value in slots.values():
+                if isinstance(value, torch.Tensor):
+                    local = value.to_local() if isinstance(value, DTensor) else value
+                    total += local.numel() * local.element_size()
+        return total
+
+    # --- the step ----------------------------------------------------------------------------------
+
+    def step(self, groups: Sequence[RolloutGroup]) -> StepStats:
+        """The GRPO step on this rank's share of the batch; collective (every rank calls it together)."""
+        used = signal_groups(groups)
+        reward = mean_reward(groups)
+        self.step_count += 1
+        if not used:
+            return StepStats(self.step_count, 0, len(groups), 0, 0.0, 0.0, 0.0, reward)
+        batch = completion_batch(used)
+        share = rank_share(len(batch), self.group.rank, self.group.world_size)
+        # A rank without a completion still runs the forward and backward (FSDP's collectives need every
+        # rank): on the first completion, weighted zero.
+        mine = batch.select(share or [0])
+        weight = float(self.group.world_size) if share else 0.0
+        self.model.train()
+        values, mask = completion_logprobs(
+            self.model, self.info.pad_token_id, mine.prompts, mine.completions, self.grpo.temperature,
+            self.group.device,
+        )
+        out = batch_loss(values, mask, mine, self.grpo)
+        self.optimizer.zero_grad(set_to_none=True)
+        (out.loss * weight).backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grpo.max_grad_norm)
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.optim.lr_at(self.grpo.learning_rate, self.step_count)
+        self.optimizer.step()
+        self.model.eval()
+        return self._gathered_stats(out_stats(out, bool(share)), len(used), len(groups), grad_norm, reward)
+
+    def _gathered_stats(
+        self, local: list[float], used: int, groups: int, grad_norm: float, reward: float
+    ) -> StepStats:
+        """The whole step's loss, tokens and clipped fraction from every rank's share."""
+        totals = torch.tensor(local, dtype=torch.float64, device=self.group.device)
+        dist.all_reduce(totals)
+        loss, tokens, clipped = (float(v) for v in totals.tolist())
+        return StepStats(
+            self.step_count, used, groups - used, int(tokens), loss, grad_norm, clipped / max(tokens, 1.0),
+            reward,
+        )
+
+    # --- resume state (DCP) ------------------------------------------------------------------------
+
+    def save_state(self, directory: Path) -> Path:
+        """Write this step's sharded model and optimizer state; every rank calls it together."""
+        target = dcp_dir(directory, self.step_count)
+        staging = target.with_name(target.name + ".tmp")
+        if self.group.is_lead:
+            directory.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)
+        dist.barrier()
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(staging))
+        dist.barrier()
+        if self.group.is_lead:
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(staging, target)
+        dist.barrier()
+        return target
+
+    def load_state(self, directory: Path, step: int) -> None:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(dcp_dir(directory, step)))
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        self.step_count = step
+
+    # --- a published checkpoint, written by every rank ---------------------------------------------
+
+    def write_model(self, partial_dir: Path, shard_size: int, files: Mapping[str, bytes]) -> list[ShardInfo]:
+        """Write this rank's weights files of a model folder into `partial_dir`; every rank calls it.
+
+        Returns the `ShardInfo`s this rank wrote (rank 0 also writes `files` and the weights index).
+        """
+        state = self.model.state_dict()
+        sizes = [(name, t.numel() * t.element_size()) for name, t in state.items()]
+        layout = pack_weights(sizes, shard_size)
+        owners = assign_files(layout, self.group.world_size)
+        partial_dir.mkdir(parents=True, exist_ok=True)
+        infos = []
+        for weights, owner in zip(layout, owners, strict=True):
+            tensors = {}
+            for name in weights.tensors:
+                tensor = state[name]
+                full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+                if owner == self.group.rank:
+                    tensors[name] = full.detach().to("cpu").contiguous().clone()
+                del full
+            if owner == self.group.rank:
+                data = ShardPlan(weights.name, tensors, nbytes=weights.nbytes).serialize()
+                infos.append(_write(partial_dir, weights.name, data))
+        if self.group.is_lead:
+            for extra in model_extra_files(layout, files):
+                infos.append(_write(partial_dir, extra.name, extra.data))
+        return infos
+
+
+def out_stats(out: Any, counted: bool) -> list[float]:
+    """(loss, tokens, clipped tokens) of a rank's share; zeros for a rank that had none."""
+    if not counted:
+        return [0.0, 0.0, 0.0]
+    return [float(out.loss.item()), float(out.tokens), out.clipped_fraction * out.tokens]
+
+
+def _write(directory: Path, name: str, data: bytes) -> ShardInfo:
+    tmp = directory / (name + ".part")
+    tmp.write_bytes(data)
+    os.replace(tmp, directory / name)
+    return shard_info(name, data)
+
+
+# --- commands from rank 0 ---------------------------------------------------------------------------
+
+
+def _grpo_from(fields: Mapping[str, Any]) -> GrpoParams:
+    return GrpoParams(**fields)
+
+
+def _optim_from(fields: Mapping[str, Any]) -> OptimizerParams:
+    return OptimizerParams(
+        betas=(float(fields["betas"][0]), float(fields["betas"][1])),
+        eps=float(fields["eps"]),
+        weight_decay=float(fields["weight_decay"]),
+        warmup_steps=int(fields["warmup_steps"]),
+    )
+
+
+def execute(policy: ShardedPolicy | None, group: GroupInfo, command: Mapping[str, Any]) -> tuple[
+    ShardedPolicy | None, Any
+]:
+    """Run one command on this rank (rank 0 and the others alike); returns the policy and a result."""
+    op = command["op"]
+    if op == "init":
+        grpo, optim = _grpo_from(command["grpo"]), _optim_from(command["optim"])
+        policy = ShardedPolicy.open(group, Path(command["model_dir"]), grpo, optim)
+        if command["resume_step"] is not None:
+            policy.load_state(Path(command["trainer_dir"]), int(command["resume_step"]))
+        return policy, None
+    if policy is None:
+        raise RuntimeError(f"command {op!r} before init")
+    if op == "step":
+        groups = [decode(RolloutGroup, g) for g in command["groups"]]
+        return policy, policy.step(groups)
+    if op == "save":
+        return policy, policy.save_state(Path(command["trainer_dir"]))
+    if op == "write":
+        infos = policy.write_model(Path(command["partial_dir"]), int(command["shard_size"]), command["files"])
+        packed = msgpack.packb([[i.name, i.size, i.sha256] for i in infos])
+        gathered = all_gather_bytes(packed, group.device)
+        every = [ShardInfo(n, s, h) for part in gathered for n, s, h in msgpack.unpackb(part)]
+        return policy, every
+    raise RuntimeError(f"unknown command {op!r}")
+
+
+def serve_rank() -> None:
+    """Ranks 1..N-1: join the group and run rank 0's commands until it says stop or the group breaks."""
+    group = join_group()
+    policy: ShardedPolicy | None = None
+    try:
+        while True:
+            command = msgpack.unpackb(broadcast_bytes(None, group.device), raw=False)
+            if command["op"] == "stop":
+                dist.barrier()  # rank 0 leaves only once every rank has the command
+                return
+            policy, _ = execute(policy, group, command)
+    finally:
+        leave_group()
+
+
+class ShardedGrpoTrainer:
+    """Rank 0's handle on the group: the same surface as `GrpoTrainer` for the trainer's work.
+
+    Every method sends its command to the other ranks first, then runs it here; they run in lockstep.
+    """
+
+    def __init__(self, group: GroupInfo, policy: ShardedPolicy, trainer_dir: Path) -> None:
+        self.group = group
+        self.policy = policy
+        self.trainer_dir = trainer_dir
+
+    @classmethod
+    def start(
+        cls, trainer_dir: Path, model_dir: Path, grpo: GrpoParams, optim: OptimizerParams | None = None
+    ) -> ShardedGrpoTrainer:
+        """Join the group and load the model on every rank: from the newest sharded save in
+        `trainer_dir` when there is one (its recorded optimizer settings unless `optim` is given)."""
+        group = join_group()
+        record = newest_sharded_step(trainer_dir)
+        if optim is None:
+            optim = _optim_from(record["optimizer"]) if record else OptimizerParams()
+        command = {
+            "op": "init",
+            "model_dir": str(model_dir),
+            "trainer_dir": str(trainer_dir),
+            "grpo": asdict(grpo),
+            "optim": asdict(optim),
+            "resume_step": record["step"] if record else None,
+        }
+        policy, _ = execute(None, group, cls._send(group, command))
+        assert policy is not None
+        return cls(group, policy, trainer_dir)
+
+    @staticmethod
+    def _send(group: GroupInfo, command: dict[str, Any]) -> dict[str, Any]:
+        broadcast_bytes(msgpack.packb(command, use_bin_type=True), group.device)
+        return command
+
+    def _run(self, command: dict[str, Any]) -> Any:
+        _, result = execute(self.policy, self.group, self._send(self.group, command))
+        return result
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.policy.info
+
+    @property
+    def step_count(self) -> int:
+        return self.policy.step_count
+
+    @property
+    def grpo(self) -> GrpoParams:
+        return self.policy.grpo
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.policy.model.parameters())
+
+    def step(self, groups: Sequence[RolloutGroup]) -> StepStats:
+        stats: StepStats = self._run({"op": "step", "groups": [encode(g) for g in groups]})
+        return stats
+
+    def save(self, directory: Path) -> Path:
+        """Sharded state of the current step, then its JSON record (last: it names only what is complete)."""
+        target: Path = self._run({"op": "save", "trainer_dir": str(directory)})
+        record = {
+            "step": self.step_count,
+            "format": "dcp",
+            "state": target.name,
+            "world_size": self.group.world_size,
+            "grpo": asdict(self.grpo),
+            "optimizer": asdict(self.policy.optim),
+        }
+        path = directory / f"step-{self.step_count:06d}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, path)
+        return target
+
+    def write_model(
+        self, store: ShardStore, version: int, shard_size: int, files: Mapping[str, bytes]
+    ) -> list[ShardInfo]:
+        """Every rank writes its files of version `version`'s model folder into the store's partial
+        directory; returns all of their `ShardInfo`s."""
+        command = {
+            "op": "write",
+            "partial_dir": str(store.partial_dir(version)),
+            "shard_size": shard_size,
+            "files": dict(files),
+        }
+        infos: list[ShardInfo] = self._run(command)
+        return infos
+
+    def close(self) -> None:
+        """Tell the other ranks to stop, then leave the group."""
+        self._send(self.group, {"op": "stop"})
+        dist.barrier()
+        leave_group()
+

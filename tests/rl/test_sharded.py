@@ -1,0 +1,119 @@
+"""The FSDP2 trainer group: two gloo ranks train as one process does, write a loadable model folder
+without a full gather, and resume from their sharded state."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from node.dataplane.checkpoint import WeightsFile, plan_model_files
+from node.dataplane.origin import model_folder_files
+from node.rl.model import state_dict_of
+from node.rl.sharded import assign_files, rank_share
+from node.rl.trainer import GrpoTrainer, OptimizerParams
+from protocol.codec import encode
+from tests.test_trainer import fixed_groups, grpo_params
+from tests.tinymodel import tiny_engine, tiny_folder
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARD_SIZE = 20_000  # several weights files for the tiny model, so both ranks write some
+TOLERANCE = 1e-5  # fp32 rounding of a different reduction order, after a few Adam steps
+
+
+def run_group(tmp: Path, groups, steps: int, *, nproc: int = 2, out: str = "store") -> dict:
+    """Run tests/rl/sharded_job.py under torch.distributed.run; returns its report."""
+    batch = tmp / "groups.msgpack"
+    batch.write_bytes(msgpack.packb([encode(g) for g in groups]))
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        str(ROOT / "tests/rl/sharded_job.py"), "--model", str(tiny_folder()), "--groups", str(batch),
+        "--grpo", json.dumps(dataclasses.asdict(grpo_params())), "--steps", str(steps),
+        "--trainer-dir", str(tmp / "trainer"), "--out", str(tmp / out), "--shard-size", str(SHARD_SIZE),
+    ]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads((tmp / out / "report.json").read_text())
+
+
+def reference(groups, steps: int) -> tuple[GrpoTrainer, list]:
+    trainer = GrpoTrainer(tiny_engine(), grpo_params(), optim=OptimizerParams())
+    return trainer, [trainer.step(groups) for _ in range(steps)]
+
+
+def folder_state(folder: Path) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(path))
+    return state
+
+
+def test_two_ranks_train_as_one_process_and_write_a_loadable_folder(tmp_path):
+    groups = fixed_groups(tiny_engine())
+    report = run_group(tmp_path, groups, steps=3)
+    ref, ref_stats = reference(groups, 3)
+    assert report["step"] == 3
+    # the step's figures are the whole batch's, gathered from both ranks
+    for ours, theirs in zip(report["stats"], ref_stats, strict=True):
+        assert (ours["groups_used"], ours["tokens"]) == (theirs.groups_used, theirs.tokens)
+        assert ours["loss"] == pytest.approx(theirs.loss, abs=1e-6)
+        assert ours["grad_norm"] == pytest.approx(theirs.grad_norm, rel=1e-5)
+        assert ours["clipped_fraction"] == pytest.approx(theirs.clipped_fraction, abs=1e-9)
+    expected = state_dict_of(ref.engine.model)
+    folder = Path(report["partial_dir"])
+    got = folder_state(folder)
+    assert set(got) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, atol=TOLERANCE, rtol=0)
+    # the same files, in the same layout, as one process publishes
+    planned = plan_model_files(expected, SHARD_SIZE, model_folder_files(tiny_folder()))
+    infos = {name: (size, sha) for name, size, sha in report["infos"]}
+    assert sorted(infos) == [p.name for p in planned]
+    assert len([n for n in infos if n.endswith(".safetensors")]) > 2
+    for name, (size, _) in infos.items():
+        assert (folder / name).stat().st_size == size
+    # and the folder loads as a model whose weights are the gathered state
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, got[name], atol=0, rtol=0)
+    assert not list(folder.glob("*.part"))
+
+
+@pytest.mark.slow
+def test_the_group_resumes_from_its_sharded_state(tmp_path):
+    groups = fixed_groups(tiny_engine())
+    first = run_group(tmp_path, groups, steps=2, out="first")
+    assert first["started"] == 0 and (tmp_path / "trainer" / "step-000002.dcp").is_dir()
+    second = run_group(tmp_path, groups, steps=1, out="second")
+    assert second["started"] == 2 and second["step"] == 3
+    expected = state_dict_of(reference(groups, 3)[0].engine.model)
+    got = folder_state(Path(second["partial_dir"]))
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, atol=TOLERANCE, rtol=0)
+
+
+@given(st.integers(0, 200), st.integers(1, 9))
+def test_rank_shares_partition_the_batch(count, world):
+    shares = [rank_share(count, r, world) for r in range(world)]
+    assert sorted(i for s in shares for i in s) == list(range(count))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+@given(st.lists(st.integers(1, 10_000), min_size=1, max_size=60), st.integers(1, 8))
+def test_files_are_dealt_so_no_rank_writes_much_more_than_its_share(sizes, world):
+    files = [WeightsFile(f"f{i}", (f"t{i}",), n) for i, n in enumerate(sizes)]
+    owners = assign_files(files, world)
+    assert all(0 <= o < world for o in owners)
+    load = [sum(f.nbytes for f, o in zip(files, owners, strict=True) if o == r) for r in range(world)]
+    assert max(load) - min(load) <= max(sizes)  # greedy largest-first bound
+    assert owners == assign_files(files, world)  # every rank computes the same dealing
