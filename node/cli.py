@@ -264,12 +264,13 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
 
 def _register_groups() -> None:
     """Command groups that live beside their subsystems, added explicitly (no import-time registration)."""
-    from node import cli_ledger, cli_model, cli_run, cli_tasks
+    from node import cli_ledger, cli_model, cli_plan, cli_run, cli_tasks
 
     cli_ledger.register_commands(main)
     cli_model.register_commands(main)
     cli_run.register_commands(main)
     cli_tasks.register_commands(main)
+    main.add_command(cli_plan.plan_memory)
     main.add_command(diloco)
 
 

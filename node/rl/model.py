@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import (
@@ -212,7 +213,7 @@ def read_config(folder: str | os.PathLike[str]) -> PretrainedConfig:
     path = _require(folder, CONFIG_FILE)
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
-    except (ValueError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError, TypeError, StrictDataclassError) as exc:
         raise ModelFolderError(f"{path}: not a transformers config ({exc})") from None
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelFolderError(
