@@ -55,6 +55,7 @@ from node.rl.tokenizer import load_tokenizer
 from node.rl.trainer import (
     OptimizerParams,
     StepStats,
+    TrainerStateMismatch,
     batch_loss,
     completion_batch,
     mean_reward,
@@ -88,6 +89,28 @@ def launched_rank() -> int | None:
     if int(os.environ.get(WORLD_ENV, "1")) <= 1:
         return None
     return int(os.environ.get(RANK_ENV, "0"))
+
+
+def launch_group(argv: Sequence[str], nproc: int, max_restarts: int) -> None:
+    """Run `python -m node.cli_run <argv>` as `nproc` ranks under torchrun's elastic agent on this host.
+
+    The agent ends every rank when one dies and starts the group again, up to `max_restarts` times;
+    raises `ChildFailedError` (naming the rank and its exit) once they are spent.
+    """
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(
+        [
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}",
+            "--monitor-interval=1",
+            "-m",
+            "node.cli_run",
+            *argv,
+        ]
+    )
+    run(args)
 
 
 def join_group() -> GroupInfo:
@@ -167,13 +190,20 @@ def dcp_dir(directory: Path, step: int) -> Path:
 
 
 def newest_sharded_step(directory: Path) -> dict[str, Any] | None:
-    """The newest JSON record of a complete sharded save in `directory`, or None."""
+    """The newest JSON record of a complete sharded save in `directory`, or None.
+
+    A one-process save there is refused rather than skipped: starting over would drop its steps.
+    """
     for record_path in sorted(directory.glob("step-*.json"), reverse=True):
         try:
             record = json.loads(record_path.read_text())
         except (OSError, ValueError):
             continue
-        if record.get("format") == "dcp" and (directory / record["state"]).is_dir():
+        if record.get("format") != "dcp":
+            raise TrainerStateMismatch(
+                f"{record_path} was saved by a one-process trainer: run it with [work] nproc = 1"
+            )
+        if (directory / record["state"]).is_dir():
             return dict(record)
     return None
 
@@ -376,6 +406,23 @@ class ShardedPolicy:
         return infos
 
 
+@dataclass(frozen=True)
+class RankMemory:
+    """What one rank holds: its parameter and optimizer shards, its peak RSS and peak device memory."""
+
+    state_bytes: int
+    peak_rss_bytes: int
+    peak_device_bytes: int
+
+    @classmethod
+    def of(cls, policy: ShardedPolicy) -> RankMemory:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        device = torch.cuda.max_memory_allocated() if policy.group.device.type == "cuda" else 0
+        return cls(policy.local_bytes(), rss, device)
+
+
 def out_stats(out: Any, counted: bool) -> list[float]:
     """(loss, tokens, clipped tokens) of a rank's share; zeros for a rank that had none."""
     if not counted:
@@ -424,6 +471,9 @@ def execute(policy: ShardedPolicy | None, group: GroupInfo, command: Mapping[str
         return policy, policy.step(groups)
     if op == "save":
         return policy, policy.save_state(Path(command["trainer_dir"]))
+    if op == "measure":
+        mine = msgpack.packb(asdict(RankMemory.of(policy)))
+        return policy, [RankMemory(**msgpack.unpackb(b)) for b in all_gather_bytes(mine, group.device)]
     if op == "write":
         infos = policy.write_model(Path(command["partial_dir"]), int(command["shard_size"]), command["files"])
         packed = msgpack.packb([[i.name, i.size, i.sha256] for i in infos])
@@ -464,11 +514,12 @@ class ShardedGrpoTrainer:
         cls, trainer_dir: Path, model_dir: Path, grpo: GrpoParams, optim: OptimizerParams | None = None
     ) -> ShardedGrpoTrainer:
         """Join the group and load the model on every rank: from the newest sharded save in
-        `trainer_dir` when there is one (its recorded optimizer settings unless `optim` is given)."""
+        `trainer_dir` with its recorded optimizer settings when there is one, else fresh with `optim`."""
         group = join_group()
         record = newest_sharded_step(trainer_dir)
-        if optim is None:
-            optim = _optim_from(record["optimizer"]) if record else OptimizerParams()
+        if record is not None:
+            optim = _optim_from(record["optimizer"])
+        optim = optim or OptimizerParams()
         command = {
             "op": "init",
             "model_dir": str(model_dir),
@@ -539,6 +590,11 @@ class ShardedGrpoTrainer:
         }
         infos: list[ShardInfo] = self._run(command)
         return infos
+
+    def measure(self) -> list[RankMemory]:
+        """Every rank's memory, in rank order."""
+        memory: list[RankMemory] = self._run({"op": "measure"})
+        return memory
 
     def close(self) -> None:
         """Tell the other ranks to stop, then leave the group."""
