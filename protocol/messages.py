@@ -10,13 +10,11 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 from protocol.codec import MaxLen, Pattern, Range, Size, registry  # noqa: F401
-
-from protocol.types import KIB, MIB, Address, Digest, Role, RunId, Url  # noqa: F401
 from protocol.ledger_messages import (
     CommitCredits,
     FinalizeSlash,
-    LedgerGenesis,
     LedgerEntry,
+    LedgerGenesis,
     RegisterNode,
     RegisterRun,
     SetRunValidators,
@@ -26,7 +24,7 @@ from protocol.ledger_messages import (
     StakeWithdraw,
     VoidSlash,
 )
-
+from protocol.types import KIB, MIB, Address, Digest, Role, RunId, Url  # noqa: F401
 
 # --- run ----------------------------------------------------------------------------------------
 
@@ -119,20 +117,48 @@ class ShardInfo:
     sha256: Digest
 
 
+MANIFEST_MAX_SHARDS = 8192
+# The largest manifest body (8192 shards with 128-character names, every field at its widest) encodes to
+# 1,564,932 bytes: above the 960 KiB gossip cap, hence `CheckpointHead` (spec/shards.md, Checkpoint heads).
+MANIFEST_MAX_SIZE = 1536 * KIB
+
+
 @dataclass(frozen=True)
 class CheckpointManifest:
     """A policy version: its shards, their hashes and the Merkle root over the shard hashes."""
 
     TYPE: ClassVar[str] = "checkpoint_manifest"
-    MAX_SIZE: ClassVar[int] = 1 * MIB
+    MAX_SIZE: ClassVar[int] = MANIFEST_MAX_SIZE
 
     run: RunId
     version: int
     parent_version: int
     model_config_hash: Digest
     total_size: int
-    shards: Annotated[tuple[ShardInfo, ...], MaxLen(8192)]
+    shards: Annotated[tuple[ShardInfo, ...], MaxLen(MANIFEST_MAX_SHARDS)]
     merkle_root: Digest
+    created_ms: int
+
+
+@dataclass(frozen=True)
+class CheckpointHead:
+    """What the `checkpoints` topic carries: a manifest's header, its shard count and the sha256 of its body.
+
+    A manifest of a large model does not fit one gossip message; its head always does. Followers fetch the
+    full trainer-signed manifest over HTTP and keep it only when it matches the head (spec/shards.md).
+    """
+
+    TYPE: ClassVar[str] = "checkpoint_head"
+    MAX_SIZE: ClassVar[int] = 1 * KIB
+
+    run: RunId
+    version: int
+    parent_version: int
+    model_config_hash: Digest
+    total_size: int
+    shard_count: int
+    merkle_root: Digest
+    manifest_digest: Digest  # sha256 of the canonical CheckpointManifest body
     created_ms: int
 
 
@@ -252,10 +278,10 @@ class ManifestRequest:
 @dataclass(frozen=True)
 class ManifestResponse:
     TYPE: ClassVar[str] = "manifest_response"
-    MAX_SIZE: ClassVar[int] = 1 * MIB + 4 * KIB
+    MAX_SIZE: ClassVar[int] = MANIFEST_MAX_SIZE + 4 * KIB
 
     status: Annotated[int, Range(100, 999)]
-    manifest: Annotated[bytes, MaxLen(1 * MIB + 2 * KIB)]  # the trainer's signed CheckpointManifest envelope
+    manifest: Annotated[bytes, MaxLen(MANIFEST_MAX_SIZE + 2 * KIB)]  # the trainer's signed manifest envelope
 
 
 @dataclass(frozen=True)
@@ -427,4 +453,5 @@ MESSAGE_TYPES = registry(
     DilocoContribution,
     DilocoVote,
     DilocoOuterState,
+    CheckpointHead,
 )

@@ -1,8 +1,9 @@
 """Pure rules of the weight-broadcast data plane (spec/shards.md is the normative twin).
 
 Everything a shard holder and a downloader must agree on, without I/O: the checks a trainer-signed
-`CheckpointManifest` must pass, the `ShardHave` bitfield layout, the retention rule, the HTTP paths and
-the `Range` header grammar. Time and the trainer's address arrive as arguments.
+`CheckpointManifest` must pass, the `CheckpointHead` gossiped for it and how a fetched manifest must match
+it, the `ShardHave` bitfield layout, the retention rule, the HTTP paths and the `Range` header grammar.
+Time and the trainer's address arrive as arguments.
 """
 
 from __future__ import annotations
@@ -10,20 +11,25 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
 
+from crypto.hashing import sha256
 from crypto.merkle import merkle_root
-from protocol.codec import decode
-from protocol.envelope import Envelope, open_envelope
+from protocol.codec import decode, encode
+from protocol.envelope import ENVELOPE_OVERHEAD, Envelope, open_envelope
 from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import CheckpointManifest, ShardHave
+from protocol.messages import MANIFEST_MAX_SHARDS, CheckpointHead, CheckpointManifest, ShardHave
 from protocol.types import MIB
+
+M = TypeVar("M", CheckpointManifest, CheckpointHead)
 
 # --- parameters (spec/shards.md, Parameters) -----------------------------------------------------
 
 DEFAULT_SHARD_SIZE = 50 * MIB
 MAX_SHARD_SIZE = 4096 * MIB
-MAX_SHARDS = 8192  # CheckpointManifest.shards MaxLen; also 1024 bitfield bytes * 8
+MAX_SHARDS = MANIFEST_MAX_SHARDS  # CheckpointManifest.shards MaxLen; also 1024 bitfield bytes * 8
+MAX_MANIFEST_ENVELOPE = CheckpointManifest.MAX_SIZE + ENVELOPE_OVERHEAD  # a manifest fetched over HTTP
 PATH_PREFIX = "/shards/1.0.0"
 MANIFEST_FILE = "manifest.msgpack"
 PART_SUFFIX = ".part"
@@ -57,13 +63,17 @@ def check_manifest(manifest: CheckpointManifest) -> None:
             raise _rule(f"shard {shard.name!r} size {shard.size} outside [1, {MAX_SHARD_SIZE}]")
     if sum(s.size for s in shards) != manifest.total_size:
         raise _rule(f"total_size {manifest.total_size} is not the sum of the shard sizes")
-    if manifest.version == 0:
-        if manifest.parent_version != 0:
-            raise _rule(f"version 0 must have parent_version 0, not {manifest.parent_version}")
-    elif manifest.parent_version >= manifest.version:
-        raise _rule(f"parent_version {manifest.parent_version} is not below version {manifest.version}")
+    _check_lineage(manifest.version, manifest.parent_version)
     if merkle_root([s.sha256 for s in shards]) != manifest.merkle_root:
         raise Reject(Reason.BAD_HASH, "merkle_root is not the root over the shard digests")
+
+
+def _check_lineage(version: int, parent_version: int) -> None:
+    if version == 0:
+        if parent_version != 0:
+            raise _rule(f"version 0 must have parent_version 0, not {parent_version}")
+    elif parent_version >= version:
+        raise _rule(f"parent_version {parent_version} is not below version {version}")
 
 
 def envelope_timestamp(data: bytes) -> int:
@@ -71,21 +81,104 @@ def envelope_timestamp(data: bytes) -> int:
     return decode(Envelope, data).ts
 
 
+def _open_trainers(data: bytes, expect: type[M], *, run: str, trainer: bytes, now_ms: int) -> tuple[M, bytes]:
+    """The message and canonical body of an envelope of type `expect` that the run's trainer signed.
+
+    Data at rest (re-served by relays, read back from disk): an old timestamp is not stale, staleness is
+    by version (`is_retained`); a timestamp from the future beyond the envelope's clock skew is refused.
+    """
+    freshness_ref = min(now_ms, envelope_timestamp(data))
+    opened = open_envelope(data, run=run, now_ms=freshness_ref, replay=None, expect=expect)
+    message: M = opened.message
+    what = expect.TYPE
+    if opened.sender != trainer:
+        raise Reject(Reason.WRONG_SENDER, f"{what} signed by {opened.sender.hex()}, not the run's trainer")
+    if message.run != run:
+        raise Reject(Reason.RULE_VIOLATION, f"{what} body names run {message.run!r}, envelope {run!r}")
+    return message, opened.envelope.body
+
+
 def verify_manifest(data: bytes, *, run: str, trainer: bytes, now_ms: int) -> CheckpointManifest:
     """Open a manifest envelope fetched from anyone; trusted only when the run's trainer signed it.
 
-    Manifests are data at rest (re-served by relays, read back from disk), so an old timestamp is not
-    stale: staleness is by version (`is_retained`). A timestamp from the future beyond the envelope's
-    clock skew is still refused. Duplicates are the caller's to drop, by (version, merkle_root).
+    Duplicates are the caller's to drop, by (version, merkle_root).
     """
-    freshness_ref = min(now_ms, envelope_timestamp(data))
-    opened = open_envelope(data, run=run, now_ms=freshness_ref, replay=None, expect=CheckpointManifest)
-    if opened.sender != trainer:
-        raise Reject(Reason.WRONG_SENDER, f"manifest signed by {opened.sender.hex()}, not the run's trainer")
-    manifest: CheckpointManifest = opened.message
-    if manifest.run != run:
-        raise Reject(Reason.RULE_VIOLATION, f"manifest body names run {manifest.run!r}, envelope {run!r}")
+    manifest, _ = _open_trainers(data, CheckpointManifest, run=run, trainer=trainer, now_ms=now_ms)
     check_manifest(manifest)
+    return manifest
+
+
+# --- checkpoint heads ----------------------------------------------------------------------------
+
+
+def manifest_digest(manifest: CheckpointManifest) -> bytes:
+    """sha256 of the manifest's canonical body: what a head commits to."""
+    return sha256(encode(manifest))
+
+
+def manifest_head(manifest: CheckpointManifest, digest: bytes | None = None) -> CheckpointHead:
+    """The head gossiped for `manifest` (`digest`: its `manifest_digest`, when the caller has it)."""
+    return CheckpointHead(
+        run=manifest.run,
+        version=manifest.version,
+        parent_version=manifest.parent_version,
+        model_config_hash=manifest.model_config_hash,
+        total_size=manifest.total_size,
+        shard_count=len(manifest.shards),
+        merkle_root=manifest.merkle_root,
+        manifest_digest=manifest_digest(manifest) if digest is None else digest,
+        created_ms=manifest.created_ms,
+    )
+
+
+def check_head(head: CheckpointHead) -> None:
+    """Raise Reject unless the head could describe a manifest that passes `check_manifest`."""
+    if not 1 <= head.shard_count <= MAX_SHARDS:
+        raise _rule(f"shard_count {head.shard_count} outside [1, {MAX_SHARDS}]")
+    if not head.shard_count <= head.total_size <= head.shard_count * MAX_SHARD_SIZE:
+        raise _rule(f"total_size {head.total_size} cannot be the sum of {head.shard_count} shard sizes")
+    _check_lineage(head.version, head.parent_version)
+
+
+_HEAD_FIELDS = (
+    "run", "version", "parent_version", "model_config_hash", "total_size", "merkle_root", "created_ms"
+)
+
+
+def check_manifest_matches_head(
+    manifest: CheckpointManifest, head: CheckpointHead, digest: bytes | None = None
+) -> None:
+    """Raise Reject unless `manifest` is the one `head` names (`digest`: its `manifest_digest`, if known).
+
+    A differing header field is a RULE_VIOLATION naming it; a body that differs anywhere else (a shard's
+    name or size: the Merkle root covers only the digests) is BAD_HASH.
+    """
+    for name in _HEAD_FIELDS:
+        if getattr(manifest, name) != getattr(head, name):
+            raise _rule(f"the manifest's {name} differs from the head's")
+    if len(manifest.shards) != head.shard_count:
+        raise _rule(f"the manifest lists {len(manifest.shards)} shards, the head {head.shard_count}")
+    if (manifest_digest(manifest) if digest is None else digest) != head.manifest_digest:
+        raise Reject(Reason.BAD_HASH, "the manifest's sha256 is not the head's manifest_digest")
+
+
+def verify_head(data: bytes, *, run: str, trainer: bytes, now_ms: int) -> CheckpointHead:
+    """Open a head envelope; trusted only when the run's trainer signed it and it is consistent."""
+    head, _ = _open_trainers(data, CheckpointHead, run=run, trainer=trainer, now_ms=now_ms)
+    check_head(head)
+    return head
+
+
+def verify_manifest_for_head(
+    data: bytes, head: CheckpointHead, *, trainer: bytes, now_ms: int
+) -> CheckpointManifest:
+    """Open a manifest envelope fetched for a trusted `head`: the trainer's, well formed, and the one named.
+
+    The digest is taken over the envelope's body, which is the manifest's canonical encoding.
+    """
+    manifest, body = _open_trainers(data, CheckpointManifest, run=head.run, trainer=trainer, now_ms=now_ms)
+    check_manifest(manifest)
+    check_manifest_matches_head(manifest, head, sha256(body))
     return manifest
 
 

@@ -1,5 +1,8 @@
 """What a node holds, in memory: verified manifests and, per version, which shards are verified on disk.
 
+Each entry also gives the version's `CheckpointHead` (what the trainer gossips on `checkpoints`; the full
+signed manifest is served over HTTP from here).
+
 The HTTP service answers from it (manifests, `have`, which shard files may be served), the follower and
 the origin write to it, and the control plane can watch it (`wait_changed`) to gossip `ShardHave`. One
 `trio.Event` is swapped on every change, so waiters re-check their own condition (no lost wake-ups).
@@ -12,7 +15,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from protocol.messages import CheckpointManifest, ShardInfo
+from protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo
+from protocol.shards import manifest_head
 
 
 @dataclass
@@ -22,9 +26,17 @@ class VersionEntry:
     held: set[int] = field(default_factory=set)
     complete: bool = False
     index: dict[str, int] = field(default_factory=dict)  # shard name → position in the manifest
+    _head: CheckpointHead | None = None
 
     def __post_init__(self) -> None:
         self.index = {s.name: i for i, s in enumerate(self.manifest.shards)}
+
+    @property
+    def head(self) -> CheckpointHead:
+        """The head gossiped for this version (hashing the manifest once, on first use)."""
+        if self._head is None:
+            self._head = manifest_head(self.manifest)
+        return self._head
 
     def held_shard(self, name: str) -> ShardInfo | None:
         """The manifest entry of shard `name` if it is verified here."""
@@ -70,12 +82,19 @@ class Catalog:
         self._changed.set()
         self._changed = trio.Event()
 
-    def add(self, manifest: CheckpointManifest, envelope: bytes, held: Iterable[int] = ()) -> VersionEntry:
-        """Record a verified manifest (idempotent for the same version)."""
+    def add(
+        self,
+        manifest: CheckpointManifest,
+        envelope: bytes,
+        held: Iterable[int] = (),
+        head: CheckpointHead | None = None,
+    ) -> VersionEntry:
+        """Record a verified manifest (idempotent for the same version); `head`: its head, if known."""
         entry = self._versions.get(manifest.version)
         if entry is None:
             held_set = set(held)
-            entry = VersionEntry(manifest, envelope, held_set, len(held_set) == len(manifest.shards))
+            complete = len(held_set) == len(manifest.shards)
+            entry = VersionEntry(manifest, envelope, held_set, complete, _head=head)
             self._versions[manifest.version] = entry
             self._touch()
         return entry

@@ -9,16 +9,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from protocol.codec import encode
 from protocol.errors import ProtocolError
+from protocol.messages import CheckpointHead
 from protocol.shards import (
     Unsatisfiable,
     decode_bitfield,
     encode_bitfield,
     is_retained,
+    manifest_head,
     parse_range,
     parse_route,
     verify_have,
+    verify_head,
     verify_manifest,
+    verify_manifest_for_head,
 )
 
 
@@ -44,6 +49,54 @@ def check_manifest_case(inp: dict[str, Any]) -> dict[str, Any]:
             "shards": len(m.shards),
             "merkle_root": "0x" + m.merkle_root.hex(),
         }
+
+    return _verdict(run)
+
+
+def _head_summary(head: CheckpointHead) -> dict[str, Any]:
+    return {
+        "version": head.version,
+        "shard_count": head.shard_count,
+        "total_size": head.total_size,
+        "merkle_root": "0x" + head.merkle_root.hex(),
+        "manifest_digest": "0x" + head.manifest_digest.hex(),
+    }
+
+
+def check_head_case(inp: dict[str, Any]) -> dict[str, Any]:
+    """A gossiped head envelope: trusted only when the run's trainer signed it and it is consistent."""
+
+    def run() -> dict[str, Any]:
+        head = verify_head(
+            _hex(inp["envelope"]), run=inp["run"], trainer=_hex(inp["trainer"]), now_ms=inp["now_ms"]
+        )
+        return _head_summary(head)
+
+    return _verdict(run)
+
+
+def check_head_of_case(inp: dict[str, Any]) -> dict[str, Any]:
+    """The head a trainer gossips for a manifest, as canonical bytes."""
+
+    def run() -> dict[str, Any]:
+        manifest = verify_manifest(
+            _hex(inp["manifest"]), run=inp["run"], trainer=_hex(inp["trainer"]), now_ms=inp["now_ms"]
+        )
+        head = manifest_head(manifest)
+        return {**_head_summary(head), "head": "0x" + encode(head).hex()}
+
+    return _verdict(run)
+
+
+def check_head_match_case(inp: dict[str, Any]) -> dict[str, Any]:
+    """A manifest envelope fetched over HTTP for a trusted head: kept only if it is the one the head names."""
+    trainer = _hex(inp["trainer"])
+    head = verify_head(_hex(inp["head"]), run=inp["run"], trainer=trainer, now_ms=inp["now_ms"])
+
+    def run() -> dict[str, Any]:
+        data = _hex(inp["manifest"])
+        manifest = verify_manifest_for_head(data, head, trainer=trainer, now_ms=inp["now_ms"])
+        return {"version": manifest.version, "shards": len(manifest.shards)}
 
     return _verdict(run)
 
@@ -101,6 +154,9 @@ def check_route_case(inp: dict[str, Any]) -> dict[str, Any]:
 
 SHARD_HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "shard-manifest": check_manifest_case,
+    "shard-head": check_head_case,
+    "shard-head-of": check_head_of_case,
+    "shard-head-match": check_head_match_case,
     "shard-bitfield": check_bitfield_case,
     "shard-have": check_have_case,
     "shard-range": check_range_case,

@@ -1,6 +1,6 @@
 """HTTP stand-ins for the control plane: learn manifests and shard availability by long-polling peers.
 
-With gossip and the DHT wired in, manifests arrive on `swarm/<run>/checkpoints` and `ShardHave` on
+With gossip and the DHT wired in, checkpoint heads arrive on `swarm/<run>/checkpoints` and `ShardHave` on
 `swarm/<run>/shards`; until then (and as a fallback behind NAT'd gossip) a node can follow the same facts
 from the HTTP endpoints of peers it knows: `latest?after=V` for manifests, `have?after=N` per version.
 Both feed the same interfaces the control plane uses: a channel of manifest envelopes and the SourceBook.
@@ -21,10 +21,10 @@ from node.dataplane.http_client import HttpClient
 from node.dataplane.sources import SourceBook
 from protocol.errors import ProtocolError
 from protocol.messages import CheckpointManifest
-from protocol.shards import have_path, latest_manifest_path, verify_have
-from protocol.types import KIB, MIB
+from protocol.shards import MAX_MANIFEST_ENVELOPE, have_path, latest_manifest_path, verify_have
+from protocol.types import KIB
 
-MAX_MANIFEST_BYTES = 1 * MIB + 4 * KIB
+MAX_MANIFEST_BYTES = MAX_MANIFEST_ENVELOPE
 MAX_HAVE_BYTES = 8 * KIB
 
 

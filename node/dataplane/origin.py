@@ -6,8 +6,10 @@ and vLLM as it is. Other payloads (DiLoCo) keep the pieces layout, the default.
 
 Publishing writes every shard into `<version>.partial/`, hashes it, signs the manifest, then renames the
 directory into place and lists the version in the catalog, so the origin never announces or serves a
-version it does not hold whole. The signed envelope it returns is what the control plane gossips on
-`swarm/<run>/checkpoints`; the `latest` endpoint serves the same bytes.
+version it does not hold whole. The control plane gossips the catalog entry's `head` on
+`swarm/<run>/checkpoints` (a manifest of a large model exceeds a gossip message); followers fetch the
+signed manifest envelope returned here from the `manifest` and `latest` endpoints, and check it against
+the head.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from node.dataplane.follower import wall_ms
 from node.dataplane.store import ShardStore
 from protocol.envelope import seal
 from protocol.messages import CheckpointManifest, ShardInfo
-from protocol.shards import DEFAULT_SHARD_SIZE, versions_to_prune
+from protocol.shards import DEFAULT_SHARD_SIZE, manifest_head, versions_to_prune
 
 
 def model_folder_files(folder: str | os.PathLike[str]) -> dict[str, bytes]:
@@ -156,9 +158,10 @@ class Origin:
             created_ms=self.clock_ms(),
         )
         envelope = self.seal(manifest)
+        head = await trio.to_thread.run_sync(manifest_head, manifest)
         self.store.save_manifest(version, envelope)
         await trio.to_thread.run_sync(self.store.finalize, version)
-        self.catalog.add(manifest, envelope, set(range(len(infos))))
+        self.catalog.add(manifest, envelope, set(range(len(infos))), head)
         stale = versions_to_prune(self.catalog.versions(), version, self.async_level)
         for old in stale:
             self.catalog.remove(old)

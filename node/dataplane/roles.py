@@ -3,8 +3,8 @@
 `OriginNode` serves what the trainer publishes. `FollowerNode` is a relay (`newest_only=False`, serves)
 or a worker (`newest_only=True`, serving optional): it follows manifests and fetches shards. Both take
 their peers as plain endpoints here and learn from them over HTTP (`feeds`); the runtime may instead feed
-`manifests` (a channel of envelopes) and `book` (ShardHave claims) from gossip and the DHT, and leave
-`peers` empty.
+`manifests` (a channel of manifest or `CheckpointHead` envelopes) and `book` (ShardHave claims) from
+gossip and the DHT, and leave `peers` empty.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class FollowerNode:
         if self.server is not None:
             self.service.server_stats = self.server.stats
         self.endpoint = ""
-        self.manifests, self._manifest_queue = trio.open_memory_channel[bytes](16)  # feed envelopes here
+        self.manifests, self._manifest_queue = trio.open_memory_channel[bytes](16)  # manifests and heads
 
     def statistics(self) -> dict[str, object]:
         stats: dict[str, object] = {

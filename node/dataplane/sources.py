@@ -150,6 +150,19 @@ class SourceBook:
         later = [t for t in times if t > now]
         return min(later) if later else None
 
+    def manifest_sources(self, version: int, merkle_root: bytes, now: float) -> list[str]:
+        """Where to ask for a version's manifest: sources not banned, those claiming the version first,
+        then by score (spec/shards.md, Checkpoint heads)."""
+        cfg = self.config
+
+        def rank(s: SourceState) -> tuple[bool, float]:
+            claim = s.claims.get(version)
+            claims = claim is not None and claim.merkle_root == merkle_root
+            return (not claims, -s.score(cfg.prior_throughput, cfg.failure_decay))
+
+        free = [s for s in self._sources.values() if s.banned_until <= now]
+        return [s.endpoint for s in sorted(free, key=rank)]
+
     def get(self, endpoint: str) -> SourceState | None:
         return self._sources.get(endpoint)
 

@@ -27,7 +27,7 @@ What py-libp2p's pubsub does by default (file:line in site-packages/libp2p/pubsu
   queue only if our validator accepted it moments before (`pending`), so such replays are counted as
   `duplicates` and dropped.
 - The validator hook sees only bytes: authority is ours. Before forwarding, the claimed signer must have
-  authority for the topic (`authorise`: manifests from the run's trainer, verdicts from eligible
+  authority for the topic (`authorise`: checkpoint heads from the run's trainer, verdicts from eligible
   validators, shard announcements and ledger entries from registered nodes), judged from the envelope
   header before the signature is checked, against an `AuthorityView` the runtime fills.
 - Three tasks write to a peer's pubsub stream concurrently and yamux locks per frame, so large RPCs
@@ -80,7 +80,7 @@ from protocol.envelope import (
 )
 from protocol.errors import Ignore, Reason, Reject
 from protocol.ledger_messages import LedgerEntry
-from protocol.messages import CheckpointManifest, ShardHave, Verdict
+from protocol.messages import CheckpointHead, ShardHave, Verdict
 from protocol.types import KIB
 
 log = logging.getLogger(__name__)
@@ -111,9 +111,7 @@ def _cap(cls: type) -> int:
 
 DEFAULT_POLICIES: Mapping[str, TopicPolicy] = MappingProxyType(
     {
-        "checkpoints": TopicPolicy(
-            "checkpoints", (CheckpointManifest,), _cap(CheckpointManifest), 2.0, 10, 2.0, 64
-        ),
+        "checkpoints": TopicPolicy("checkpoints", (CheckpointHead,), _cap(CheckpointHead), 2.0, 10, 2.0, 64),
         "shards": TopicPolicy("shards", (ShardHave,), _cap(ShardHave), 100.0, 200, 100.0, 1024),
         "verdicts": TopicPolicy("verdicts", (Verdict,), _cap(Verdict), 100.0, 200, 100.0, 1024),
         "ledger": TopicPolicy("ledger", (LedgerEntry,), _cap(LedgerEntry), 50.0, 100, 50.0, 1024),
@@ -234,7 +232,7 @@ class LedgerView:
 class AuthorityView:
     """The facts topic authority is judged on. Empty until the runtime learns them."""
 
-    trainer: bytes | None = None  # the run's lead (RunDescriptor.trainer): the only manifest signer
+    trainer: bytes | None = None  # the run's lead (RunDescriptor.trainer): signs its heads and manifests
     ledger: LedgerView | None = None  # None: the node has no ledger (open mode, spec/gossip.md)
 
 

@@ -1,5 +1,6 @@
 """Trainer: owns the run. Publishes the signed RunDescriptor in the DHT, serves checkpoint manifests,
-gossips new checkpoints (`checkpoints` topic, via the work), and listens to verdicts and the ledger.
+gossips the heads of new checkpoints (`checkpoints` topic, via the work), and listens to verdicts and the
+ledger.
 
 Needs: relays (to fan its shards out) and validators (whose accepted rollouts it trains on).
 """

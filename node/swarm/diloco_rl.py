@@ -11,7 +11,8 @@ the others as `co_trainers`. Every trainer:
   marks the rows it used), and contributes θ_r − θ to the round's fp16 (or int8) all-reduce over HTTP;
 - after the outer step holds θ_{r+1}, publishes it as checkpoint version r+1 into its own store.
 
-Only the lead announces its versions (gossip, DHT) and signs the manifests workers and validators follow;
+Only the lead announces its versions (gossip, DHT) and signs the manifests workers and validators follow
+(gossiped as `CheckpointHead`s, whose signed Merkle root is all a co-trainer needs of them);
 the co-trainers publish the same weights locally so that they know each version's Merkle root (what the
 submissions they take must name) and so a co-trainer that sees a root other than the lead's would be
 visible. Version = outer round: workers generate with the outer weights after each sync.
@@ -69,7 +70,7 @@ from protocol.diloco import check_rl_plan, rollout_owner
 from protocol.errors import ProtocolError, Reason
 from protocol.messages import (
     AcceptedBatch,
-    CheckpointManifest,
+    CheckpointHead,
     DilocoEntry,
     ManifestRequest,
     ManifestResponse,
@@ -77,7 +78,7 @@ from protocol.messages import (
     RunDescriptor,
 )
 from protocol.runs import run_trainers
-from protocol.shards import verify_manifest
+from protocol.shards import verify_head, verify_manifest
 from protocol.types import MIB
 
 log = logging.getLogger(__name__)
@@ -266,10 +267,20 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
 
     async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
         message = delivery.opened.message
-        if isinstance(message, CheckpointManifest) and not self.is_lead:
-            self._take_lead_manifest(encode(delivery.opened.envelope))
+        if isinstance(message, CheckpointHead) and not self.is_lead:
+            self._take_lead_head(encode(delivery.opened.envelope))
             return
         await super().on_gossip(net, delivery)
+
+    def _take_lead_head(self, envelope: bytes) -> bool:
+        """The root of a version from the lead's gossiped head: the lead signed it, so no manifest fetch."""
+        try:
+            head = verify_head(envelope, run=self.config.run, trainer=self.lead, now_ms=wall_ms())
+        except ProtocolError:
+            self.manifests_refused += 1
+            return False
+        self._take_lead_root(head.version, head.merkle_root)
+        return True
 
     def _take_lead_manifest(self, envelope: bytes) -> bool:
         """Remember the root of a version the lead signed; False (counted) when it is not the lead's."""
@@ -278,16 +289,19 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         except ProtocolError:
             self.manifests_refused += 1
             return False
-        if manifest.version not in self.lead_roots:
-            self.lead_roots[manifest.version] = manifest.merkle_root
+        self._take_lead_root(manifest.version, manifest.merkle_root)
+        return True
+
+    def _take_lead_root(self, version: int, root: bytes) -> None:
+        if version not in self.lead_roots:
+            self.lead_roots[version] = root
             newest = max(self.lead_roots)
             async_level = self.descriptor.async_level if self.descriptor is not None else 2
             for old in [v for v in self.lead_roots if v < newest - async_level - 1]:
                 del self.lead_roots[old]
             self._roots_changed.set()
             self._roots_changed = trio.Event()
-            self._compare_root(manifest.version)
-        return True
+            self._compare_root(version)
 
     def _compare_root(self, version: int) -> None:
         """A co-trainer's own publication of `version` against the lead's: the same outer weights give the

@@ -1,7 +1,8 @@
 """Follow a run's checkpoints through the swarm: the data plane (node.dataplane) joined to the control plane.
 
 Facts arrive three ways and feed the same `FollowerNode` (which trusts none of them):
-- gossip `checkpoints`: the trainer's signed `CheckpointManifest` → the follower's manifest channel;
+- gossip `checkpoints`: the trainer's signed `CheckpointHead` → the follower's manifest channel, which
+  fetches the full manifest it names from the HTTP sources below (`node.dataplane.heads`);
 - gossip `shards`: a peer's `ShardHave` → the source book, only when its endpoint is the one the sender
   announced in its signed Hello (nobody can point others at a third party's server);
 - HTTP long polls of every relay (and, for relays and validators, the trainer) found through the DHT:
@@ -30,7 +31,7 @@ from node.p2p.peers import PeerRecord
 from node.roles.base import RoleNet
 from protocol.codec import encode
 from protocol.errors import ProtocolError
-from protocol.messages import CheckpointManifest, ShardHave
+from protocol.messages import CheckpointHead, ShardHave
 from protocol.shards import check_have
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class SwarmFollower:
         self.serve = serve
         self.node: FollowerNode | None = None
         self.followed: set[str] = set()
-        self.gossip_manifests = 0
+        self.gossip_heads = 0
         self.gossip_haves = 0
         self.haves_refused = 0
         self.manifests_dropped = 0
@@ -71,7 +72,7 @@ class SwarmFollower:
     def statistics(self) -> dict[str, object]:
         counts = {
             "endpoints_followed": sorted(self.followed),
-            "gossip_manifests": self.gossip_manifests,
+            "gossip_heads": self.gossip_heads,
             "gossip_haves": self.gossip_haves,
             "haves_refused": self.haves_refused,
             "manifests_dropped": self.manifests_dropped,
@@ -138,12 +139,12 @@ class SwarmFollower:
         message = delivery.opened.message
         if node is None:
             return False
-        if isinstance(message, CheckpointManifest):
-            self.gossip_manifests += 1
+        if isinstance(message, CheckpointHead):
+            self.gossip_heads += 1
             try:
                 node.manifests.send_nowait(encode(delivery.opened.envelope))
             except trio.WouldBlock:
-                self.manifests_dropped += 1  # the HTTP long poll brings it too
+                self.manifests_dropped += 1  # the HTTP long poll brings the manifest too
             return True
         if isinstance(message, ShardHave):
             self.gossip_haves += 1

@@ -1047,7 +1047,7 @@ class SwarmTrainerWork:
     async def _gossip_newest(self) -> None:
         entry = self.origin.catalog.latest if self.origin is not None else None
         if entry is not None and self._net is not None:
-            await self._net.publish("checkpoints", entry.manifest)
+            await self._net.publish("checkpoints", entry.head)
 
     async def _republish_forever(self) -> None:
         while True:

@@ -61,7 +61,7 @@ from node.swarm.cheats import FORGED_REWARD, TAMPERED_PROMPT, build_dishonest_su
 from node.swarm.common import run_model_dir, run_tasks, set_threads, wait_run_owner
 from node.swarm.follow import SwarmFollower
 from protocol.errors import Reason
-from protocol.messages import CheckpointManifest, RolloutSubmission, RunDescriptor, SubmitAck, Verdict
+from protocol.messages import CheckpointHead, RolloutSubmission, RunDescriptor, SubmitAck, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -552,7 +552,7 @@ class SwarmWorkerWork:
             self.stats.observe_verdict(message, self.address, self.config.run)
             return
         if (
-            isinstance(message, CheckpointManifest)
+            isinstance(message, CheckpointHead)
             and self.setup is not None
             and delivery.opened.sender == self.setup.descriptor.trainer
             and message.run == self.config.run

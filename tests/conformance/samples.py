@@ -58,6 +58,13 @@ def manifest() -> m.CheckpointManifest:
                                 merkle_root([s.sha256 for s in shards]), NOW_MS - 1000)
 
 
+def checkpoint_head() -> m.CheckpointHead:
+    """The head the trainer gossips for `manifest()` (spec/shards.md, CheckpointHead)."""
+    from protocol.shards import manifest_head
+
+    return manifest_head(manifest())
+
+
 def every_message() -> list[Any]:
     """One instance of each type in MESSAGE_TYPES, in registry order."""
     trainer = vector_identity(1)
@@ -98,6 +105,7 @@ def every_message() -> list[Any]:
         m.AcceptedRollout(42, b"\x05" * 48, b"\x06" * 96),
         m.AcceptedBatch((m.AcceptedRollout(42, b"\x05" * 48, b"\x06" * 96),), 42),
         *diloco_messages(),
+        checkpoint_head(),
     ]
     assert [type(s).TYPE for s in samples] == list(m.MESSAGE_TYPES), "samples must cover every message type"
     return samples

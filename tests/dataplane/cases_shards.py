@@ -1,4 +1,5 @@
-"""Conformance cases for the shard data plane: manifests, ShardHave, bitfields, ranges, routes, retention.
+"""Conformance cases for the shard data plane: manifests, heads, ShardHave, bitfields, ranges, routes and
+retention.
 
 `python -m tests.dataplane.cases_shards` writes spec/vectors/shards/*.json; tests/dataplane/test_vectors.py
 fails when the committed files and these cases disagree, and replays the files through
@@ -18,6 +19,9 @@ from crypto.merkle import merkle_root
 from node.dataplane.conformance import (
     check_bitfield_case,
     check_have_case,
+    check_head_case,
+    check_head_match_case,
+    check_head_of_case,
     check_manifest_case,
     check_range_case,
     check_retention_case,
@@ -25,8 +29,17 @@ from node.dataplane.conformance import (
 )
 from protocol.codec import encode, to_wire
 from protocol.envelope import MAX_CLOCK_SKEW_MS, Envelope, seal, signing_digest
-from protocol.messages import CheckpointManifest, ShardHave, ShardInfo
-from protocol.shards import encode_bitfield, have_path, latest_manifest_path, manifest_path, shard_path
+from protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, ShardInfo
+from protocol.shards import (
+    MAX_SHARD_SIZE,
+    MAX_SHARDS,
+    encode_bitfield,
+    have_path,
+    latest_manifest_path,
+    manifest_head,
+    manifest_path,
+    shard_path,
+)
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.vector_files import VectorFiles
 
@@ -109,6 +122,93 @@ def manifest_cases() -> Iterator[Vector]:
     flipped = bytearray(_sealed(_manifest()))
     flipped[-10] ^= 1  # inside the signature
     yield case("invalid-tampered-signature", bytes(flipped))
+
+
+def _head(**changes: Any) -> CheckpointHead:
+    return dataclasses.replace(manifest_head(_manifest()), **changes)
+
+
+def head_cases() -> Iterator[Vector]:
+    """A gossiped head: signed by the run's trainer and internally consistent (spec/shards.md, heads)."""
+
+    def case(name: str, envelope: bytes, now_ms: int = NOW_MS) -> Vector:
+        inp = {"run": RUN, "trainer": _h(TRAINER.address), "now_ms": now_ms, "envelope": _h(envelope)}
+        return _case(f"head/{name}", "shard-head", inp, check_head_case)
+
+    yield case("valid", _sealed(_head()))
+    yield case("valid-version-0", _sealed(_head(version=0, parent_version=0)))
+    yield case("valid-max-shards", _sealed(_head(shard_count=MAX_SHARDS, total_size=MAX_SHARDS)))
+    yield case("invalid-signed-by-another-key", _sealed(_head(), OTHER))
+    yield case("invalid-manifest-not-head", _sealed(_manifest()))
+    yield case("ignore-other-run", _sealed(_head(run="other-run"), run="other-run"))
+    yield case("ignore-from-the-future", _sealed(_head(), ts=NOW_MS + 2 * MAX_CLOCK_SKEW_MS))
+    yield case("invalid-body-run-differs", _sealed(_head(run="other-run")))
+    yield case("invalid-no-shards", _sealed(_head(shard_count=0, total_size=0)))
+    yield case("invalid-too-many-shards", _sealed(_head(shard_count=MAX_SHARDS + 1)))
+    yield case("invalid-total-below-shard-count", _sealed(_head(shard_count=3, total_size=2)))
+    yield case("invalid-total-above-max-shards", _sealed(_head(shard_count=1, total_size=MAX_SHARD_SIZE + 1)))
+    yield case("invalid-parent-not-older", _sealed(_head(parent_version=7)))
+    yield case("invalid-version-0-with-parent", _sealed(_head(version=0, parent_version=1)))
+    flipped = bytearray(_sealed(_head()))
+    flipped[-10] ^= 1  # inside the signature
+    yield case("invalid-tampered-signature", bytes(flipped))
+
+
+def head_of_cases() -> Iterator[Vector]:
+    """The head a trainer gossips for a manifest: its canonical bytes and the manifest body's sha256."""
+
+    def case(name: str, manifest: CheckpointManifest) -> Vector:
+        inp = {"run": RUN, "trainer": _h(TRAINER.address), "now_ms": NOW_MS}
+        inp["manifest"] = _h(_sealed(manifest))
+        return _case(f"head-of/{name}", "shard-head-of", inp, check_head_of_case)
+
+    yield case("three-shards", _manifest())
+    yield case("version-0", _manifest(version=0, parent_version=0))
+    long = tuple(
+        ShardInfo(f"model-{i + 1:05d}-of-00040-{'x' * 95}.safetensors", 50 << 20, bytes([i + 1]) * 32)
+        for i in range(40)
+    )
+    yield case("forty-long-names", _manifest(shards=long))
+
+
+def head_match_cases() -> Iterator[Vector]:
+    """A manifest fetched for a trusted head is kept only if it is the manifest the head names."""
+    manifest = _manifest()
+    head = manifest_head(manifest)
+
+    def case(name: str, envelope: bytes, named: CheckpointHead = head) -> Vector:
+        inp = {
+            "run": RUN,
+            "trainer": _h(TRAINER.address),
+            "now_ms": NOW_MS,
+            "head": _h(_sealed(named)),
+            "manifest": _h(envelope),
+        }
+        return _case(f"head-match/{name}", "shard-head-match", inp, check_head_match_case)
+
+    yield case("valid", _sealed(manifest))
+    yield case("valid-old-timestamp", _sealed(manifest, ts=NOW_MS - 30 * MAX_CLOCK_SKEW_MS))
+    yield case("invalid-signed-by-another-key", _sealed(manifest, OTHER))
+    yield case("invalid-head-not-manifest", _sealed(head))
+    bad_root = _unvalidated_envelope(_manifest(merkle_root=bytes(32)))
+    yield case("invalid-manifest-inconsistent", bad_root, _head(merkle_root=bytes(32)))
+    for field, value in [
+        ("version", 8),
+        ("parent_version", 5),
+        ("model_config_hash", bytes(32)),
+        ("total_size", manifest.total_size + 1),
+        ("shard_count", 4),
+        ("merkle_root", bytes(32)),
+        ("created_ms", NOW_MS + 1),
+    ]:
+        name = f"invalid-head-{field.replace('_', '-')}-differs"
+        yield case(name, _sealed(manifest), _head(**{field: value}))
+    yield case("invalid-head-digest-differs", _sealed(manifest), _head(manifest_digest=bytes(32)))
+    renamed = (dataclasses.replace(manifest.shards[0], name="renamed.safetensors"), *manifest.shards[1:])
+    yield case("invalid-shard-renamed-same-root", _sealed(_manifest(shards=renamed)))
+    resized = (dataclasses.replace(manifest.shards[0], size=999), manifest.shards[1])
+    resized += (dataclasses.replace(manifest.shards[2], size=manifest.shards[2].size + 1),)
+    yield case("invalid-sizes-moved-same-total", _sealed(_manifest(shards=resized)))
 
 
 def bitfield_cases() -> Iterator[Vector]:
@@ -209,6 +309,9 @@ def retention_cases() -> Iterator[Vector]:
 
 SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
     "shards-manifest": manifest_cases,
+    "shards-head": head_cases,
+    "shards-head-of": head_of_cases,
+    "shards-head-match": head_match_cases,
     "shards-have": have_cases,
     "shards-bitfield": bitfield_cases,
     "shards-range": range_cases,

@@ -33,6 +33,15 @@ def test_expected_verdicts_are_the_documented_ones() -> None:
     assert by_name["manifest/invalid-wrong-merkle-root"] == {"verdict": "reject", "reason": 608}
     assert by_name["manifest/ignore-from-the-future"] == {"verdict": "ignore", "reason": 206}
     assert by_name["manifest/invalid-tampered-signature"] == {"verdict": "reject", "reason": 500}
+    assert by_name["head/valid"]["shard_count"] == 3
+    assert by_name["head/invalid-signed-by-another-key"] == {"verdict": "reject", "reason": 501}
+    assert by_name["head/invalid-manifest-not-head"] == {"verdict": "reject", "reason": 411}
+    assert by_name["head/invalid-no-shards"] == {"verdict": "reject", "reason": 600}
+    assert by_name["head-of/three-shards"]["head"].startswith("0x89a372756e")  # a 9-field map, `run` first
+    assert by_name["head-match/valid"] == {"verdict": "accept", "version": 7, "shards": 3}
+    assert by_name["head-match/invalid-head-merkle-root-differs"] == {"verdict": "reject", "reason": 600}
+    assert by_name["head-match/invalid-head-digest-differs"] == {"verdict": "reject", "reason": 608}
+    assert by_name["head-match/invalid-shard-renamed-same-root"] == {"verdict": "reject", "reason": 608}
     assert by_name["have/invalid-other-root"] == {"verdict": "reject", "reason": 607}
     assert by_name["bitfield/invalid-spare-bit-set"] == {"verdict": "reject", "reason": 600}
     assert by_name["range/unsatisfiable-start"] == {"status": 416}

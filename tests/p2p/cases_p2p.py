@@ -26,7 +26,7 @@ from node.roles.trainer import dev_run_descriptor
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, seal
 from protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
-from protocol.messages import CheckpointManifest, ShardHave, Verdict
+from protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, Verdict
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.vector_files import VectorFiles
 
@@ -183,9 +183,23 @@ def gossip_message_cases() -> Iterator[Vector]:
         merkle_root=bytes(32),
         created_ms=NOW_MS,
     )
-    yield case("checkpoint-manifest", "checkpoints", seal(TRAINER, manifest, run=RUN, seq=12, ts=NOW_MS))
+    head = CheckpointHead(
+        run=RUN,
+        version=4,
+        parent_version=3,
+        model_config_hash=bytes(32),
+        total_size=1 << 40,
+        shard_count=1300,
+        merkle_root=bytes(range(32)),
+        manifest_digest=bytes(range(32, 64)),
+        created_ms=NOW_MS,
+    )
+    yield case("checkpoint-head", "checkpoints", seal(TRAINER, head, run=RUN, seq=12, ts=NOW_MS))
     envelope = decode(Envelope, good)
     yield case("invalid-oversized-for-topic", "shards", b"\x00" * 5000)
+    # a manifest travels over HTTP (spec/shards.md, Checkpoint heads): never on `checkpoints`
+    whole = seal(TRAINER, manifest, run=RUN, seq=16, ts=NOW_MS)
+    yield case("invalid-manifest-on-checkpoints", "checkpoints", whole)
     yield case("invalid-verdict-on-shards", "shards", seal(sender, verdict, run=RUN, seq=13, ts=NOW_MS))
     yield case("invalid-shard-have-on-verdicts", "verdicts", good)
     yield case("invalid-garbage", "shards", b"\xc1")

@@ -1,7 +1,7 @@
 """Topic authority: the pure predicate, the message rule with it, the validator hook, and real gossip.
 
-A message whose signer has no authority for its topic is refused before it is forwarded: a manifest
-from anyone but the run's trainer, a verdict from anyone but an eligible validator, a ledger entry from
+A message whose signer has no authority for its topic is refused before it is forwarded: a checkpoint
+head from anyone but the run's trainer, a verdict from anyone but an eligible validator, a ledger entry from
 an unregistered node or with a bad operation (spec/gossip.md, Authority).
 """
 
@@ -46,7 +46,8 @@ from protocol import ids
 from protocol.envelope import seal
 from protocol.errors import Ignore, Reject
 from protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
-from protocol.messages import CheckpointManifest, ShardInfo, Verdict
+from protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo, Verdict
+from protocol.shards import manifest_head
 from tests.p2p.helpers import RUN, swarm, wait_until
 
 NOW = 1_800_000_000_000
@@ -166,6 +167,10 @@ def manifest(shards: int = 0) -> CheckpointManifest:
     )
 
 
+def head() -> CheckpointHead:
+    return manifest_head(manifest(1))
+
+
 def verdict() -> Verdict:
     return Verdict(
         run=RUN,
@@ -199,21 +204,26 @@ def rule(kind: str, data: bytes, view: AuthorityView = FULL) -> str:
     return verdict_of(check)
 
 
-def test_a_near_cap_manifest_from_anyone_but_the_trainer_is_refused() -> None:
-    big = manifest(8192)
-    forged = seal(STRANGER, big, run=RUN, seq=1, ts=OLD)
-    assert len(forged) > 550_000  # 8192 shards: the most a manifest may list
+def test_a_head_from_anyone_but_the_trainer_is_refused() -> None:
+    forged = seal(STRANGER, head(), run=RUN, seq=1, ts=OLD)
     assert rule("checkpoints", forged) == "reject UNAUTHORISED"
-    assert rule("checkpoints", seal(TRAINER, big, run=RUN, seq=1, ts=NOW)) == "accept"
+    assert rule("checkpoints", seal(TRAINER, head(), run=RUN, seq=1, ts=NOW)) == "accept"
     assert rule("checkpoints", forged, AuthorityView()) == "ignore NOT_FOR_US"
     # claiming the trainer's address without its key fails the signature that follows
-    claimed = seal(STRANGER, big, run=RUN, seq=1, ts=NOW)
+    claimed = seal(STRANGER, head(), run=RUN, seq=1, ts=NOW)
     claimed = claimed.replace(STRANGER.address, TRAINER.address)
     assert rule("checkpoints", claimed) == "reject BAD_SIGNATURE"
 
 
+def test_checkpoints_carry_heads_never_whole_manifests() -> None:
+    """A manifest is fetched over HTTP: on gossip even the trainer's is refused, a big one unread."""
+    big = seal(TRAINER, manifest(8192), run=RUN, seq=1, ts=NOW)
+    assert len(big) > 550_000 and rule("checkpoints", big) == "reject OVERSIZED"
+    assert rule("checkpoints", seal(TRAINER, manifest(1), run=RUN, seq=2, ts=NOW)) == "reject UNKNOWN_TYPE"
+
+
 def test_header_checks_keep_their_verdicts_before_authority() -> None:
-    other_run = seal(STRANGER, dataclasses.replace(manifest(), run="other"), run="other", seq=1, ts=OLD)
+    other_run = seal(STRANGER, dataclasses.replace(head(), run="other"), run="other", seq=1, ts=OLD)
     assert rule("checkpoints", other_run) == "ignore WRONG_RUN"
     assert rule("checkpoints", seal(STRANGER, verdict(), run=RUN, seq=1, ts=OLD)) == "reject UNKNOWN_TYPE"
     assert rule("checkpoints", b"\xc1") == "reject UNDECODABLE"
@@ -280,22 +290,22 @@ def test_unauthorised_messages_charge_the_forwarder_until_banned() -> None:
     def push(kind: str, data: bytes) -> bool:
         return gossip._validate(kind, forwarder, rpc_pb2.Message(data=data, topicIDs=[ids.topic(RUN, kind)]))
 
-    assert not push("checkpoints", seal(TRAINER, manifest(), run=RUN, seq=1, ts=NOW))  # no descriptor yet
+    assert not push("checkpoints", seal(TRAINER, head(), run=RUN, seq=1, ts=NOW))  # no descriptor yet
     assert gossip.stats["checkpoints"].ignored["NOT_FOR_US"] == 1
     assert guard.scores.score(str(forwarder), 0.0) == 0.0
     gossip.set_trainer(TRAINER.address)
-    assert push("checkpoints", seal(TRAINER, manifest(), run=RUN, seq=2, ts=NOW))
+    assert push("checkpoints", seal(TRAINER, head(), run=RUN, seq=2, ts=NOW))
     penalty = ScoreParams().unauthorised_penalty
     threshold = -ScoreParams().ban_threshold
     for seq in range(int(threshold / penalty)):
-        assert not push("checkpoints", seal(STRANGER, manifest(), run=RUN, seq=10 + seq, ts=NOW))
+        assert not push("checkpoints", seal(STRANGER, head(), run=RUN, seq=10 + seq, ts=NOW))
     assert gossip.stats["checkpoints"].rejected["UNAUTHORISED"] == int(threshold / penalty)
     assert guard.is_banned(forwarder)
     gossip.set_ledger_view(ledger_view(as_of=NOW))
     assert push("verdicts", seal(VALIDATOR, verdict(), run=RUN, seq=3, ts=NOW)) is False  # banned now
 
 
-# --- real gossip: a forged-signer manifest never reaches a third node -----------------------------------
+# --- real gossip: a forged-signer head never reaches a third node ---------------------------------------
 
 
 async def _plain_pubsub(host):  # type: ignore[no-untyped-def]
@@ -313,7 +323,7 @@ async def _plain_pubsub(host):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.timeout(120)
-def test_forged_manifest_and_ledger_junk_are_not_forwarded(tmp_path: Path) -> None:
+def test_forged_head_and_ledger_junk_are_not_forwarded(tmp_path: Path) -> None:
     async def main() -> None:
         async with swarm(tmp_path, ["bootstrap", "trainer", "relay", "worker"]) as nodes:
             trainer, relay, worker = nodes[1], nodes[2].net, nodes[3].net
@@ -333,12 +343,11 @@ def test_forged_manifest_and_ledger_junk_are_not_forwarded(tmp_path: Path) -> No
                     await host.connect(target)
                     checkpoints, ledger = ids.topic(RUN, "checkpoints"), ids.topic(RUN, "ledger")
                     await pubsub.wait_for_subscription(target.peer_id, checkpoints, timeout=10)
-                    big = manifest(8192)
-                    await pubsub.publish(checkpoints, seal(attacker, big, run=RUN, seq=1, ts=wall_ms()))
+                    await pubsub.publish(checkpoints, seal(attacker, head(), run=RUN, seq=1, ts=wall_ms()))
                     junk = entry(secrets.token_bytes(100_000))
                     await pubsub.publish(ledger, seal(attacker, junk, run=RUN, seq=2, ts=wall_ms()))
-                    # control: the same path carries an authentic manifest of the trainer to the worker
-                    real = seal(trainer.identity, big, run=RUN, seq=wall_ms() * 1000, ts=wall_ms())
+                    # control: the same path carries an authentic head of the trainer to the worker
+                    real = seal(trainer.identity, head(), run=RUN, seq=wall_ms() * 1000, ts=wall_ms())
                     await pubsub.publish(checkpoints, real)
                     await wait_until(lambda: worker.gossip.stats["checkpoints"].delivered == 1, timeout=20)
                     await wait_until(

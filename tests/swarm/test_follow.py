@@ -1,8 +1,9 @@
 """Checkpoints through the swarm, in process: a trainer's origin, a relay, a following worker, real libp2p.
 
 The worker is given nothing but the bootstrap address: it finds the relay through the DHT, hears the
-manifest on gossip (or its HTTP long poll), fetches the shards from the relay, verifies them, and the relay
-announces what it holds on `shards` and as a DHT provider of the version.
+checkpoint head on gossip (and fetches the manifest it names) or the manifest on its HTTP long poll,
+fetches the shards from the relay, verifies them, and the relay announces what it holds on `shards` and
+as a DHT provider of the version.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ class OriginOnlyTrainerWork(IdleTrainerWork):
         manifest, _ = await self.origin.origin.publish(
             _state(version), version=version, parent_version=max(version - 1, 0), model_config_hash=bytes(32)
         )
-        await self.net.publish("checkpoints", manifest)
+        entry = self.origin.catalog.get(version)
+        assert entry is not None
+        await self.net.publish("checkpoints", entry.head)  # as the trainer work does
         return manifest.merkle_root
 
 

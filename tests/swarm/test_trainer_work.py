@@ -607,7 +607,7 @@ def test_the_trainer_pulls_from_a_validator_it_finds_trains_and_gossips_checkpoi
                 await nursery.start(runtime.run)
             received = validator.work.received  # type: ignore[attr-defined]
             await wait_until(
-                lambda: work.done and bool(received.get("checkpoints/checkpoint_manifest")), timeout=20
+                lambda: work.done and bool(received.get("checkpoints/checkpoint_head")), timeout=20
             )
             status = work.status()
             assert json.loads(json.dumps(status)) == status

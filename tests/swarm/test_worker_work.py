@@ -606,7 +606,7 @@ def test_submissions_reach_a_validator_found_through_the_dht(tmp_path):
             assert (
                 status["version"] is None
                 and status["submitted"] == 0
-                and status["follower"]["gossip_manifests"] == 0
+                and status["follower"]["gossip_heads"] == 0
             )
 
     trio.run(main)
