@@ -14,114 +14,30 @@ bytes at most `DEFAULT_MAX_LEN`, tuples at most `DEFAULT_MAX_ITEMS`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import re
 import types
-import typing
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any
 
 import msgpack
 
+from protocol._codec_fast import DECLINED, fast_decode, fast_encode
+from protocol._codec_schema import (  # noqa: F401 - re-exported: the schema language is part of this API
+    DEFAULT_MAX_ITEMS,
+    DEFAULT_MAX_LEN,
+    MAX_KEY_LEN,
+    U64_MAX,
+    FieldSpec,
+    M,
+    MaxLen,
+    Message,
+    Pattern,
+    Range,
+    Size,
+    UnpackLimits,
+    schema,
+    unpack_limits,
+)
 from protocol.errors import Reason, Reject
-
-U64_MAX = 2**64 - 1
-DEFAULT_MAX_LEN = 1024
-DEFAULT_MAX_ITEMS = 1024
-
-
-@dataclass(frozen=True)
-class Size:
-    """Exact length of a bytes field."""
-
-    n: int
-
-
-@dataclass(frozen=True)
-class MaxLen:
-    """Upper bound on the length of a bytes, str or tuple field."""
-
-    n: int
-
-
-@dataclass(frozen=True)
-class Range:
-    """Inclusive bounds of an int field."""
-
-    lo: int
-    hi: int
-
-
-@dataclass(frozen=True)
-class Pattern:
-    """A str field must match this regular expression in full."""
-
-    regex: str
-
-
-class Message(Protocol):
-    """What every wire message class provides."""
-
-    TYPE: ClassVar[str]
-    MAX_SIZE: ClassVar[int]
-
-
-M = TypeVar("M")
-
-
-# --- schema --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FieldSpec:
-    name: str
-    kind: str  # "int" | "bool" | "float" | "str" | "bytes" | "tuple" | "message"
-    size: int | None = None
-    max_len: int | None = None
-    lo: int = 0
-    hi: int = U64_MAX
-    pattern: re.Pattern[str] | None = None
-    item: FieldSpec | None = None
-    message_cls: type | None = None
-
-
-def _spec_for(name: str, hint: Any) -> FieldSpec:
-    metadata: tuple[Any, ...] = ()
-    if typing.get_origin(hint) is typing.Annotated:
-        hint, *rest = typing.get_args(hint)
-        metadata = tuple(rest)
-    size = next((m.n for m in metadata if isinstance(m, Size)), None)
-    max_len = next((m.n for m in metadata if isinstance(m, MaxLen)), None)
-    bounds = next((m for m in metadata if isinstance(m, Range)), Range(0, U64_MAX))
-    pattern = next((re.compile(m.regex) for m in metadata if isinstance(m, Pattern)), None)
-    if hint is bool:
-        return FieldSpec(name, "bool")
-    if hint is int:
-        return FieldSpec(name, "int", lo=bounds.lo, hi=bounds.hi)
-    if hint is float:
-        return FieldSpec(name, "float")
-    if hint is str:
-        return FieldSpec(name, "str", max_len=max_len or DEFAULT_MAX_LEN, pattern=pattern)
-    if hint is bytes:
-        return FieldSpec(name, "bytes", size=size, max_len=max_len or size or DEFAULT_MAX_LEN)
-    if typing.get_origin(hint) is tuple:
-        item_hint, ellipsis = typing.get_args(hint)
-        if ellipsis is not Ellipsis:
-            raise TypeError(f"{name}: only homogeneous tuple[T, ...] fields are supported")
-        return FieldSpec(name, "tuple", max_len=max_len or DEFAULT_MAX_ITEMS, item=_spec_for(name, item_hint))
-    if dataclasses.is_dataclass(hint):
-        return FieldSpec(name, "message", message_cls=hint)
-    raise TypeError(f"{name}: unsupported field type {hint!r}")
-
-
-@functools.cache
-def schema(cls: type) -> tuple[FieldSpec, ...]:
-    """The field specs of a message class, in wire order (declaration order)."""
-    if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
-        raise TypeError(f"{cls.__name__} is not a frozen dataclass")
-    hints = typing.get_type_hints(cls, include_extras=True)
-    return tuple(_spec_for(f.name, hints[f.name]) for f in dataclasses.fields(cls))
-
 
 # --- encoding ------------------------------------------------------------------------------------
 
@@ -140,7 +56,20 @@ def to_wire(message: Any) -> dict[str, Any]:
 
 
 def encode(message: Any) -> bytes:
-    """Canonical bytes of a message. Validates every field first, so nothing invalid is ever signed."""
+    """Canonical bytes of a message. Validates every field first, so nothing invalid is ever signed.
+
+    A plan compiled once per class (`protocol._codec_fast`) does the work; where it declines (a fault, or
+    a shape it does not handle) the reference encoder decides and names the fault.
+    """
+    try:
+        return fast_encode(message)
+    except DECLINED:
+        pass  # outside the handler the reference runs with the fast path's frames already freed
+    return reference_encode(message)
+
+
+def reference_encode(message: Any) -> bytes:
+    """The straightforward encoder: the definition the fast path is held to (tests/test_codec_fast.py)."""
     validate(message)
     return msgpack.packb(to_wire(message), use_bin_type=True)
 
@@ -205,7 +134,8 @@ def _check_value(spec: FieldSpec, value: Any, where: str) -> Any:
         if isinstance(value, spec.message_cls):
             validate(value)
             return value
-        raise _malformed(Reason.WRONG_FIELD_TYPE, where, f"expected {spec.message_cls.__name__}, got {type(value).__name__}")
+        expected = spec.message_cls.__name__
+        raise _malformed(Reason.WRONG_FIELD_TYPE, where, f"expected {expected}, got {type(value).__name__}")
     raise AssertionError(kind)
 
 
@@ -225,7 +155,6 @@ def validate(message: Any) -> None:
 # nested container. Memory is bounded by the decoded message plus one field's worth of garbage; the
 # first fault in wire order is the one reported (spec/wire.md, "Decoding limits").
 
-MAX_KEY_LEN = 64  # a map key longer than any field name is an unknown field, refused unread
 
 _FAMILY: tuple[str, ...] = tuple(
     "int" if b <= 0x7F or b >= 0xE0 or 0xCC <= b <= 0xD3
@@ -240,7 +169,8 @@ _FAMILY: tuple[str, ...] = tuple(
     for b in range(256)
 )
 _KIND_FAMILY = {
-    "int": "int", "bool": "bool", "float": "float", "str": "str", "bytes": "bin", "tuple": "array", "message": "map",
+    "int": "int", "bool": "bool", "float": "float", "str": "str", "bytes": "bin", "tuple": "array",
+    "message": "map",
 }
 _WIDTH = {0xD9: 1, 0xC4: 1, 0xDA: 2, 0xC5: 2, 0xDC: 2, 0xDE: 2, 0xDB: 4, 0xC6: 4, 0xDD: 4, 0xDF: 4}
 
@@ -252,42 +182,6 @@ def _canonical_header_size(family: str, n: int) -> int:
     if family in ("str", "bin") and n < 256:
         return 2
     return 3 if n < 65536 else 5
-
-
-@dataclass(frozen=True)
-class UnpackLimits:
-    """msgpack's own per-object caps, the largest the schema tree of one message type allows."""
-
-    max_str_len: int
-    max_bin_len: int
-    max_array_len: int
-    max_map_len: int
-
-
-@functools.cache
-def unpack_limits(cls: type) -> UnpackLimits:
-    """Derive msgpack's structural limits from a message class's schema (and its nested messages)."""
-    strs, bins, arrays, maps = [MAX_KEY_LEN], [0], [0], [len(schema(cls))]
-
-    def visit(spec: FieldSpec) -> None:
-        if spec.kind == "str":
-            strs.append(spec.max_len or 0)
-        elif spec.kind == "bytes":
-            bins.append(spec.max_len or 0)
-        elif spec.kind == "tuple":
-            assert spec.item is not None
-            arrays.append(spec.max_len or 0)
-            visit(spec.item)
-        elif spec.kind == "message":
-            limits = unpack_limits(spec.message_cls)  # type: ignore[arg-type]
-            strs.append(limits.max_str_len)
-            bins.append(limits.max_bin_len)
-            arrays.append(limits.max_array_len)
-            maps.append(limits.max_map_len)
-
-    for spec in schema(cls):
-        visit(spec)
-    return UnpackLimits(max(strs), max(bins), max(arrays), max(maps))
 
 
 def _check_framing(data: bytes) -> None:
@@ -401,8 +295,8 @@ class _Reader:
         return key  # type: ignore[no-any-return]
 
     def _key_fault(self, specs: tuple[FieldSpec, ...], where: str, keys: list[str], remaining: int) -> None:
-        """Name what is wrong with a map whose keys left the schema's order; reads at most one key more
-        than the schema has fields, skipping values unbuilt. Precedence: unknown, duplicate, missing, order."""
+        """Name what is wrong with a map whose keys left the schema's order; reads at most one key more than
+        the schema has fields, skipping values unbuilt. Precedence: unknown, duplicate, missing, order."""
         names = [s.name for s in specs]
         while True:
             if keys[-1] not in names:
@@ -465,6 +359,23 @@ class _Reader:
 
 def decode(cls: type[M], data: bytes, *, max_size: int | None = None) -> M:
     """Decode canonical bytes into `cls`, or raise Reject. Total: no other exception escapes.
+
+    A plan compiled once per class (`protocol._codec_fast`) accepts exactly what `reference_decode`
+    accepts; at the first fault it declines and the reference names it (same Reject, same precedence).
+    """
+    cap = max_size if max_size is not None else getattr(cls, "MAX_SIZE", None)
+    if cap is not None and len(data) > cap:
+        raise Reject(Reason.OVERSIZED, f"{cls.__name__} of {len(data)} bytes exceeds the cap of {cap}")
+    if type(data) is bytes:
+        try:
+            return fast_decode(cls, data)  # type: ignore[no-any-return]
+        except DECLINED:
+            pass  # outside the handler the reference runs with the fast path's garbage already freed
+    return reference_decode(cls, data, max_size=max_size)
+
+
+def reference_decode(cls: type[M], data: bytes, *, max_size: int | None = None) -> M:
+    """The schema-guided walk: the definition the fast path is held to, and the one that names faults.
 
     Order: the type's size cap; the framing (one whole msgpack object, nothing after it) checked
     without building anything; then the schema-guided walk (each value's type and declared length

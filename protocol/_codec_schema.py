@@ -1,0 +1,152 @@
+"""The schema language of canonical messages: field constraints and the field specs derived from them.
+
+Split from `protocol.codec` so that the reference codec there and its fast path (`protocol._codec_fast`)
+build on one definition of a message's fields; `protocol.codec` re-exports every name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+U64_MAX = 2**64 - 1
+DEFAULT_MAX_LEN = 1024
+DEFAULT_MAX_ITEMS = 1024
+
+
+@dataclass(frozen=True)
+class Size:
+    """Exact length of a bytes field."""
+
+    n: int
+
+
+@dataclass(frozen=True)
+class MaxLen:
+    """Upper bound on the length of a bytes, str or tuple field."""
+
+    n: int
+
+
+@dataclass(frozen=True)
+class Range:
+    """Inclusive bounds of an int field."""
+
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A str field must match this regular expression in full."""
+
+    regex: str
+
+
+class Message(Protocol):
+    """What every wire message class provides."""
+
+    TYPE: ClassVar[str]
+    MAX_SIZE: ClassVar[int]
+
+
+M = TypeVar("M")
+
+
+# --- schema --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    kind: str  # "int" | "bool" | "float" | "str" | "bytes" | "tuple" | "message"
+    size: int | None = None
+    max_len: int | None = None
+    lo: int = 0
+    hi: int = U64_MAX
+    pattern: re.Pattern[str] | None = None
+    item: FieldSpec | None = None
+    message_cls: type | None = None
+
+
+def _spec_for(name: str, hint: Any) -> FieldSpec:
+    metadata: tuple[Any, ...] = ()
+    if typing.get_origin(hint) is typing.Annotated:
+        hint, *rest = typing.get_args(hint)
+        metadata = tuple(rest)
+    size = next((m.n for m in metadata if isinstance(m, Size)), None)
+    max_len = next((m.n for m in metadata if isinstance(m, MaxLen)), None)
+    bounds = next((m for m in metadata if isinstance(m, Range)), Range(0, U64_MAX))
+    pattern = next((re.compile(m.regex) for m in metadata if isinstance(m, Pattern)), None)
+    if hint is bool:
+        return FieldSpec(name, "bool")
+    if hint is int:
+        return FieldSpec(name, "int", lo=bounds.lo, hi=bounds.hi)
+    if hint is float:
+        return FieldSpec(name, "float")
+    if hint is str:
+        return FieldSpec(name, "str", max_len=max_len or DEFAULT_MAX_LEN, pattern=pattern)
+    if hint is bytes:
+        return FieldSpec(name, "bytes", size=size, max_len=max_len or size or DEFAULT_MAX_LEN)
+    if typing.get_origin(hint) is tuple:
+        item_hint, ellipsis = typing.get_args(hint)
+        if ellipsis is not Ellipsis:
+            raise TypeError(f"{name}: only homogeneous tuple[T, ...] fields are supported")
+        return FieldSpec(name, "tuple", max_len=max_len or DEFAULT_MAX_ITEMS, item=_spec_for(name, item_hint))
+    if dataclasses.is_dataclass(hint):
+        return FieldSpec(name, "message", message_cls=hint)
+    raise TypeError(f"{name}: unsupported field type {hint!r}")
+
+
+@functools.cache
+def schema(cls: type) -> tuple[FieldSpec, ...]:
+    """The field specs of a message class, in wire order (declaration order)."""
+    if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+        raise TypeError(f"{cls.__name__} is not a frozen dataclass")
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple(_spec_for(f.name, hints[f.name]) for f in dataclasses.fields(cls))
+
+
+
+# --- decoding limits -----------------------------------------------------------------------------
+
+MAX_KEY_LEN = 64  # a map key longer than any field name is an unknown field, refused unread
+
+
+@dataclass(frozen=True)
+class UnpackLimits:
+    """msgpack's own per-object caps, the largest the schema tree of one message type allows."""
+
+    max_str_len: int
+    max_bin_len: int
+    max_array_len: int
+    max_map_len: int
+
+
+@functools.cache
+def unpack_limits(cls: type) -> UnpackLimits:
+    """Derive msgpack's structural limits from a message class's schema (and its nested messages)."""
+    strs, bins, arrays, maps = [MAX_KEY_LEN], [0], [0], [len(schema(cls))]
+
+    def visit(spec: FieldSpec) -> None:
+        if spec.kind == "str":
+            strs.append(spec.max_len or 0)
+        elif spec.kind == "bytes":
+            bins.append(spec.max_len or 0)
+        elif spec.kind == "tuple":
+            assert spec.item is not None
+            arrays.append(spec.max_len or 0)
+            visit(spec.item)
+        elif spec.kind == "message":
+            limits = unpack_limits(spec.message_cls)  # type: ignore[arg-type]
+            strs.append(limits.max_str_len)
+            bins.append(limits.max_bin_len)
+            arrays.append(limits.max_array_len)
+            maps.append(limits.max_map_len)
+
+    for spec in schema(cls):
+        visit(spec)
+    return UnpackLimits(max(strs), max(bins), max(arrays), max(maps))
