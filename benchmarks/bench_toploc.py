@@ -1,6 +1,6 @@
 """TOPLOC proof cost against the cheapest thing a prover must do anyway: a plain top-k over the chunks.
 
-Usage: `python benchmarks/bench_toploc.py [--repeats N]`. Progress goes to stderr; the last line on
+Usage: `python benchmarks/bench_toploc.py [--repeats N] [--quick]`. Progress goes to stderr; the last line on
 stdout is one JSON object (snake_case keys, ratios end in `_ratio`). Each section is a function
 returning its own keys, so further sections (the lead's tiny-model generation vs proof time) are
 appended to `SECTIONS` without touching this one. Times are the minimum over repeats: the machine
@@ -73,7 +73,6 @@ def proofs_section(args: argparse.Namespace) -> dict[str, float | int]:
     }
 
 
-# Later: a tiny-model section (generation time vs proof time) is appended here.
 def _cheat_engines(base: Path) -> dict[str, object]:
     """Engines a cheating worker might run instead of the claimed checkpoint."""
     from node.rl.engine import TransformersEngine
@@ -93,42 +92,49 @@ def _cheat_engines(base: Path) -> dict[str, object]:
 
 
 def tiny_model_section(args: argparse.Namespace) -> dict[str, float | int]:
-    """The devnet's model end to end: generation vs proofs vs validator prefill, false positives, detection."""
-    from crypto.toploc import CalibratedPolicy, judge
+    """The devnet's model end to end on one whole submission (32 prompts x 8 completions): generation,
+    the worker's proofs (one batched pass), and the validator's model checks (`check_model_outputs`:
+    one batched prefill, then TOPLOC, termination, logprobs and sampling); then false positives and
+    detection at the devnet's bounds."""
+    from crypto.toploc import CalibratedPolicy, build_proofs_batch, judge
     from node.rl.calibration import submission_aggregate
     from node.rl.engine import TransformersEngine
-    from node.rl.rollouts import build_submission, task_prompt_ids
+    from node.rl.rollouts import assigned_tasks, build_submission, generate_groups
     from node.rl.run import DEVNET_MODEL, devnet_policy, devnet_run
+    from node.rl.validation import ValidationContext, check_model_outputs
 
     engine = TransformersEngine.from_folder(DEVNET_MODEL)
     setup = devnet_run(b"\x01" * 20, DEVNET_MODEL, 0, info=engine.info)
     policy = devnet_policy()
     bounds = CalibratedPolicy(policy.max_mean_exp_mismatches, policy.max_mean_mant_err)
-    grpo = setup.descriptor.grpo
-    prompts = [list(task_prompt_ids(t, engine.tokenizer)) for t in setup.tasks[:8]]
-    seeds = list(range(grpo.group_size))
-    groups = [engine.generate_group(p, grpo.group_size, seeds, grpo.max_new_tokens, 1.0)
-              for p in prompts]
-    gen_s = _best_seconds(lambda: [engine.generate_group(p, grpo.group_size, seeds,
-                                                         grpo.max_new_tokens, 1.0) for p in prompts], args.repeats)
-    rows = [c.hidden_rows for g in groups for c in g]
-    proof_s = _best_seconds(lambda: [build_proofs(r) for r in rows], args.repeats)
-    pairs = [(p, list(c.tokens)) for p, g in zip(prompts, groups, strict=True) for c in g]
-    proofs = [build_proofs(r) for r in rows]
-
-    def validate() -> None:
-        for pre, pr in zip(engine.prefill_batch(pairs), proofs, strict=True):
-            verify_proofs(pre.hidden_rows, pr)
-
-    validate_s = _best_seconds(validate, args.repeats)
-    tokens = sum(len(c.tokens) for g in groups for c in g)
+    descriptor, worker, root = setup.descriptor, b"\x01" * 20, b"\0" * 32
+    tasks = [setup.dataset[t] for t in assigned_tasks(descriptor, setup.dataset_ids, worker, 0)]
+    groups = generate_groups(engine, tasks, descriptor, worker, 0)
+    gen_s = _best_seconds(lambda: generate_groups(engine, tasks, descriptor, worker, 0), args.repeats)
+    rows = [c.hidden_rows for g in groups for c in g.completions]
+    proof_s = _best_seconds(lambda: build_proofs_batch(rows), args.repeats)
+    proof_loop_s = _best_seconds(lambda: [build_proofs(r) for r in rows], max(1, args.repeats // 3))
+    sub = build_submission(engine, descriptor, setup.dataset, setup.dataset_ids, worker, 0, root, 0)
+    ctx = ValidationContext(descriptor, setup.dataset, setup.dataset_ids, 0, {0: root}, lambda _: True,
+                            engine.info, engine.tokenizer)
+    check_model_outputs(sub, ctx, engine)  # raises unless the honest submission is accepted
+    validate_s = _best_seconds(lambda: check_model_outputs(sub, ctx, engine), args.repeats)
+    pairs = [(list(g.prompt_ids), list(c.token_ids)) for g in sub.groups for c in g.completions]
+    prefill_s = _best_seconds(lambda: engine.prefill_batch(pairs), args.repeats)
+    tokens = sum(len(c.tokens) for g in groups for c in g.completions)
+    proofs = [p for g in sub.groups for c in g.completions for p in c.proofs]
+    print(
+        f"devnet submission: {tokens} tokens, generation {gen_s * 1e3:.1f} ms, proofs {proof_s * 1e3:.1f} ms "
+        f"(one completion at a time {proof_loop_s * 1e3:.1f} ms), validation {validate_s * 1e3:.1f} ms "
+        f"(prefill alone {prefill_s * 1e3:.1f} ms)",
+        file=sys.stderr,
+    )
 
     # Honest false positives over >= 1000 sequences, and each cheat's detection, at the devnet bounds.
     workers = [bytes([w]) * 20 for w in range(1, 1 + args.honest_workers)]
     sequences, honest_failed, honest_subs = 0, 0, 0
     for counter, worker in enumerate(workers):
-        sub = build_submission(engine, setup.descriptor, setup.dataset, setup.dataset_ids, worker, 0, b"\0" * 32,
-                               counter)
+        sub = build_submission(engine, descriptor, setup.dataset, setup.dataset_ids, worker, 0, root, counter)
         sequences += sum(len(g.completions) for g in sub.groups)
         honest_subs += 1
         honest_failed += not judge(submission_aggregate(sub, engine, 128, 32), bounds).passed
@@ -144,10 +150,13 @@ def tiny_model_section(args: argparse.Namespace) -> dict[str, float | int]:
         "tiny_tokens": tokens,
         "tiny_generation_ms": round(gen_s * 1e3, 3),
         "tiny_proof_build_ms": round(proof_s * 1e3, 3),
+        "tiny_proof_build_per_completion_ms": round(proof_loop_s * 1e3, 3),
         "tiny_validation_ms": round(validate_s * 1e3, 3),
-        "tiny_proof_vs_generation_ratio": round(proof_s / gen_s, 4),
-        "tiny_validation_vs_generation_ratio": round(validate_s / gen_s, 4),
-        "tiny_proof_bytes_per_token": round(sum(len(p) for pr in proofs for p in pr) / tokens, 3),
+        "tiny_prefill_ms": round(prefill_s * 1e3, 3),
+        "proof_vs_generation_ratio": round(proof_s / gen_s, 4),
+        "validation_vs_generation_ratio": round(validate_s / gen_s, 4),
+        "prefill_vs_generation_ratio": round(prefill_s / gen_s, 4),
+        "tiny_proof_bytes_per_token": round(sum(len(p) for p in proofs) / tokens, 3),
         "honest_sequences": sequences,
         "honest_submissions": honest_subs,
         "honest_false_positive_rate": honest_failed / honest_subs,
@@ -162,9 +171,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (minimum kept)")
     parser.add_argument("--honest-workers", type=int, default=32,
-                        help="honest submissions for the false-positive rate (32 x 4 prompts x 8 = 1024 sequences)")
-    parser.add_argument("--cheat-submissions", type=int, default=8, help="submissions per cheat for detection rates")
+                        help="honest submissions for the false-positive rate (32 x 32 prompts x 8 sequences)")
+    parser.add_argument("--cheat-submissions", type=int, default=8,
+                        help="submissions per cheat for detection rates")
+    parser.add_argument("--quick", action="store_true",
+                        help="3 repeats, 4 honest submissions, 2 per cheat: the ratios, not the rates")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.honest_workers, args.cheat_submissions = 3, 4, 2
     result: dict[str, float | int] = {"torch_threads": torch.get_num_threads(), "repeats": args.repeats}
     for section in SECTIONS:
         result.update(section(args))

@@ -409,3 +409,26 @@ def test_the_eos_threshold_with_two_eos_ids():
     assert eos_threshold((5, 6, 2), chosen, 1e-3, eos) == 0.0
     assert eos_threshold((5, 6, 9), not_chosen, 1e-3, eos) == 1e-3
     assert eos_threshold((5, 6, 9), chosen, 1e-3, (2,)) == 1e-3
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+def test_batched_token_scores_equal_the_per_completion_checks(honest, engine, temperature):
+    """Check 6's batched logprobs, P(EOS) and sampling are exactly the per-completion functions' values,
+    including a completion whose tokens are off the sampler."""
+    from node.rl.sampling import check_sampling, eos_probabilities, token_logprobs
+    from node.rl.validation import _token_scores
+
+    flat = [(g.prompt_ids, c) for g in honest.groups for c in g.completions]
+    off = dataclasses.replace(flat[1][1], token_ids=tuple((t + 1) % 50 for t in flat[1][1].token_ids))
+    completions = [flat[0][1], off, *(c for _, c in flat[2:])]
+    pairs = [(list(p), list(c.token_ids)) for (p, _), c in zip(flat, completions, strict=True)]
+    prefills = engine.prefill_batch(pairs)
+    eos = engine.info.eos_token_ids
+    scores = _token_scores(completions, prefills, temperature, 1e-3, eos)
+    lengths = [len(c.token_ids) for c in completions]
+    for c, pre, logp, p_eos, sampling in zip(completions, prefills, scores.logprobs.split(lengths),
+                                             scores.eos_probs.split(lengths), scores.sampling, strict=True):
+        assert sampling == check_sampling(pre.logits, c.token_ids, c.seed, temperature, 1e-3)
+        assert torch.equal(logp, token_logprobs(pre.logits, torch.tensor(c.token_ids), temperature))
+        assert torch.equal(p_eos, eos_probabilities(pre.logits, eos, temperature))
+    assert temperature == 0.0 or not scores.sampling[1].passed

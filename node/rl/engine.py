@@ -199,17 +199,23 @@ class TransformersEngine:
     def prefill_batch(
         self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 64
     ) -> list[Prefill]:
-        """`prefill` for many sequences, right-padded and run `batch_size` at a time."""
+        """`prefill` for many sequences, right-padded and run `batch_size` at a time.
+
+        One forward per batch; `lm_head` runs only on the generated positions (packed, no padding), and
+        each Prefill's tensors are views of the batch's packed rows and logits (one copy to the CPU).
+        """
         result: list[Prefill] = []
         with torch.no_grad():
             for start in range(0, len(pairs), batch_size):
                 chunk = pairs[start : start + batch_size]
                 hidden, mask, _ = self._completion_hidden([p for p, _ in chunk], [c for _, c in chunk])
-                logits = self.model.lm_head(hidden).float()
-                for i, n_tok in enumerate(mask.sum(1).tolist()):
-                    result.append(
-                        Prefill(hidden_rows=hidden[i, :n_tok].float().cpu(), logits=logits[i, :n_tok].cpu())
-                    )
+                rows = hidden[mask]  # (generated tokens of the batch, H), sequence after sequence
+                logits = self.model.lm_head(rows).float().cpu()
+                lengths = [len(c) for _, c in chunk]
+                result.extend(
+                    Prefill(hidden_rows=r, logits=lg)
+                    for r, lg in zip(rows.float().cpu().split(lengths), logits.split(lengths), strict=True)
+                )
         return result
 
     # ------------------------------------------------------------------ trainer

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from crypto.toploc import build_proofs
+from crypto.toploc import build_proofs_batch
 from node.rl.engine import Completion as EngineCompletion
 from node.rl.engine import InferenceEngine
 from node.rl.grpo import group_advantages, length_target_reward
@@ -24,7 +24,8 @@ from protocol.messages import Completion, RolloutGroup, RolloutSubmission, RunDe
 from protocol.runs import assignment_step
 
 
-def assigned_tasks(descriptor: RunDescriptor, dataset_ids: Sequence[bytes], worker: bytes, step: int) -> list[bytes]:
+def assigned_tasks(descriptor: RunDescriptor, dataset_ids: Sequence[bytes], worker: bytes,
+                   step: int) -> list[bytes]:
     return assign_tasks(dataset_ids, worker, step, descriptor.grpo.prompts_per_step)
 
 
@@ -72,18 +73,34 @@ def generate_group(engine: InferenceEngine, task: Task, descriptor: RunDescripto
     grpo = descriptor.grpo
     prompt = tuple(prompt_ids) if prompt_ids is not None else task_prompt_ids(task, engine.tokenizer)
     seeds = [derive_seed(descriptor.run, worker, step, task.task_id, i) for i in range(grpo.group_size)]
-    completions = engine.generate_group(list(prompt), grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature)
+    completions = engine.generate_group(list(prompt), grpo.group_size, seeds, grpo.max_new_tokens,
+                                        grpo.temperature)
     return GeneratedGroup(task, prompt, completions)
 
 
-def to_wire_group(generated: GeneratedGroup, descriptor: RunDescriptor, tokenizer: ChatTokenizer,
-                  rewards: Sequence[float] | None = None) -> RolloutGroup:
-    """Score the group, compute advantages and TOPLOC proofs, and freeze it as a RolloutGroup."""
+def completion_proofs(completions: Sequence[EngineCompletion],
+                      descriptor: RunDescriptor) -> list[list[bytes]]:
+    """TOPLOC proofs of every completion (a group's, or a whole submission's) in one vectorised pass."""
     policy = descriptor.policy
+    rows = [c.hidden_rows for c in completions]
+    return build_proofs_batch(rows, k=policy.toploc_k, chunk=policy.toploc_chunk)
+
+
+def to_wire_group(generated: GeneratedGroup, descriptor: RunDescriptor, tokenizer: ChatTokenizer,
+                  rewards: Sequence[float] | None = None,
+                  proofs: Sequence[Sequence[bytes]] | None = None) -> RolloutGroup:
+    """Score the group, compute advantages and TOPLOC proofs, and freeze it as a RolloutGroup.
+
+    `proofs` (one list per completion) are the group's when the caller built a whole submission's at once.
+    """
     tokens = [c.tokens for c in generated.completions]
     rewards = list(rewards) if rewards is not None else completion_rewards(generated.task, tokens, descriptor,
                                                                            tokenizer)
     advantages = group_advantages(torch.tensor(rewards)).tolist()
+    if proofs is None:
+        proofs = completion_proofs(generated.completions, descriptor)
+    if len(proofs) != len(generated.completions):
+        raise ValueError(f"{len(proofs)} proof lists for {len(generated.completions)} completions")
     completions = tuple(
         Completion(
             token_ids=c.tokens,
@@ -92,16 +109,16 @@ def to_wire_group(generated: GeneratedGroup, descriptor: RunDescriptor, tokenize
             advantage=float(a),
             seed=c.seed,
             ended_with_eos=c.ended_with_eos,
-            proofs=tuple(build_proofs(c.hidden_rows, k=policy.toploc_k, chunk=policy.toploc_chunk)),
+            proofs=tuple(p),
         )
-        for c, r, a in zip(generated.completions, rewards, advantages, strict=True)
+        for c, r, a, p in zip(generated.completions, rewards, advantages, proofs, strict=True)
     )
     return RolloutGroup(generated.task.task_id, generated.prompt_ids, completions)
 
 
 def build_submission(engine: InferenceEngine, descriptor: RunDescriptor, dataset: Mapping[bytes, Task],
-                     dataset_ids: Sequence[bytes], worker: bytes, checkpoint_version: int, checkpoint_root: bytes,
-                     counter: int) -> RolloutSubmission:
+                     dataset_ids: Sequence[bytes], worker: bytes, checkpoint_version: int,
+                     checkpoint_root: bytes, counter: int) -> RolloutSubmission:
     """An honest worker's submission for its `counter`-th assignment on `checkpoint_version`.
 
     A counter the run does not allow is refused (ValueError): validators would reject it 602 and slash.
@@ -111,9 +128,14 @@ def build_submission(engine: InferenceEngine, descriptor: RunDescriptor, dataset
         raise ValueError(f"counter {counter}: the run allows {allowed} submissions per version")
     step = assignment_step(checkpoint_version, counter)
     tasks = [dataset[task_id] for task_id in assigned_tasks(descriptor, dataset_ids, worker, step)]
+    generated = generate_groups(engine, tasks, descriptor, worker, step)
+    proofs = completion_proofs([c for g in generated for c in g.completions], descriptor)
+    starts = [0]
+    for g in generated:
+        starts.append(starts[-1] + len(g.completions))
     groups = tuple(
-        to_wire_group(generated, descriptor, engine.tokenizer)
-        for generated in generate_groups(engine, tasks, descriptor, worker, step)
+        to_wire_group(g, descriptor, engine.tokenizer, proofs=proofs[a:b])
+        for g, a, b in zip(generated, starts[:-1], starts[1:], strict=True)
     )
     return RolloutSubmission(descriptor.run, step, checkpoint_version, checkpoint_root, groups)
 

@@ -42,13 +42,13 @@ from crypto.toploc import (
     CalibratedPolicy,
     ChunkCheck,
     MalformedProof,
+    ProofCountMismatch,
     ToplocAggregate,
-    ToplocError,
     aggregate,
     chunk_count,
     judge,
     proof_size,
-    verify_proofs,
+    verify_proofs_batch,
 )
 from node.rl.engine import InferenceEngine, Prefill
 from node.rl.grpo import group_advantages
@@ -57,10 +57,12 @@ from node.rl.rollouts import assigned_tasks, completion_rewards, task_prompt_ids
 from node.rl.sampling import (
     SEED_BITS,
     SamplingCheck,
-    check_sampling,
     check_termination,
     derive_seed,
     eos_probabilities,
+    gumbel_from_keys,
+    position_key,
+    scale_logits,
     token_logprobs,
 )
 from node.rl.tasks import GraderFault, Task
@@ -281,21 +283,26 @@ def failing_chunks(checks: Sequence[ChunkCheck], bounds: CalibratedPolicy) -> tu
 def check_proofs(
     completions: Sequence[Completion], prefills: Sequence[Prefill], policy: ValidatorPolicy
 ) -> ToplocAggregate:
-    """TOPLOC on every completion, chunks numbered across the submission; `BadProof` names failing ones."""
-    checks: list[ChunkCheck] = []
-    for i, (completion, prefill) in enumerate(zip(completions, prefills, strict=True)):
-        offset = len(checks)
-        try:
-            checks.extend(
-                verify_proofs(
-                    prefill.hidden_rows, list(completion.proofs), k=policy.toploc_k, chunk=policy.toploc_chunk
-                )
-            )
-        except MalformedProof as exc:
-            raise BadProof(f"completion {i}: {exc}", ProofFailure((offset + exc.index,), 0.0, 0.0)) from None
-        except ToplocError as exc:  # a proof count that does not match the tokens: all its claimed chunks
-            claimed = tuple(range(offset, offset + len(completion.proofs)))
-            raise BadProof(f"completion {i}: {exc}", ProofFailure(claimed, 0.0, 0.0)) from None
+    """TOPLOC on every completion in one vectorised pass, chunks numbered across the submission;
+    `BadProof` names failing ones. Every proof is checked for its form before any is evaluated."""
+    offsets = [0]
+    for completion in completions:
+        offsets.append(offsets[-1] + len(completion.proofs))
+    try:
+        per_completion = verify_proofs_batch(
+            [p.hidden_rows for p in prefills],
+            [list(c.proofs) for c in completions],
+            k=policy.toploc_k,
+            chunk=policy.toploc_chunk,
+        )
+    except MalformedProof as exc:
+        i = exc.completion
+        raise BadProof(f"completion {i}: {exc}", ProofFailure((offsets[i] + exc.index,), 0.0, 0.0)) from None
+    except ProofCountMismatch as exc:  # a proof count that does not match the tokens: all its claimed chunks
+        i = exc.completion
+        claimed = tuple(range(offsets[i], offsets[i + 1]))
+        raise BadProof(f"completion {i}: {exc}", ProofFailure(claimed, 0.0, 0.0)) from None
+    checks = [check for chunk_checks in per_completion for check in chunk_checks]
     summary = aggregate(checks)
     bounds = CalibratedPolicy(policy.max_mean_exp_mismatches, policy.max_mean_mant_err)
     verdict = judge(summary, bounds)
@@ -308,11 +315,75 @@ def check_proofs(
     return summary
 
 
+@dataclass(frozen=True)
+class _TokenScores:
+    """What checks 6b-6d read from the validator's logits, for every generated token of a submission at
+    once (packed: completion after completion), from one pass over the stacked logits."""
+
+    logprobs: torch.Tensor  # (N,) under softmax(logits / temperature), as `token_logprobs`
+    eos_probs: torch.Tensor  # (N,) as `eos_probabilities`
+    sampling: list[SamplingCheck]  # one per completion, as `check_sampling`
+
+
+def _token_scores(
+    completions: Sequence[Completion], prefills: Sequence[Prefill], temperature: float, tolerance: float,
+    eos_token_ids: Sequence[int],
+) -> _TokenScores:
+    """`token_logprobs`, `eos_probabilities` and `check_sampling` of every completion, batched.
+
+    Each is row-wise over the logits, so stacking the completions changes no value; the sampling check
+    is `check_sampling`'s: the seeded Gumbel noise of each (seed, position), the gap between the best
+    perturbed score and the claimed token's, a mismatch where it exceeds the tolerance.
+    """
+    lengths = [len(c.token_ids) for c in completions]
+    logits = torch.cat([p.logits for p in prefills])
+    tokens = torch.tensor([t for c in completions for t in c.token_ids], dtype=torch.int64)
+    if logits.ndim != 2 or logits.shape[0] != tokens.shape[0]:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match {tokens.shape[0]} tokens")
+    scores = scale_logits(logits, temperature)
+    if temperature > 0:
+        keys = [position_key(c.seed, p) for c in completions for p in range(len(c.token_ids))]
+        scores = scores + gumbel_from_keys(keys, scores.shape[-1], scores.device)
+    gaps = scores.max(dim=-1).values - scores.gather(-1, tokens.to(scores.device).unsqueeze(-1)).squeeze(-1)
+    sampling = []
+    for gap in gaps.split(lengths):
+        if gap.numel() == 0:
+            sampling.append(SamplingCheck(mismatches=(), max_gap=0.0))
+            continue
+        bad = torch.nonzero(gap > tolerance).flatten().tolist()
+        sampling.append(SamplingCheck(mismatches=tuple(bad), max_gap=float(gap.max())))
+    return _TokenScores(
+        token_logprobs(logits, tokens, temperature),
+        eos_probabilities(logits, eos_token_ids, temperature),
+        sampling,
+    )
+
+
+def _logprobs_differ(
+    completions: Sequence[Completion], recomputed: torch.Tensor, lengths: Sequence[int]
+) -> set[int]:
+    """Check 6c for every completion at once: those whose claimed logprobs are not `torch.allclose` to the
+    prefill's (`recomputed`, packed) within LOGPROB_TOLERANCE."""
+    if all(len(c.logprobs) == LOGPROB_BYTES * n for c, n in zip(completions, lengths, strict=True)):
+        claimed = unpack_logprobs(b"".join(c.logprobs for c in completions))
+        close = torch.isclose(claimed, recomputed, atol=LOGPROB_TOLERANCE)
+        owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.int64))
+        return set(owner[~close].tolist())
+    return {  # not from a submission that passed check 2b: completion by completion
+        i
+        for i, (c, r) in enumerate(zip(completions, recomputed.split(list(lengths)), strict=True))
+        if (claimed := unpack_logprobs(c.logprobs)).shape != r.shape
+        or not torch.allclose(claimed, r, atol=LOGPROB_TOLERANCE)
+    }
+
+
 def check_model_outputs(sub: RolloutSubmission, ctx: ValidationContext, engine: InferenceEngine) -> Accepted:
     """One batched prefill on the claimed checkpoint, then TOPLOC, termination, logprobs and sampling.
 
-    TOPLOC comes first: a worker that generated with other weights or another prompt is caught by the
-    check that names failing chunks (slashable evidence), not by the logprobs it could not reproduce.
+    The prefill's rows and logits are all the model checks read (no second forward); each check runs
+    once over the whole submission. TOPLOC comes first: a worker that generated with other weights or
+    another prompt is caught by the check that names failing chunks (slashable evidence), not by the
+    logprobs it could not reproduce.
     """
     descriptor, policy = ctx.descriptor, ctx.descriptor.policy
     temperature = descriptor.grpo.temperature
@@ -320,37 +391,33 @@ def check_model_outputs(sub: RolloutSubmission, ctx: ValidationContext, engine: 
     completions = [c for _, c in flat]
     prefills = engine.prefill_batch([(list(p), list(c.token_ids)) for p, c in flat])
     summary = check_proofs(completions, prefills, policy)
-    samplings = [
-        check_sampling(prefill.logits, c.token_ids, c.seed, temperature, policy.sampling_tolerance)
-        for c, prefill in zip(completions, prefills, strict=True)
-    ]
-    tokens = 0
-    for i, (completion, prefill) in enumerate(zip(completions, prefills, strict=True)):
-        where = f"completion {i}"
+    eos_ids = ctx.model.eos_token_ids
+    scores = _token_scores(completions, prefills, temperature, policy.sampling_tolerance, eos_ids)
+    lengths = [len(c.token_ids) for c in completions]
+    logprobs_differ = _logprobs_differ(completions, scores.logprobs, lengths)
+    start = 0
+    for i, (completion, sampling) in enumerate(zip(completions, scores.sampling, strict=True)):
+        where, stop = f"completion {i}", start + lengths[i]
         termination = check_termination(
-            eos_probabilities(prefill.logits, ctx.model.eos_token_ids, temperature),
+            scores.eos_probs[start:stop],
             completion.token_ids,
-            ctx.model.eos_token_ids,
+            eos_ids,
             descriptor.grpo.max_new_tokens,
-            eos_threshold(completion.token_ids, samplings[i], policy.eos_min_prob, ctx.model.eos_token_ids),
+            eos_threshold(completion.token_ids, sampling, policy.eos_min_prob, eos_ids),
         )
         if not termination.passed:
             raise Reject(Reason.BAD_TERMINATION, f"{where}: {termination.failures}")
-        claimed = unpack_logprobs(completion.logprobs)
-        recomputed = token_logprobs(prefill.logits, torch.tensor(completion.token_ids), temperature)
-        if claimed.shape != recomputed.shape or not torch.allclose(
-            claimed, recomputed, atol=LOGPROB_TOLERANCE
-        ):
+        if i in logprobs_differ:
             raise Reject(Reason.RULE_VIOLATION, f"{where}: claimed logprobs differ from the checkpoint's")
-        tokens += len(completion.token_ids)
-    for i, sampling in enumerate(samplings):
+        start = stop
+    for i, sampling in enumerate(scores.sampling):
         if not sampling.passed:
             raise Reject(
                 Reason.BAD_SAMPLING,
                 f"completion {i}: tokens at {list(sampling.mismatches)[:8]} are not "
                 "the seeded sampler's choice",
             )
-    return Accepted(tokens, summary.mean_exp_mismatches, summary.mean_mant_err)
+    return Accepted(sum(lengths), summary.mean_exp_mismatches, summary.mean_mant_err)
 
 
 def eos_threshold(tokens: Sequence[int], sampling: SamplingCheck, eos_min_prob: float,
