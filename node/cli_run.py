@@ -91,6 +91,11 @@ def _overrides(kwargs: dict[str, Any]) -> dict[str, Any]:
 @click.option("--steps", type=int, help="Trainer: stop training after this many GRPO steps (0: never).")
 @click.option("--threads", type=int, help="Torch threads of this process (default 1).")
 @click.option(
+    "--nproc",
+    type=click.IntRange(1, 64),
+    help="Trainer: ranks of its FSDP2 process group on this host (default 1, one process).",
+)
+@click.option(
     "--cheat", type=click.Choice([c for c in CHEATS if c]), help="Worker, devnets only: cheat this way."
 )
 def run_command(
@@ -98,6 +103,7 @@ def run_command(
     config_path: Path | None,
     steps: int | None,
     threads: int | None,
+    nproc: int | None,
     cheat: str | None,
     **kwargs: Any,
 ) -> None:
@@ -109,13 +115,30 @@ def run_command(
     worker     generates rollouts with TOPLOC proofs on the newest checkpoint (must be staked)
     validator  re-checks rollouts by prefill, gossips verdicts, credits or slashes in the ledger
     bootstrap  only routes (DHT, gossip) for the others to meet
+
+    \b
+    A trainer with --nproc N (or [work] nproc) runs as N ranks of one FSDP2 group on this host: rank 0
+    is the node, the others hold their shard of the model and optimizer. Under `torchrun` across hosts,
+    each host runs this same command; a rank that dies ends the group, which restarts and resumes.
     """
-    work = {k: v for k, v in (("steps", steps), ("threads", threads), ("cheat", cheat)) if v is not None}
+    overrides = (("steps", steps), ("threads", threads), ("nproc", nproc), ("cheat", cheat))
+    work = {k: v for k, v in overrides if v is not None}
     if work:
         kwargs["work"] = work
-    from node.swarm.factory import make_role
+    from node.rl.sharded import launched_rank
 
     config = _config(config_path, {"role": role, **_overrides(kwargs)})
+    rank = launched_rank()
+    if rank is not None:
+        _write_rank_pid(config, rank)
+    if rank is not None and rank > 0:  # a trainer rank: no network, only rank 0's commands
+        _serve_rank(config)
+        return
+    if config.role == "trainer" and config.work.nproc > 1 and rank is None:
+        _launch_trainer_group(config)
+        return
+    from node.swarm.factory import make_role
+
     identity = _identity(config)
     configure_logging(config)
     apply_yamux_tuning()
@@ -125,6 +148,41 @@ def run_command(
         raise click.ClickException(f"cannot start the {config.role}: {exc}") from None
     runtime = NodeRuntime(config, identity, service)
     trio.run(run_until_signalled, runtime)
+
+
+def _write_rank_pid(config: NodeConfig, rank: int) -> None:
+    """<data_dir>/ranks/rank-N.pid: which process is which rank, for an operator (and the tests)."""
+    ranks = config.data_dir / "ranks"
+    ranks.mkdir(parents=True, exist_ok=True)
+    (ranks / f"rank-{rank}.pid").write_text(f"{os.getpid()}\n")
+
+
+def _serve_rank(config: NodeConfig) -> None:
+    from node.rl.sharded import serve_rank
+    from node.swarm.common import set_threads
+
+    configure_logging(config)
+    set_threads(config.work.threads)
+    serve_rank()
+
+
+def _launch_trainer_group(config: NodeConfig) -> None:
+    """Start this same command as [work] nproc ranks (the key password checked once, here)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from node.rl.sharded import launch_group
+
+    os.environ[PASSWORD_ENV] = _password()
+    _identity(config)  # a wrong password fails here, not in rank 0 after the group formed
+    try:
+        launch_group(sys.argv[1:], config.work.nproc, config.work.max_restarts)
+    except SignalException:  # SIGINT/SIGTERM: the agent stopped every rank; a requested stop
+        return
+    except ChildFailedError as exc:
+        raise click.ClickException(
+            f"the trainer group failed after {config.work.max_restarts} restarts: {exc}"
+        ) from None
 
 
 @click.command("probe")

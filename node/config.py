@@ -91,6 +91,11 @@ class WorkSettings:
     challenge_window_epochs: int = 24
     credit_interval_s: float = 5.0
     slash_check_s: float = 5.0
+    # Trainer: ranks of its FSDP2 process group on this host (1: one process). Rank 0 is the node; a rank
+    # that dies ends the group, which the launcher restarts up to max_restarts times (it resumes from the
+    # last saved step).
+    nproc: int = 1
+    max_restarts: int = 3
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,8 @@ def check_work(work: WorkSettings) -> WorkSettings:
         raise ConfigError(
             "[work] steps and min_batch_groups must be >= 0; threads and submissions_per_version >= 1"
         )
+    if not 1 <= work.nproc <= 64 or work.max_restarts < 0:
+        raise ConfigError("[work] nproc must be in [1, 64] and max_restarts >= 0")
     if work.retention_versions < 2 or work.accepted_max_mb < 1:
         raise ConfigError(
             "[work] retention_versions must be >= 2 (a resume from the previous save and the version the "
@@ -254,6 +261,8 @@ def check_work(work: WorkSettings) -> WorkSettings:
             raise ConfigError(f"[work] run_validators must be 0x addresses, not {text!r}")
     if bool(work.diloco_plan) != bool(work.diloco_lead):
         raise ConfigError("[work] diloco_plan and diloco_lead go together (the plan file and its signer)")
+    if work.diloco_plan and work.nproc > 1:
+        raise ConfigError("[work] nproc > 1 does not run DiLoCo rounds yet: a DiLoCo trainer is one process")
     if work.diloco_lead:
         if len(_hex_bytes(work.diloco_lead)) != 20:
             raise ConfigError(f"[work] diloco_lead must be a 20-byte 0x address, not {work.diloco_lead!r}")

@@ -72,6 +72,7 @@ class DevnetPlan:
     eval_tasks: str = ""
     engine: str = "auto"
     max_new_tokens: int = 6
+    trainer_nproc: int = 1  # ranks of the trainer's FSDP2 group (one trainer only)
 
     @property
     def rounds(self) -> int:
@@ -107,6 +108,7 @@ class DevnetPlan:
                 "shard_mb": self.shard_mb,
                 "min_batch_groups": self.min_batch_groups,
                 "max_new_tokens": self.max_new_tokens,
+                "nproc": self.trainer_nproc,
             }
             if self.trainers > 1:
                 work |= {"diloco_plan": str(plan_path), "diloco_lead": lead}
@@ -652,6 +654,13 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     show_default=True,
     help="Inference engine of workers and validators: vllm needs CUDA and `pip install swarmnode[vllm]`.",
 )
+@click.option(
+    "--trainer-nproc",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Ranks of the trainer's FSDP2 process group (one trainer; gloo on CPU, NCCL on GPUs).",
+)
 def devnet_command(
     steps: int,
     inner_steps: int,
@@ -677,6 +686,7 @@ def devnet_command(
     eval_tasks: Path | None,
     max_new_tokens: int,
     engine: str,
+    trainer_nproc: int,
 ) -> None:
     """Run a swarm of separate node processes on 127.0.0.1 and show live status.
 
@@ -704,7 +714,10 @@ def devnet_command(
         eval_tasks=str(eval_tasks.resolve()) if eval_tasks else "",
         engine=engine,
         max_new_tokens=max_new_tokens,
+        trainer_nproc=trainer_nproc,
     )
+    if trainer_nproc > 1 and trainers > 1:
+        raise click.UsageError("--trainer-nproc > 1 runs one trainer (DiLoCo trainers are one process each)")
     if steps and not (1 <= trainers <= 16 and validators >= 1 and relays >= 1 and workers + cheaters >= 1):
         raise click.UsageError(
             "a training run needs 1 to 16 trainers, and at least 1 relay, worker and validator"

@@ -36,9 +36,13 @@ from safetensors.torch import load_file, save_file
 
 from node.rl.engine import TransformersEngine
 from node.rl.grpo import GrpoLoss, grpo_loss, has_signal
-from node.rl.model import save_weights, state_dict_of
+from node.rl.model import ModelInfo, save_weights, state_dict_of
 from node.rl.rollouts import unpack_logprobs
 from protocol.messages import GrpoParams, RolloutGroup
+
+
+class TrainerStateMismatch(RuntimeError):
+    """The trainer directory holds state of the other kind (one process vs a sharded group)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,13 @@ class GrpoTrainer:
             weight_decay=self.optim.weight_decay,
         )
 
+    @property
+    def info(self) -> ModelInfo:
+        return self.engine.info
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.engine.model.parameters())
+
     def step(self, groups: Sequence[RolloutGroup]) -> StepStats:
         used = signal_groups(groups)
         reward = mean_reward(groups)
@@ -224,6 +235,11 @@ class GrpoTrainer:
                 record = json.loads(record_path.read_text())
             except (OSError, ValueError):
                 continue
+            if record.get("format") == "dcp":
+                raise TrainerStateMismatch(
+                    f"{record_path} was saved by a {record.get('world_size')}-rank trainer group: "
+                    "run the trainer with [work] nproc > 1 (a group resumes at any size)"
+                )
             weights = directory / record["weights"]
             optim_path = directory / f"step-{record['step']:06d}.optim.safetensors"
             if not (weights.exists() and optim_path.exists()):

@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import sqlite3
 import time
 from collections import Counter, OrderedDict
@@ -73,6 +74,7 @@ from node.rl.engine import TransformersEngine
 from node.rl.model import ModelInfo, state_dict_of
 from node.rl.rollouts import unpack_logprobs
 from node.rl.run import DEVNET_MAX_NEW_TOKENS, RunMismatch, devnet_optimizer, devnet_run, load_run_setup
+from node.rl.sharded import ShardedGrpoTrainer, dcp_dir, launched_rank
 from node.rl.tasks import Task
 from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats, signal_groups
 from node.roles.base import RoleNet
@@ -134,6 +136,8 @@ DESCRIPTOR_FILE = "run_descriptor.bin"
 INBOX_FILE = "inbox.sqlite"
 CHECKPOINTS_DIR = "checkpoints"
 TRAINER_DIR = "trainer"
+
+Policy = GrpoTrainer | ShardedGrpoTrainer  # one process, or rank 0 of an FSDP2 group
 
 
 # --- verification of pulled items -------------------------------------------------------------------
@@ -445,6 +449,7 @@ def prune_saves(directory: Path, keep_from: int) -> None:
             record.unlink(missing_ok=True)
             (directory / f"step-{step:06d}.safetensors").unlink(missing_ok=True)
             (directory / f"step-{step:06d}.optim.safetensors").unlink(missing_ok=True)
+            shutil.rmtree(dcp_dir(directory, step), ignore_errors=True)
 
 
 # --- the work -----------------------------------------------------------------------------------------
@@ -588,7 +593,7 @@ class SwarmTrainerWork:
         self._model_files: dict[str, bytes] | None = None  # config + tokenizer files of every checkpoint
         self.inbox: RolloutInbox | None = None
         self._last_status: dict[str, Any] | None = None
-        self.trainer: GrpoTrainer | None = None
+        self.trainer: Policy | None = None
         self.origin: OriginNode | None = None
         self.endpoint = ""
         self.done = False
@@ -654,9 +659,9 @@ class SwarmTrainerWork:
         await trio.to_thread.run_sync(load_run_setup, descriptor, self.model_dir, self.tasks)
         trainer = await trio.to_thread.run_sync(self._load_trainer, descriptor)
         self.trainer = trainer
-        self.model_config = trainer.engine.info
+        self.model_config = trainer.info
         if self.ledger is not None:
-            parameters = sum(p.numel() for p in trainer.engine.model.parameters())
+            parameters = trainer.parameter_count()
             self.ledger_run = await self.register_run(self.ledger, descriptor, parameters)
         self.inbox = inbox = RolloutInbox(
             self.inbox_path, retention_versions=self.bounds.inbox_retention_versions
@@ -739,7 +744,7 @@ class SwarmTrainerWork:
         """The run this trainer trains: its own (persisted) descriptor."""
         return self.run_descriptor(self.config.run, self.identity.address)
 
-    def _release_unsaved(self, inbox: RolloutInbox, trainer: GrpoTrainer) -> None:
+    def _release_unsaved(self, inbox: RolloutInbox, trainer: Policy) -> None:
         """Rows used by steps whose weights were never saved go back into the pool."""
         released = inbox.release_from(trainer.step_count)
         if released:
@@ -747,7 +752,7 @@ class SwarmTrainerWork:
                 "released rollouts of unsaved steps", extra={"step": trainer.step_count, "rows": released}
             )
 
-    def _current_version(self, trainer: GrpoTrainer, store: ShardStore) -> int:
+    def _current_version(self, trainer: Policy, store: ShardStore) -> int:
         """The version the restored weights are (one per GRPO step here)."""
         return trainer.step_count
 
@@ -770,12 +775,17 @@ class SwarmTrainerWork:
         """Whether this trainer announces its checkpoints (gossip, DHT): it signs the run's manifests."""
         return True
 
-    def _load_trainer(self, descriptor: RunDescriptor) -> GrpoTrainer:
+    def _load_trainer(self, descriptor: RunDescriptor) -> Policy:
+        if launched_rank() == 0:  # rank 0 of a process group: every rank loads its shard
+            sharded = ShardedGrpoTrainer.start(self.trainer_dir, self.model_dir, descriptor.grpo, self.optim)
+            if sharded.info.config_hash != descriptor.model_config_hash:
+                raise RunMismatch(f"the model in {self.model_dir} is not the run's")
+            return sharded
         trainer = GrpoTrainer.resume(self.trainer_dir, self.model_dir, descriptor.grpo)
         if trainer is None:
             engine = TransformersEngine.from_folder(self.model_dir)
             trainer = GrpoTrainer(engine, descriptor.grpo, optim=self.optim)
-        if trainer.engine.info.config_hash != descriptor.model_config_hash:
+        if trainer.info.config_hash != descriptor.model_config_hash:
             raise RunMismatch(f"the trainer state in {self.trainer_dir} is for another model than the run's")
         return trainer
 
@@ -841,7 +851,7 @@ class SwarmTrainerWork:
         inbox.record_step(record)
         return record, stats
 
-    def _save(self, trainer: GrpoTrainer) -> None:
+    def _save(self, trainer: Policy) -> None:
         trainer.save(self.trainer_dir)
         prune_saves(self.trainer_dir, trainer.step_count - KEEP_SAVES + 1)
 
@@ -858,7 +868,7 @@ class SwarmTrainerWork:
                 return plan
             await arrived.wait()
 
-    def _parts(self) -> tuple[GrpoTrainer, RolloutInbox, RunDescriptor]:
+    def _parts(self) -> tuple[Policy, RolloutInbox, RunDescriptor]:
         if self.trainer is None or self.inbox is None or self.descriptor is None:
             raise RuntimeError("the trainer work is not serving yet (start `serve` first)")
         return self.trainer, self.inbox, self.descriptor
@@ -867,10 +877,24 @@ class SwarmTrainerWork:
         """Publish the current weights as `version` through the origin, then announce it."""
         trainer, _, descriptor = self._parts()
         assert self.origin is not None
-        state = await trio.to_thread.run_sync(state_dict_of, trainer.engine.model)
         if self._model_files is None:
             self._model_files = await trio.to_thread.run_sync(model_folder_files, self.model_dir)
-        await self.origin.origin.publish(
+        origin = self.origin.origin
+        if isinstance(trainer, ShardedGrpoTrainer):  # every rank writes its files: no full gather
+            infos = await trio.to_thread.run_sync(
+                trainer.write_model, origin.store, version, origin.shard_size, self._model_files
+            )
+            await origin.publish_written(
+                version=version,
+                parent_version=max(version - 1, 0),
+                model_config_hash=descriptor.model_config_hash,
+                shards=infos,
+            )
+            self._announce_newest()
+            self._prune_inbox(version)
+            return
+        state = await trio.to_thread.run_sync(state_dict_of, trainer.engine.model)
+        await origin.publish(
             state,
             version=version,
             parent_version=max(version - 1, 0),

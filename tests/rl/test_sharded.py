@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM
 from node.dataplane.checkpoint import WeightsFile, plan_model_files
 from node.dataplane.origin import model_folder_files
 from node.rl.model import state_dict_of
-from node.rl.sharded import assign_files, rank_share
-from node.rl.trainer import GrpoTrainer, OptimizerParams
+from node.rl.sharded import assign_files, dcp_dir, newest_sharded_step, rank_share
+from node.rl.trainer import GrpoTrainer, OptimizerParams, TrainerStateMismatch
 from protocol.codec import encode
 from tests.test_trainer import fixed_groups, grpo_params
 from tests.tinymodel import tiny_engine, tiny_folder
@@ -117,3 +117,20 @@ def test_files_are_dealt_so_no_rank_writes_much_more_than_its_share(sizes, world
     load = [sum(f.nbytes for f, o in zip(files, owners, strict=True) if o == r) for r in range(world)]
     assert max(load) - min(load) <= max(sizes)  # greedy largest-first bound
     assert owners == assign_files(files, world)  # every rank computes the same dealing
+
+
+def test_a_trainer_directory_holds_one_kind_of_state(tmp_path):
+    """A group refuses a one-process save and one process refuses a group's: starting over would drop
+    the steps (and the rollouts they used) the other kind saved."""
+    trainer = GrpoTrainer(tiny_engine(), grpo_params())
+    trainer.save(tmp_path / "single")
+    with pytest.raises(TrainerStateMismatch, match="one-process"):
+        newest_sharded_step(tmp_path / "single")
+    group_dir = tmp_path / "group"
+    dcp_dir(group_dir, 3).mkdir(parents=True)
+    (group_dir / "step-000003.json").write_text(
+        json.dumps({"step": 3, "format": "dcp", "state": "step-000003.dcp", "world_size": 2})
+    )
+    assert newest_sharded_step(group_dir)["step"] == 3
+    with pytest.raises(TrainerStateMismatch, match="2-rank"):
+        GrpoTrainer.resume(group_dir, tiny_folder(), grpo_params())
