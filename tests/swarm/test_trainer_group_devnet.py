@@ -1,0 +1,68 @@
+"""The devnet with a 2-rank FSDP2 trainer whose second rank is SIGKILLed mid-run: the group restarts,
+resumes from its last sharded save and finishes the run with no accepted rollout lost.
+
+Slow (multi-process, a few minutes on 2 cores); `-m slow` runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from node.devnet import Devnet, DevnetPlan
+from node.swarm.trainer import INBOX_FILE
+from node.swarm.validator import STORE_FILE
+from tests.swarm.test_devnet_run import _digests, _wait, _work
+
+pytestmark = pytest.mark.slow
+
+STEPS = 5
+
+
+def _rank_pid(devnet: Devnet, rank: int) -> int | None:
+    path = devnet.nodes["trainer-1"].data_dir / "ranks" / f"rank-{rank}.pid"
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_a_killed_rank_restarts_the_group_and_nothing_is_lost(tmp_path: Path) -> None:
+    plan = DevnetPlan(
+        trainers=1, relays=1, workers=2, validators=1, steps=STEPS, ledger="signed", trainer_nproc=2
+    )
+    devnet = Devnet(plan, tmp_path / "run")
+    devnet.prepare()
+    try:
+        devnet.start("bootstrap")
+        devnet.wait_ready(["bootstrap"], timeout=60)
+        devnet.start_others()
+
+        def step() -> int:
+            return int(_work(devnet, "trainer-1").get("step", 0))
+
+        _wait(lambda: step() >= 2, 300, "trainer step 2", devnet)
+        victim = _rank_pid(devnet, 1)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda: _rank_pid(devnet, 1) not in (None, victim), 120, "the group's restart", devnet)
+        _wait(lambda: bool(_work(devnet, "trainer-1").get("done")), 400, "the end of training", devnet)
+
+        trainer_db = devnet.nodes["trainer-1"].data_dir / INBOX_FILE
+        validator_db = devnet.nodes["validator-1"].data_dir / "validator" / STORE_FILE
+        _wait(
+            lambda: _digests(validator_db, "accepted") <= _digests(trainer_db, "rollouts"),
+            60,
+            "the trainer holding every accepted submission",
+            devnet,
+        )
+        trainer = _work(devnet, "trainer-1")
+        assert trainer["step"] == STEPS and len(trainer["rewards"]) == STEPS
+        state = devnet.nodes["trainer-1"].data_dir / "trainer"
+        assert list(state.glob("step-*.dcp")), "the group saves sharded state"
+    finally:
+        codes = devnet.stop_all()
+    assert all(code in (0, None) for code in codes.values()), codes
