@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import coincurve
 from eth_utils import to_checksum_address
 
-from crypto.signing import address_of_public_key, sign_digest
+from crypto.signing import address_of_point, address_of_public_key, sign_digest_with
 
 _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _LIBP2P_KEYTYPE_SECP256K1 = 2
@@ -77,23 +77,28 @@ def address_of_peer_id_text(peer_id: str) -> bytes | None:
 
 @dataclass(frozen=True)
 class NodeIdentity:
-    """A node's private key and the names derived from it."""
+    """A node's private key and the names derived from it.
+
+    The parsed key, its public key and its address are computed once here: parsing a key derives its
+    public key (a point multiplication), which would otherwise be paid again on every signature.
+    """
 
     private_key: bytes = field(repr=False)
+    _signing_key: coincurve.PrivateKey = field(init=False, repr=False, compare=False)
+    public_key: bytes = field(init=False, repr=False, compare=False)  # 33-byte compressed
+    address: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.private_key) != 32:
             raise ValueError("a secp256k1 private key is 32 bytes")
-        coincurve.PrivateKey(self.private_key)  # raises on zero or >= curve order
+        key = coincurve.PrivateKey(self.private_key)  # raises on zero or >= curve order
+        object.__setattr__(self, "_signing_key", key)
+        object.__setattr__(self, "public_key", key.public_key.format(compressed=True))
+        object.__setattr__(self, "address", address_of_point(key.public_key))
 
-    @property
-    def public_key(self) -> bytes:
-        """33-byte compressed public key."""
-        return coincurve.PrivateKey(self.private_key).public_key.format(compressed=True)
-
-    @property
-    def address(self) -> bytes:
-        return address_of_public_key(self.public_key)
+    def __reduce__(self) -> tuple[type[NodeIdentity], tuple[bytes]]:
+        """Copy and pickle by the private key alone: the parsed key object holds a lock."""
+        return (NodeIdentity, (self.private_key,))
 
     @property
     def checksum_address(self) -> str:
@@ -104,7 +109,8 @@ class NodeIdentity:
         return base58btc(peer_id_bytes(self.public_key))
 
     def sign(self, digest: bytes) -> bytes:
-        return sign_digest(self.private_key, digest)
+        """`r || s || v` over a 32-byte digest (see crypto.signing)."""
+        return sign_digest_with(self._signing_key, digest)
 
 
 def format_address(address: bytes) -> str:

@@ -20,18 +20,31 @@ class InvalidSignature(ValueError):
     """The signature is malformed or does not recover to a valid public key."""
 
 
-def address_of_public_key(public_key: bytes) -> bytes:
+def address_of_point(public_key: coincurve.PublicKey) -> bytes:
     """Ethereum address: the last 20 bytes of keccak256 of the uncompressed key without its 0x04 prefix."""
-    uncompressed = coincurve.PublicKey(public_key).format(compressed=False)
-    return keccak256(uncompressed[1:])[-20:]
+    return keccak256(public_key.format(compressed=False)[1:])[-20:]
+
+
+def address_of_public_key(public_key: bytes) -> bytes:
+    """`address_of_point` of a serialised (33- or 65-byte) key; ValueError if it is not on the curve."""
+    return address_of_point(coincurve.PublicKey(public_key))
+
+
+def sign_digest_with(key: coincurve.PrivateKey, digest: bytes) -> bytes:
+    """Sign a 32-byte digest with a parsed key; returns `r || s || v` (v = 27 + recovery id).
+
+    Takes the parsed key so a long-lived signer pays for parsing it (and deriving its public key) once.
+    libsecp256k1 signs deterministically (RFC 6979) and always low-s.
+    """
+    if len(digest) != 32:
+        raise ValueError("digest must be 32 bytes")
+    rsv = key.sign_recoverable(digest, hasher=None)
+    return rsv[:64] + bytes([27 + rsv[64]])
 
 
 def sign_digest(private_key: bytes, digest: bytes) -> bytes:
-    """Sign a 32-byte digest; returns `r || s || v` (v = 27 + recovery id)."""
-    if len(digest) != 32:
-        raise ValueError("digest must be 32 bytes")
-    rsv = coincurve.PrivateKey(private_key).sign_recoverable(digest, hasher=None)
-    return rsv[:64] + bytes([27 + rsv[64]])
+    """`sign_digest_with` from the raw 32-byte private key."""
+    return sign_digest_with(coincurve.PrivateKey(private_key), digest)
 
 
 def recover_address(digest: bytes, signature: bytes) -> bytes:
@@ -53,4 +66,4 @@ def recover_address(digest: bytes, signature: bytes) -> bytes:
         )
     except Exception as exc:  # coincurve raises a bare Exception on unrecoverable input
         raise InvalidSignature("signature does not recover to a public key") from exc
-    return address_of_public_key(public_key.format(compressed=True))
+    return address_of_point(public_key)

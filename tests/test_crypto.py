@@ -30,7 +30,8 @@ def test_peer_id_matches_libp2p_and_address_matches_eth_account():
 
 
 def test_known_address_of_private_key_one():
-    assert NodeIdentity((1).to_bytes(32, "big")).checksum_address == "0x7E5F4552091A69125d5DfCb7b8C2659029395Bdf"
+    identity = NodeIdentity((1).to_bytes(32, "big"))
+    assert identity.checksum_address == "0x7E5F4552091A69125d5DfCb7b8C2659029395Bdf"
 
 
 @pytest.mark.parametrize("bad", [b"\x00" * 32, b"\xff" * 32, b"\x01" * 31])
@@ -88,7 +89,8 @@ def test_merkle_inclusion_proofs_verify_and_bind_index(leaves, data):
     if len(leaves) > 1:
         other = (index + 1) % len(leaves)
         assert root_from_inclusion_proof(leaves[index], index, len(leaves), proof) == root
-        assert not is_included(leaves[index], other, len(leaves), proof, root) or leaves[other] == leaves[index]
+        wrong_index_ok = is_included(leaves[index], other, len(leaves), proof, root)
+        assert not wrong_index_ok or leaves[other] == leaves[index]
 
 
 def test_merkle_malformed_paths_are_refused():
