@@ -18,7 +18,7 @@ speak) plus raw TCP sockets on the HTTP data plane, and runs these attacks at on
   30 s long polls against every HTTP endpoint, from `source_ip` (127.0.0.2: loopback, but a different
   address from the honest nodes', so a per-address cap can tell them apart). A probe from 127.0.0.1
   fetches `/shards/1.0.0/stats` every second: its status codes are the honest client's view.
-- gossip: an unstaked key signs a near-cap CheckpointManifest (`checkpoints`), junk LedgerEntries
+- gossip: an unstaked key signs CheckpointHeads and near-cap CheckpointManifests (`checkpoints`), junk LedgerEntries
   (`ledger`) and Verdicts accepting made-up submissions of honest workers (`verdicts`), published into the
   target. An observer host (another key) connected to every *other* node records which forged messages
   reach it and who forwarded them: a forwarded forgery is one the victims' gossip validation let through.
@@ -83,7 +83,7 @@ from protocol.messages import (
     SubmitAck,
     Verdict,
 )
-from protocol.shards import PATH_PREFIX, STATS_PATH, manifest_path, shard_path
+from protocol.shards import PATH_PREFIX, STATS_PATH, manifest_head, manifest_path, shard_path
 from protocol.types import KIB, MIB
 
 KEYS_FILE = "hostile-keys.json"
@@ -836,8 +836,13 @@ async def gossip(ctx: Context, duration: float) -> None:
             version = newest.version
             while trio.current_time() < deadline:
                 version += 1  # always "the next version": nobody can tell it is not coming
+                # A head of the next version, signed by a key that is not the trainer (refused for authority),
+                # and a near-cap manifest where only heads travel (refused for size before it is read).
+                forged = forged_manifest(ctx.swarm.run, version)
+                await attacker_pubsub.publish(topics["checkpoints"], sealer(forged))
+                ctx.report.count("gossip", "oversized_manifests_published")
                 messages = {
-                    "checkpoints": forged_manifest(ctx.swarm.run, version),
+                    "checkpoints": manifest_head(forged),
                     "verdicts": forged_verdict(ctx.swarm.run, secrets.choice(honest_workers or [forger.address]), 0),
                     "ledger": junk_ledger_entry(),
                 }
