@@ -352,6 +352,23 @@ def content_digest(tensors: Mapping[str, Tensor]) -> bytes:
     return h.digest()
 
 
+def content_digest_items(items: Iterable[tuple[str, Tensor]]) -> bytes:
+    """`content_digest` of tensors handed over one at a time in ascending name order.
+
+    A group whose ranks each hold part of a payload streams it through here, so no rank holds it whole.
+    """
+    h = hashlib.sha256()
+    last: str | None = None
+    for name, tensor in items:
+        if last is not None and name <= last:
+            raise ValueError(f"tensor {name!r} comes after {last!r}: names must ascend")
+        last = name
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{len(name)}:{name}:{t.dtype}:{list(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.digest()
+
+
 def average(
     deltas: Sequence[Mapping[str, Tensor]], *, keys: Sequence[bytes | str] | None = None
 ) -> dict[str, Tensor]:

@@ -31,7 +31,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import torch
@@ -63,6 +63,9 @@ from node.rl.trainer import (
 )
 from protocol.codec import decode, encode
 from protocol.messages import GrpoParams, RolloutGroup, ShardInfo
+
+if TYPE_CHECKING:
+    from node.rl.sharded_diloco import RankOuter
 
 RANK_ENV = "RANK"
 WORLD_ENV = "WORLD_SIZE"
@@ -277,6 +280,7 @@ class ShardedPolicy:
         self.grpo = grpo
         self.optim = optim
         self.step_count = step
+        self.diloco: RankOuter | None = None  # this rank's DiLoCo share, once the group is a participant
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=grpo.learning_rate,
@@ -399,10 +403,10 @@ class ShardedPolicy:
                 del full
             if owner == self.group.rank:
                 data = ShardPlan(weights.name, tensors, nbytes=weights.nbytes).serialize()
-                infos.append(_write(partial_dir, weights.name, data))
+                infos.append(write_file(partial_dir, weights.name, data))
         if self.group.is_lead:
             for extra in model_extra_files(layout, files):
-                infos.append(_write(partial_dir, extra.name, extra.data))
+                infos.append(write_file(partial_dir, extra.name, extra.data))
         return infos
 
 
@@ -430,7 +434,7 @@ def out_stats(out: Any, counted: bool) -> list[float]:
     return [float(out.loss.item()), float(out.tokens), out.clipped_fraction * out.tokens]
 
 
-def _write(directory: Path, name: str, data: bytes) -> ShardInfo:
+def write_file(directory: Path, name: str, data: bytes) -> ShardInfo:
     tmp = directory / (name + ".part")
     tmp.write_bytes(data)
     os.replace(tmp, directory / name)
@@ -474,6 +478,11 @@ def execute(policy: ShardedPolicy | None, group: GroupInfo, command: Mapping[str
     if op == "measure":
         mine = msgpack.packb(asdict(RankMemory.of(policy)))
         return policy, [RankMemory(**msgpack.unpackb(b)) for b in all_gather_bytes(mine, group.device)]
+    if op.startswith("diloco_"):
+        # imported here: node.rl.sharded_diloco builds on this module
+        from node.rl.sharded_diloco import execute_diloco
+
+        return policy, execute_diloco(policy, group, command)
     if op == "write":
         infos = policy.write_model(Path(command["partial_dir"]), int(command["shard_size"]), command["files"])
         packed = msgpack.packb([[i.name, i.size, i.sha256] for i in infos])
@@ -537,7 +546,8 @@ class ShardedGrpoTrainer:
         broadcast_bytes(msgpack.packb(command, use_bin_type=True), group.device)
         return command
 
-    def _run(self, command: dict[str, Any]) -> Any:
+    def run_command(self, command: dict[str, Any]) -> Any:
+        """Send `command` to the other ranks and run it here; its result on this rank."""
         _, result = execute(self.policy, self.group, self._send(self.group, command))
         return result
 
@@ -557,12 +567,12 @@ class ShardedGrpoTrainer:
         return sum(p.numel() for p in self.policy.model.parameters())
 
     def step(self, groups: Sequence[RolloutGroup]) -> StepStats:
-        stats: StepStats = self._run({"op": "step", "groups": [encode(g) for g in groups]})
+        stats: StepStats = self.run_command({"op": "step", "groups": [encode(g) for g in groups]})
         return stats
 
     def save(self, directory: Path) -> Path:
         """Sharded state of the current step, then its JSON record (last: it names only what is complete)."""
-        target: Path = self._run({"op": "save", "trainer_dir": str(directory)})
+        target: Path = self.run_command({"op": "save", "trainer_dir": str(directory)})
         record = {
             "step": self.step_count,
             "format": "dcp",
@@ -588,12 +598,12 @@ class ShardedGrpoTrainer:
             "shard_size": shard_size,
             "files": dict(files),
         }
-        infos: list[ShardInfo] = self._run(command)
+        infos: list[ShardInfo] = self.run_command(command)
         return infos
 
     def measure(self) -> list[RankMemory]:
         """Every rank's memory, in rank order."""
-        memory: list[RankMemory] = self._run({"op": "measure"})
+        memory: list[RankMemory] = self.run_command({"op": "measure"})
         return memory
 
     def close(self) -> None:

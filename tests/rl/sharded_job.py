@@ -4,6 +4,12 @@ Rank 0 takes `--steps` GRPO steps on the groups in `--groups` (msgpack list of e
 saves its sharded state in `--trainer-dir` after each, and writes the final model folder as version
 `step` into a ShardStore under `--out`, listing the ShardInfos it got in `<out>/infos.json`. The other
 ranks serve rank 0's commands.
+
+With `--diloco PARAMS` the group is one DiLoCo participant instead: `--rounds` rounds of H GRPO steps,
+each round's inner weights written as model version 2r+1, its payload as version r of namespace
+`payload`, averaged with the contributions under `<--extra>/round-<r>/<k>/` (files + infos.json), and
+the new outer weights written as model version 2r+2. A contribution under `<--extra>/bad/` is offered
+first in round 0 and must be refused with nothing changed.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import msgpack
 
 from node.dataplane.origin import model_folder_files
 from node.dataplane.store import ShardStore
+from node.rl.diloco import DilocoParams
 from node.rl.sharded import ShardedGrpoTrainer, launched_rank, serve_rank
+from node.rl.sharded_diloco import PayloadRefused, ShardedDiloco
 from protocol.codec import decode
-from protocol.messages import GrpoParams, RolloutGroup
+from protocol.messages import GrpoParams, RolloutGroup, ShardInfo
 
 
 def main() -> None:
@@ -30,12 +38,19 @@ def main() -> None:
     parser.add_argument("--trainer-dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shard-size", type=int, default=50 * 1024 * 1024)
+    parser.add_argument("--diloco", help="DilocoParams as JSON: run DiLoCo rounds")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--extra", type=Path, help="other trainers' contributions, per round")
     args = parser.parse_args()
     if launched_rank() not in (None, 0):
         serve_rank()
         return
     groups = [decode(RolloutGroup, g) for g in msgpack.unpackb(args.groups.read_bytes())]
     trainer = ShardedGrpoTrainer.start(args.trainer_dir, args.model, GrpoParams(**json.loads(args.grpo)))
+    if args.diloco:
+        diloco_rounds(trainer, groups, args)
+        trainer.close()
+        return
     started = trainer.step_count
     stats = []
     for _ in range(args.steps):
@@ -53,6 +68,58 @@ def main() -> None:
     }
     (args.out / "report.json").write_text(json.dumps(report))
     trainer.close()
+
+
+
+def read_contribution(directory: Path) -> tuple[Path, list[ShardInfo]]:
+    rows = json.loads((directory / "infos.json").read_text())
+    return directory, [ShardInfo(n, s, bytes.fromhex(h)) for n, s, h in rows]
+
+
+def diloco_rounds(trainer: ShardedGrpoTrainer, groups: list[RolloutGroup], args: argparse.Namespace) -> None:
+    fields = json.loads(args.diloco)
+    params = DilocoParams(**{**fields, "inner_betas": tuple(fields["inner_betas"])})
+    diloco = ShardedDiloco.start(trainer, params)
+    models, payloads = ShardStore(args.out, "job"), ShardStore(args.out, "payload")
+    files = model_folder_files(args.model)
+    report: dict = {"rounds": [], "checked": None, "refused": None}
+    for r in range(args.rounds):
+        for _ in range(params.inner_steps):
+            trainer.step(groups)
+        trainer.write_model(models, 2 * r + 1, args.shard_size, files)
+        infos = diloco.contribute(payloads.partial_dir(r), args.shard_size)
+        own = (payloads.partial_dir(r), infos)
+        if r == 0 and (args.extra / "bad").is_dir():
+            bad = read_contribution(args.extra / "bad")
+            try:
+                diloco.check(*bad)
+            except PayloadRefused as exc:
+                report["checked"] = str(exc)
+            try:
+                diloco.apply([own, bad])
+            except PayloadRefused as exc:
+                report["refused"] = str(exc)
+        others = sorted((args.extra / f"round-{r}").iterdir())
+        for other in others:
+            diloco.check(*read_contribution(other))
+        diloco.apply([own, *(read_contribution(d) for d in others)])
+        trainer.write_model(models, 2 * r + 2, args.shard_size, files)
+        report["rounds"].append(
+            {
+                "inner": str(models.partial_dir(2 * r + 1)),
+                "payload": str(payloads.partial_dir(r)),
+                "payload_infos": [[i.name, i.size, i.sha256.hex()] for i in infos],
+                "outer": str(models.partial_dir(2 * r + 2)),
+            }
+        )
+    outer_dir = args.out / "outer-state"
+    outer_infos = diloco.write_outer(outer_dir, args.shard_size)
+    diloco.load_outer(outer_dir, outer_infos)  # resuming from what we wrote changes nothing
+    trainer.write_model(models, 2 * args.rounds + 1, args.shard_size, files)
+    report["outer_state"] = [str(outer_dir), [[i.name, i.size, i.sha256.hex()] for i in outer_infos]]
+    report["reloaded"] = str(models.partial_dir(2 * args.rounds + 1))
+    report["memory"] = [m.__dict__ for m in diloco.measure()]
+    (args.out / "report.json").write_text(json.dumps(report))
 
 
 if __name__ == "__main__":
