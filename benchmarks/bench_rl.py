@@ -1,6 +1,7 @@
 """RL benchmark: does GRPO raise the devnet model's reward, and what does a step cost?
 
-Usage: `python benchmarks/bench_rl.py [--steps 30] [--worker NAME ...] [--threads 2]`.
+Usage: `python benchmarks/bench_rl.py [--steps 30] [--worker NAME ...] [--threads 2] [--quick]`
+(`--quick`: 12 steps, 32 held-out tasks measured at the end only, no DiLoCo section).
 
 Sections (each a function returning its own keys; `SECTIONS` runs them in order):
 - sync: the synchronous single-process baseline (`node.rl.sync.run_sync`) from the devnet's committed model
@@ -15,7 +16,9 @@ Sections (each a function returning its own keys; `SECTIONS` runs them in order)
 - devnet: the same number of trainer steps through the distributed devnet (`swarmnode devnet --steps N
   --no-live`: bootstrap, trainer, 2 relays, 3 workers, 1 validator as processes sharing the same cores),
   on the same base, recipe and held-out set. Reported: held-out reward at equal trainer steps, wall time
-  per trainer step, the fraction of it the trainer waited for rollouts, and validator CPU seconds per
+  per trainer step, the fraction of it the trainer waited for rollouts, the share of honest submissions
+  that arrived too stale to train on (`devnet_stale_ratio`: the validator's STALE verdicts plus the
+  trainer's stale drops, over the validator's accepted and STALE verdicts), and validator CPU seconds per
   accepted rollout against worker CPU seconds to generate one (both measured inside the working thread).
 - diloco: the devnet again with `--diloco-trainers K` trainers of one run (DiLoCo, H =
   `--diloco-inner-steps`), each taking steps/K GRPO steps, so the run trains on as many rollout batches
@@ -173,6 +176,18 @@ def run_devnet(steps: int, *extra: str) -> tuple[dict[str, Any], float]:
         return json.loads(summary_path.read_text()), wall
 
 
+def stale_counts(summary: dict[str, Any]) -> dict[str, int]:
+    """Honest submissions that reached a validator in time to be judged (accepted, or ignored as STALE),
+    those too stale to train on (STALE at the validator, or dropped stale by the trainer), those used."""
+    validators, trainer = summary["validators"], summary["trainer"]
+    stale_verdicts = int(validators["by_reason"].get("STALE", 0))
+    return {
+        "arrived": int(validators["accepted"]) + stale_verdicts,
+        "too_stale": stale_verdicts + int(trainer["stale_dropped"]),
+        "used": int(trainer["submissions_used"]),
+    }
+
+
 def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
     if args.no_devnet:
         return {}
@@ -180,9 +195,12 @@ def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
     rewards = summary["rewards_per_step"]
     k = min(5, len(rewards))
     step_s = summary["step_s_mean"]
+    stale = stale_counts(summary)
     _log(
         f"devnet: held-out reward {summary['base_reward']:.3f} -> {summary['final_reward']:.3f}; "
-        f"{step_s:.2f}s per step, trainer waited {summary['trainer_wait_fraction']:.0%}; validator "
+        f"{step_s:.2f}s per step, trainer waited {summary['trainer_wait_fraction']:.0%}; "
+        f"{stale['too_stale']} of {stale['arrived']} honest submissions arrived too stale, "
+        f"{stale['used']} trained on; validator "
         f"{summary['validator_cpu_s_per_accepted']:.3f} CPU s per accepted rollout vs worker "
         f"{summary['worker_cpu_s_per_accepted']:.3f}"
     )
@@ -194,6 +212,10 @@ def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
         "devnet_step_reward_last5": round(_mean(rewards[-k:]), 4),
         "devnet_step_s": round(step_s, 4),
         "devnet_trainer_wait_fraction": round(summary["trainer_wait_fraction"], 4),
+        "devnet_submissions_arrived": stale["arrived"],
+        "devnet_submissions_too_stale": stale["too_stale"],
+        "devnet_submissions_used": stale["used"],
+        "devnet_stale_ratio": round(stale["too_stale"] / max(stale["arrived"], 1), 4),
         "devnet_validator_cpu_s_per_accepted": summary["validator_cpu_s_per_accepted"],
         "devnet_worker_cpu_s_per_accepted": summary["worker_cpu_s_per_accepted"],
         "devnet_validator_vs_worker_cpu_ratio": round(summary["verification_cost_ratio"], 4),
@@ -274,7 +296,12 @@ def main() -> None:
     parser.add_argument("--diloco-inner-steps", type=int, default=3, help="H of the DiLoCo devnet")
     parser.add_argument("--diloco-outer-lr", type=float, default=0.7)
     parser.add_argument("--diloco-outer-momentum", type=float, default=0.9)
+    parser.add_argument(
+        "--quick", action="store_true", help="12 steps, 32 held-out tasks at the end only, no DiLoCo"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.eval_tasks, args.eval_every, args.diloco_trainers = 12, 32, 0, 0
     args.worker = args.worker or ["swarmnode-sync-worker"]
     torch.set_num_threads(args.threads)
     started = time.perf_counter()

@@ -5,7 +5,8 @@ One loop, in the order of the run lifecycle (DESIGN.md, steps 3-4):
 2. follow checkpoints (`SwarmFollower`, newest only, not serving); load each verified one in a thread;
 3. between submissions only, hot-swap the newest loaded weights into the one engine;
 4. for the loaded version v, counters 0 .. budget - 1, the budget being `submissions_per_version` capped by
-   the run's `max_submissions_per_version`: build the submission in a thread
+   the run's `max_submissions_per_version`, and cut to what can still reach the trainer in time
+   (`Pacer`, `protocol.pacing`): build the submission in a thread
    (`build_submission`, or a devnet cheat from `node.swarm.cheats`), send it to a validator found through
    the DHT, and count the ack;
 5. then wait for a newer checkpoint. A version more than `async_level` behind the newest known one is
@@ -20,8 +21,14 @@ Decisions:
   authentication trouble) passes it to the next. A rejection is final: the checks are deterministic, and
   another validator would reach the same verdict.
 - The submit and planning logic are plain functions over a `SubmitTransport`, so they run without a network.
-- Verdicts naming this worker are counted once per submission digest, whoever gossips them: they only feed
-  this node's status display, never a decision.
+- Pacing: the worker learns the trainer's step interval from the created_ms of the trainer-signed heads and
+  manifests it sees, times its own builds, and times each hand-over until the verdict on it is gossiped. A
+  version's budget ends when one more build would be handed over after the trainer's step
+  v + async_level has taken its batch (it would only be dropped as stale); the worker then waits for the
+  newest version. At least one submission per version it holds, so a bad estimate never stalls it.
+- Verdicts naming this worker are counted once per submission digest, whoever gossips them: they feed
+  this node's status display and the pacer's latency median, never a verdict of its own; a validator
+  gossiping them late or early can only move that median, and the budget's floor of one still holds.
 """
 
 from __future__ import annotations
@@ -62,6 +69,15 @@ from node.swarm.common import run_model_dir, run_tasks, set_threads, wait_run_ow
 from node.swarm.follow import SwarmFollower
 from protocol.errors import Reason
 from protocol.messages import CheckpointHead, RolloutSubmission, RunDescriptor, SubmitAck, Verdict
+from protocol.pacing import (
+    SAMPLE_HISTORY,
+    Stamps,
+    note_checkpoint,
+    note_sample,
+    plan_budget,
+    step_interval_ms,
+    typical_ms,
+)
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +231,80 @@ def submission_budget(configured: int, descriptor: RunDescriptor) -> int:
     """Counters to use per version: the configured number, never more than the run allows (a counter
     at or past `max_submissions_per_version` is rejected 602 and slashed)."""
     return min(configured, descriptor.max_submissions_per_version)
+
+
+def now_ms() -> int:
+    """This worker's clock in milliseconds (trio's: monotonic, and a MockClock in tests)."""
+    return int(trio.current_time() * 1000)
+
+
+@dataclass
+class Pacer:
+    """What the worker has measured of the trainer's pace and of its own, in milliseconds of its clock.
+
+    `stamps` are the trainer's created_ms per version (only their differences are used); `newest_heard_ms`
+    is when this worker first heard of the newest version; `generate` and `latency` are the last build
+    times and hand-over-to-verdict times. All bounded (`protocol.pacing`).
+    """
+
+    stamps: Stamps = ()
+    newest: int | None = None
+    newest_heard_ms: int = 0
+    generate: tuple[int, ...] = ()
+    latency: tuple[int, ...] = ()
+    cut: int = 0  # versions whose budget time cut below the configured cap
+    _handed: dict[int, int] = field(default_factory=dict, repr=False)  # step -> when handed over
+    _last_cut: int | None = field(default=None, repr=False)
+
+    def heard(self, version: int, created_ms: int, at_ms: int) -> None:
+        """A trainer-signed head or manifest of `version`, stamped `created_ms` by the trainer."""
+        self.stamps = note_checkpoint(self.stamps, version, created_ms)
+        if self.newest is None or version > self.newest:
+            self.newest, self.newest_heard_ms = version, at_ms
+
+    def built(self, wall_s: float) -> None:
+        self.generate = note_sample(self.generate, round(wall_s * 1000))
+
+    def handed(self, step: int, at_ms: int) -> None:
+        """A submission of assignment `step` goes to the validators now."""
+        self._handed[step] = at_ms
+        while len(self._handed) > 4 * SAMPLE_HISTORY:  # verdicts that never came: forget the oldest
+            del self._handed[next(iter(self._handed))]
+
+    def judged(self, step: int, at_ms: int) -> None:
+        """The verdict on our submission of `step` was gossiped: one latency sample."""
+        handed = self._handed.pop(step, None)
+        if handed is not None:
+            self.latency = note_sample(self.latency, at_ms - handed)
+
+    def budget(self, version: int, async_level: int, used: int, cap: int, at_ms: int) -> int:
+        """Counters to use on `version` now (`protocol.pacing.plan_budget`), at least one, at most `cap`."""
+        if self.newest is None:
+            return cap
+        budget = plan_budget(
+            version=version,
+            newest=self.newest,
+            newest_heard_ms=self.newest_heard_ms,
+            now_ms=at_ms,
+            stamps=self.stamps,
+            async_level=async_level,
+            generate_ms=typical_ms(self.generate),
+            latency_ms=typical_ms(self.latency),
+            used=used,
+            cap=cap,
+        )
+        if budget <= used < cap and version != self._last_cut:
+            self._last_cut = version
+            self.cut += 1
+        return budget
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "step_interval_ms": step_interval_ms(self.stamps),
+            "generate_ms": typical_ms(self.generate),
+            "latency_ms": typical_ms(self.latency),
+            "versions_cut": self.cut,
+        }
 
 
 @dataclass(frozen=True)
@@ -480,6 +570,7 @@ class SwarmWorkerWork:
         self._pending: LoadedWeights | None = None
         self._newest: int | None = None
         self._changed = trio.Event()
+        self.pacer = Pacer()
 
     # -- state the loop decides on
 
@@ -491,7 +582,9 @@ class SwarmWorkerWork:
             versions.append(node.catalog.latest_version)
         return max(versions) if versions else None
 
-    def _note_version(self, version: int) -> None:
+    def _note_version(self, version: int, created_ms: int | None = None) -> None:
+        if created_ms is not None:
+            self.pacer.heard(version, created_ms, now_ms())
         if self._newest is None or version > self._newest:
             self._newest = version
             self._wake()
@@ -510,6 +603,8 @@ class SwarmWorkerWork:
         loaded = self.loaded.version if self.loaded is not None else None
         used = self.counters.used(loaded) if loaded is not None else 0
         budget = submission_budget(self.config.work.submissions_per_version, self.setup.descriptor)
+        if loaded is not None:
+            budget = self.pacer.budget(loaded, self._async_level(), used, budget, now_ms())
         if plan_counter(loaded, self.newest_known(), self._async_level(), used, budget) is None:
             return None
         assert loaded is not None
@@ -549,7 +644,8 @@ class SwarmWorkerWork:
     async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
         message = delivery.opened.message
         if isinstance(message, Verdict):
-            self.stats.observe_verdict(message, self.address, self.config.run)
+            if self.stats.observe_verdict(message, self.address, self.config.run):
+                self.pacer.judged(message.step, now_ms())
             return
         if (
             isinstance(message, CheckpointHead)
@@ -557,7 +653,7 @@ class SwarmWorkerWork:
             and delivery.opened.sender == self.setup.descriptor.trainer
             and message.run == self.config.run
         ):
-            self._note_version(message.version)
+            self._note_version(message.version, message.created_ms)
         if self.follower is not None:
             await self.follower.on_gossip(delivery)
 
@@ -567,6 +663,7 @@ class SwarmWorkerWork:
             "newest_known": self.newest_known(),
             "cheat": self.cheat,
             **self.stats.as_dict(),
+            "pace": self.pacer.statistics(),
             "follower": self.follower.statistics() if self.follower is not None else {},
         }
 
@@ -583,7 +680,7 @@ class SwarmWorkerWork:
                 if later.manifest.version > checkpoint.manifest.version:
                     checkpoint = later
             version = checkpoint.manifest.version
-            self._note_version(version)
+            self._note_version(version, checkpoint.manifest.created_ms)
             if not self._is_news(version):
                 continue
             weights = await trio.to_thread.run_sync(prepare_weights, checkpoint, self.cheat)
@@ -643,6 +740,8 @@ class SwarmWorkerWork:
                 log.warning("grader fault, counter skipped", extra={"counter": counter, "error": str(exc)})
                 continue
             self.stats.record_build(built)
+            self.pacer.built(built.wall_s)
+            self.pacer.handed(built.submission.step, now_ms())
 
             def fresh(version: int = ref.version) -> bool:
                 newest = self.newest_known()

@@ -50,6 +50,7 @@ from node.swarm.worker import (
     Counters,
     NetTransport,
     NotEligible,
+    Pacer,
     Rotation,
     SwarmWorkerWork,
     WorkerStateError,
@@ -314,8 +315,11 @@ def test_plan_counter(loaded, newest, used, expected):
 # --- the loop, end to end without a network -----------------------------------------------------------
 
 
+STEP_MS = 600_000  # the trainer's pace in these checkpoints' stamps: slow enough that time cuts nothing
+
+
 def write_checkpoint(
-    root: Path, version: int, state: dict[str, torch.Tensor], cfg_hash: bytes
+    root: Path, version: int, state: dict[str, torch.Tensor], cfg_hash: bytes, *, step_ms: int = STEP_MS
 ) -> VerifiedCheckpoint:
     directory = root / f"v{version}"
     directory.mkdir(parents=True)
@@ -331,7 +335,7 @@ def write_checkpoint(
         parent_version=parent,
         model_config_hash=cfg_hash,
         shards=infos,
-        created_ms=version,
+        created_ms=10**12 + version * step_ms,
     )
     return VerifiedCheckpoint(manifest, b"", directory)
 
@@ -449,6 +453,68 @@ def test_worker_loop_spends_its_budget_per_version_and_skips_stale_ones(tmp_path
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_fast_trainer_cuts_each_version_to_one_submission(tmp_path, base_engine, setup):
+    """The trainer steps every 20 ms (its stamps say so), far less than one build takes: with a budget of 4
+    the worker still makes one submission per version it holds (the floor), then waits for the next."""
+    state = {k: v.clone() for k, v in base_engine.model.state_dict().items()}
+    cfg_hash = setup.descriptor.model_config_hash
+    v0, v1, v2 = (write_checkpoint(tmp_path / "ckpt", v, state, cfg_hash, step_ms=20) for v in (0, 1, 2))
+    config = node_config(tmp_path, submissions_per_version=4)
+    validators = Validators([100])
+
+    async def main() -> None:
+        work = worker_work(config, WORKER, None)
+        work.setup = setup
+        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+        work.engine = run_engine()
+        work._note_version(0, v0.manifest.created_ms)  # the head of v0 was heard: one stamp, no pace yet
+        send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work._load_checkpoints, receive)
+            nursery.start_soon(work._work, validators)
+            await send.send(v1)
+            with trio.fail_after(20):
+                while not validators.sent:  # noqa: ASYNC110  # the loop under test offers no event
+                    await trio.sleep(0.01)
+            await trio.sleep(0.5)
+            await send.send(v2)
+            with trio.fail_after(20):
+                while len(validators.sent) < 2:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            await trio.sleep(0.5)
+            nursery.cancel_scope.cancel()
+        assert [(s.checkpoint_version, s.step & 0xFFFFFFFF) for _, s in validators.sent] == [(1, 0), (2, 0)]
+        pace = work.status()["pace"]
+        assert pace["step_interval_ms"] == 20 and pace["generate_ms"] > 0 and pace["versions_cut"] == 2
+        assert work.next_counter() is None
+
+    trio.run(main)
+
+
+def test_the_pacer_measures_the_trainer_and_itself():
+    pacer = Pacer()
+    assert pacer.budget(3, 2, used=0, cap=4, at_ms=0) == 4  # nothing heard: the cap
+    pacer.heard(3, 1_000_000, at_ms=50_000)
+    pacer.heard(4, 1_002_000, at_ms=51_900)  # 2 s per version; v4 heard at 51.9 s of our clock
+    pacer.heard(4, 5, at_ms=52_000)  # a second stamp of v4 changes nothing
+    assert (pacer.newest, pacer.newest_heard_ms) == (4, 51_900)
+    assert pacer.budget(4, 2, used=0, cap=64, at_ms=52_000) == 64  # no build timed yet
+    pacer.built(0.5)
+    pacer.handed(assignment_step(4, 0), at_ms=52_500)
+    pacer.judged(assignment_step(4, 0), at_ms=52_900)  # 400 ms to the verdict
+    pacer.judged(assignment_step(4, 1), at_ms=53_000)  # never handed over: no sample
+    assert pacer.statistics() == {
+        "step_interval_ms": 2_000, "generate_ms": 500, "latency_ms": 400, "versions_cut": 0,
+    }  # fmt: skip
+    # v4's deadline: 51.9 + 2 x 2 - 0.4 = 55.5 s; from 53 s, five builds of 0.5 s fit
+    assert pacer.budget(4, 2, used=1, cap=64, at_ms=53_000) == 6
+    assert pacer.budget(4, 2, used=6, cap=64, at_ms=55_400) == 6 and pacer.cut == 1
+    assert pacer.budget(4, 2, used=6, cap=64, at_ms=55_450) == 6 and pacer.cut == 1  # counted once
+    for n in range(200):  # hand-overs whose verdicts never come are forgotten, oldest first
+        pacer.handed(assignment_step(5, n), at_ms=60_000)
+    assert len(pacer._handed) <= 64 and assignment_step(5, 199) in pacer._handed
 
 
 def test_prepare_weights_reads_the_verified_checkpoint_and_applies_the_cheat(tmp_path, base_engine, setup):
