@@ -5,14 +5,18 @@ Measured in one run, every party a real process (`python -m node.dataplane ...`)
   relayed  origin → 2 relays → 4 workers (the workers know only the relays)
   direct   origin → 4 workers (the trainer serves everyone)
   tcp      one plain TCP copy of the same bytes (sendfile → recv_into a buffer): the floor for one copy
+  fanout   one plain TCP sendfile fan-out of the same bytes to as many receivers as there are workers, all
+           at once (a thread per receiver → a process per receiver, recv_into a buffer): the baseline of
+           `broadcast_vs_tcp_fanout_ratio` (relayed seconds over fan-out seconds, medians of the same run)
 Both topologies stay up for the whole run and rounds alternate between them (each round publishes a new
 version), so background load on a shared machine hits both alike; medians are reported. A round runs
 from the origin's `published` event (shards written, manifest signed) to the last worker's `checkpoint`
 event (every shard verified against the manifest, directory renamed into place). CPU seconds are those
 the topology's processes spent during the round (from /proc). The last line is one JSON object.
 
-`--uplink-mbps` caps every node's serving rate (a token bucket) to model real uplinks, where the relays
-take the load off the trainer; on bare loopback the limit is CPU (hashing, copying), not links.
+`--quick` is one round (about 40 s on 2 cores). `--uplink-mbps` caps every node's serving rate (a token
+bucket) to model real uplinks, where the relays take the load off the trainer; on bare loopback the limit
+is CPU (hashing, copying, and page-cache pages for the files written), not links.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -139,8 +144,10 @@ class Topology:
         published = self.origin.wait_event("published", 600, version=self.version)
         cpu_published = _cpu_seconds(self.procs)
         done = [w.wait_event("checkpoint", 600, version=self.version)["t"] for w in self.workers]
+        relayed = [r.wait_event("complete", 600, version=self.version)["t"] for r in self.relays]
         return {
             "seconds": max(done) - published["t"],
+            "last_relay_s": max(relayed, default=published["t"]) - published["t"],
             "first_worker_s": min(done) - published["t"],
             "total_size": published["total_size"],
             "shards": published["shards"],
@@ -196,6 +203,40 @@ def tcp_copy(files: list[Path]) -> float:
     return float(finished) - started
 
 
+def tcp_fanout(files: list[Path], receivers: int) -> float:
+    """Seconds to sendfile the same bytes to `receivers` processes at once, one connection each."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=receivers)
+    port = listener.getsockname()[1]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RECEIVER, str(port)], stdout=subprocess.PIPE, text=True)
+        for _ in range(receivers)
+    ]
+    conns = [listener.accept()[0] for _ in procs]
+    listener.close()
+
+    def send(conn: socket.socket) -> None:
+        with conn:
+            for path in files:
+                with open(path, "rb") as f:
+                    conn.sendfile(f)
+
+    started = time.time()
+    threads = [threading.Thread(target=send, args=(conn,)) for conn in conns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    expected = sum(p.stat().st_size for p in files)
+    finished = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=300)
+        total, at = out.split()
+        if int(total) != expected:
+            raise RuntimeError(f"tcp fan-out moved {total} of {expected} bytes")
+        finished.append(float(at))
+    return max(finished) - started
+
+
 def _median(rounds: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rounds)
 
@@ -209,6 +250,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--relays", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="versions published per topology")
+    parser.add_argument("--quick", action="store_true", help="one round (the CI smoke run)")
     parser.add_argument("--uplink-mbps", type=float, default=0, help="cap every node's upload (0: none)")
     parser.add_argument("--relay-parallel", type=int, default=8)
     parser.add_argument("--relay-per-source", type=int, default=ScoringConfig.max_per_source)
@@ -220,12 +262,14 @@ def main() -> None:
     )
     parser.add_argument("--worker-parallel", type=int, default=8)
     args = parser.parse_args()
+    if args.quick:
+        args.rounds = 1
 
     with tempfile.TemporaryDirectory(prefix="bench-broadcast-") as tmp_text:
         tmp = Path(tmp_text)
         relayed = Topology("relayed", tmp, args, args.relays, key_base=0)
         direct = Topology("direct", tmp, args, 0, key_base=100)
-        rounds: dict[str, list[dict[str, float]]] = {"relayed": [], "direct": [], "tcp": []}
+        rounds: dict[str, list[dict[str, float]]] = {"relayed": [], "direct": [], "tcp": [], "fanout": []}
         try:
             for i in range(args.rounds):
                 for topology in (relayed, direct):
@@ -239,7 +283,12 @@ def main() -> None:
                 version_dir = direct.dir / "worker0" / RUN / str(direct.version)
                 copy_s = tcp_copy(sorted(version_dir.glob("*.safetensors")))
                 rounds["tcp"].append({"seconds": copy_s})
-                print(f"round {i + 1} tcp copy {copy_s:6.2f} s", flush=True)
+                fanout_s = tcp_fanout(sorted(version_dir.glob("*.safetensors")), args.workers)
+                rounds["fanout"].append({"seconds": fanout_s})
+                print(
+                    f"round {i + 1} tcp copy {copy_s:6.2f} s, fan-out to {args.workers} {fanout_s:6.2f} s",
+                    flush=True,
+                )
         finally:
             relayed_final = relayed.finish()
             direct_final = direct.finish()
@@ -248,6 +297,7 @@ def main() -> None:
     relayed_s = _median(rounds["relayed"], "seconds")
     direct_s = _median(rounds["direct"], "seconds")
     copy_s = _median(rounds["tcp"], "seconds")
+    fanout_s = _median(rounds["fanout"], "seconds")
     delivered = args.workers * size
     origin_bytes = relayed_final["origin_upload_bytes"] // args.rounds
     direct_origin_bytes = direct_final["origin_upload_bytes"] // args.rounds
@@ -263,6 +313,7 @@ def main() -> None:
         "publish_s": round(_median(rounds["relayed"], "publish_s"), 3),
         "relayed_s": round(relayed_s, 3),
         "relayed_first_worker_s": round(_median(rounds["relayed"], "first_worker_s"), 3),
+        "relayed_last_relay_s": round(_median(rounds["relayed"], "last_relay_s"), 3),
         "relayed_throughput_mb_s": round(delivered / relayed_s / 1e6, 1),
         "relayed_cpu_s": round(_median(rounds["relayed"], "cpu_s"), 2),
         "direct_s": round(direct_s, 3),
@@ -270,6 +321,8 @@ def main() -> None:
         "direct_cpu_s": round(_median(rounds["direct"], "cpu_s"), 2),
         "tcp_copy_s": round(copy_s, 3),
         "tcp_copy_throughput_mb_s": round(size / copy_s / 1e6, 1),
+        "tcp_fanout_s": round(fanout_s, 3),
+        "broadcast_vs_tcp_fanout_ratio": round(relayed_s / fanout_s, 2),
         "relayed_vs_tcp_copy_ratio": round(relayed_s / copy_s, 2),
         "relayed_vs_direct_ratio": round(relayed_s / direct_s, 2),
         "origin_upload_bytes": origin_bytes,

@@ -4,8 +4,9 @@ A policy version is published in the model layout (node/dataplane/checkpoint.py)
 with the run's config and tokenizer files (`model_folder_files`), so a relay's copy loads in transformers
 and vLLM as it is. Other payloads (DiLoCo) keep the pieces layout, the default.
 
-Publishing writes every shard into `<version>.partial/`, hashes it, signs the manifest, then renames the
-directory into place and lists the version in the catalog, so the origin never announces or serves a
+Publishing writes every shard into `<version>.partial/`, hashing each chunk as it is written (one pass over
+the bytes), while the next shard is being serialized in another thread; it then signs the manifest, renames
+the directory into place and lists the version in the catalog, so the origin never announces or serves a
 version it does not hold whole. The control plane gossips the catalog entry's `head` on
 `swarm/<run>/checkpoints` (a manifest of a large model exceeds a gossip message); followers fetch the
 signed manifest envelope returned here from the `manifest` and `latest` endpoints, and check it against
@@ -30,9 +31,9 @@ from node.dataplane.checkpoint import (
     MODEL_LAYOUT,
     PIECES_LAYOUT,
     Layout,
+    PlannedFile,
     build_manifest,
     plan_files,
-    shard_info,
 )
 from node.dataplane.follower import wall_ms
 from node.dataplane.store import ShardStore
@@ -71,6 +72,20 @@ class Sealer:
     def __call__(self, message: Any) -> bytes:
         self._seq = max(self._seq + 1, self.clock_ms() * 1000)
         return seal(self.identity, message, run=self.run, seq=self._seq, ts=self.clock_ms())
+
+
+async def _serialize_each(
+    plans: Sequence[PlannedFile], out: trio.MemorySendChannel[tuple[str, bytes]]
+) -> None:
+    """Serialize the files one by one in a thread: file k+1 is made while file k is hashed and written.
+
+    The channel holds nothing (capacity 0), so at most two serialized files are in memory at once.
+    """
+    async with out:
+        for plan in plans:
+            data = await trio.to_thread.run_sync(plan.serialize)
+            await out.send((plan.name, data))
+            del data
 
 
 class Origin:
@@ -117,12 +132,20 @@ class Origin:
         ):
             raise ValueError(f"a model checkpoint carries the {CONFIG_FILE} of model_config_hash")
         plans = await trio.to_thread.run_sync(plan_files, layout, state_dict, self.shard_size, files)
-        infos = []
-        for plan in plans:
-            data = await trio.to_thread.run_sync(plan.serialize)
-            infos.append(await trio.to_thread.run_sync(shard_info, plan.name, data))
-            await trio.to_thread.run_sync(self.store.write_shard, version, plan.name, data)
-            del data
+        infos: list[ShardInfo] = []
+        serialized, ready = trio.open_memory_channel[tuple[str, bytes]](0)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_serialize_each, plans, serialized)
+                async with ready:
+                    async for name, data in ready:
+                        digest = await trio.to_thread.run_sync(self.store.write_shard, version, name, data)
+                        infos.append(ShardInfo(name, len(data), digest))
+                        del data
+        except BaseExceptionGroup as group:  # one stage failed and the other was cancelled: its error alone
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         return await self.publish_written(
             version=version, parent_version=parent_version, model_config_hash=model_config_hash, shards=infos
         )

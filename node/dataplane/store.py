@@ -24,6 +24,7 @@ from protocol.messages import CheckpointManifest, ShardInfo
 from protocol.shards import MANIFEST_FILE, PART_SUFFIX
 
 _PARTIAL = ".partial"
+WRITE_CHUNK = 1 << 20  # hashed, then written, while it sits in the CPU cache (L2-sized)
 
 
 class DigestMismatch(Exception):
@@ -187,13 +188,31 @@ class ShardStore:
         directory.mkdir(parents=True, exist_ok=True)
         return PartialShard(directory, info)
 
-    def write_shard(self, version: int, name: str, data: bytes) -> None:
-        """Store a shard we produced ourselves (the origin): written aside, then renamed into place."""
+    def write_shard(self, version: int, name: str, data: bytes | memoryview) -> bytes:
+        """Store a shard we produced ourselves (the origin) and return its sha256.
+
+        Each chunk is hashed and then written while it is still in the CPU cache, so publishing reads the
+        serialized bytes once instead of twice (hash, then write). Written aside, then renamed into place.
+        """
         directory = self.partial_dir(version)
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / (name + PART_SUFFIX)
-        tmp.write_bytes(data)
+        hasher = hashlib.sha256()
+        view = memoryview(data).cast("B")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            offset = 0
+            while offset < len(view):
+                chunk = view[offset : offset + WRITE_CHUNK]
+                hasher.update(chunk)
+                while chunk:
+                    written = os.pwrite(fd, chunk, offset)
+                    offset += written
+                    chunk = chunk[written:]
+        finally:
+            os.close(fd)
         os.replace(tmp, directory / name)
+        return hasher.digest()
 
     def finalize(self, version: int, fsync: bool = False) -> Path:
         """Atomically publish a fully verified version: `<v>.partial/` becomes `<v>/`."""

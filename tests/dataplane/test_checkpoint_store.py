@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import random
 
 import pytest
 import torch
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from node.dataplane.catalog import Catalog
 from node.dataplane.checkpoint import (
     PIECES_KEY,
+    ShardPlan,
     load_checkpoint,
     plan_shards,
     shard_info,
     state_digest,
 )
 from node.dataplane.errors import CheckpointInvalid
-from node.dataplane.store import DigestMismatch, ShardStore
-from tests.dataplane.helpers import RUN, blobs, manifest_for, signed, small_state
+from node.dataplane.origin import Origin, Sealer
+from node.dataplane.store import WRITE_CHUNK, DigestMismatch, ShardStore
+from protocol.shards import PART_SUFFIX
+from tests.dataplane.helpers import RUN, TRAINER, blobs, manifest_for, signed, small_state
 
 
 def _write_checkpoint(store, state, shard_size, version=1):
@@ -175,3 +184,67 @@ def test_state_digest_sees_every_byte():
     other["layers.0.bias"][3] += 1
     assert state_digest(state) != state_digest(other)
     assert state_digest(state) == state_digest({k: state[k] for k in reversed(list(state))})
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    size=st.one_of(
+        st.integers(0, 3 * WRITE_CHUNK + 1),
+        st.sampled_from([WRITE_CHUNK - 1, WRITE_CHUNK, WRITE_CHUNK + 1, 2 * WRITE_CHUNK]),
+    ),
+    leftover=st.integers(0, 2 * WRITE_CHUNK),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_write_shard_hashes_exactly_the_bytes_it_writes(tmp_path, size, leftover, seed):
+    """One pass: the digest returned is the sha256 of the file left on disk, whatever `.part` was there."""
+    rng = random.Random(seed)
+    data = rng.randbytes(size)
+    store = ShardStore(tmp_path / str(seed), RUN)
+    store.partial_dir(1).mkdir(parents=True, exist_ok=True)
+    (store.partial_dir(1) / ("s" + PART_SUFFIX)).write_bytes(b"\xff" * leftover)  # a crashed earlier try
+    digest = store.write_shard(1, "s", memoryview(data))
+    assert digest == hashlib.sha256(data).digest()
+    assert (store.partial_dir(1) / "s").read_bytes() == data
+    assert not (store.partial_dir(1) / ("s" + PART_SUFFIX)).exists()
+
+
+def test_a_pipelined_publish_lists_the_digests_of_the_files_it_wrote(tmp_path):
+    """Serialization overlaps hashing and writing; the manifest must still name each file's own digest."""
+    state = small_state(5)
+    store, catalog = ShardStore(tmp_path, RUN), Catalog(RUN)
+    origin = Origin(Sealer(TRAINER, RUN), store, catalog, shard_size=4096)
+
+    async def publish():
+        return await origin.publish(state, version=1, parent_version=0, model_config_hash=bytes(32))
+
+    manifest, _ = trio.run(publish)
+    expected = [shard_info(p.name, p.serialize()) for p in plan_shards(state, 4096)]
+    assert len(expected) > 2 and list(manifest.shards) == expected
+    directory = store.complete_dir(1)
+    for info in manifest.shards:
+        assert hashlib.sha256((directory / info.name).read_bytes()).digest() == info.sha256
+    assert state_digest(load_checkpoint(directory, manifest)) == state_digest(state)
+
+
+def test_a_publish_that_fails_midway_announces_nothing(tmp_path, monkeypatch):
+    """A serialization error on a later file stops the writer too; the catalog never lists the version."""
+    state = small_state(5)
+    store, catalog = ShardStore(tmp_path, RUN), Catalog(RUN)
+    origin = Origin(Sealer(TRAINER, RUN), store, catalog, shard_size=4096)
+    calls = {"n": 0}
+    real = ShardPlan.serialize
+
+    def flaky(plan):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk gone")
+        return real(plan)
+
+    monkeypatch.setattr(ShardPlan, "serialize", flaky)
+
+    async def publish():
+        await origin.publish(state, version=1, parent_version=0, model_config_hash=bytes(32))
+
+    with pytest.raises(OSError, match="disk gone"):
+        trio.run(publish)
+    assert catalog.get(1) is None and not store.is_complete(1)
