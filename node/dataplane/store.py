@@ -189,30 +189,8 @@ class ShardStore:
         return PartialShard(directory, info)
 
     def write_shard(self, version: int, name: str, data: bytes | memoryview) -> bytes:
-        """Store a shard we produced ourselves (the origin) and return its sha256.
-
-        Each chunk is hashed and then written while it is still in the CPU cache, so publishing reads the
-        serialized bytes once instead of twice (hash, then write). Written aside, then renamed into place.
-        """
-        directory = self.partial_dir(version)
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / (name + PART_SUFFIX)
-        hasher = hashlib.sha256()
-        view = memoryview(data).cast("B")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            offset = 0
-            while offset < len(view):
-                chunk = view[offset : offset + WRITE_CHUNK]
-                hasher.update(chunk)
-                while chunk:
-                    written = os.pwrite(fd, chunk, offset)
-                    offset += written
-                    chunk = chunk[written:]
-        finally:
-            os.close(fd)
-        os.replace(tmp, directory / name)
-        return hasher.digest()
+        """Store a shard we produced ourselves (the origin) and return its sha256 (`write_hashed`)."""
+        return write_hashed(self.partial_dir(version), name, data)
 
     def finalize(self, version: int, fsync: bool = False) -> Path:
         """Atomically publish a fully verified version: `<v>.partial/` becomes `<v>/`."""
@@ -233,6 +211,33 @@ class ShardStore:
         for version in versions:
             for directory in (self.complete_dir(version), self.partial_dir(version)):
                 shutil.rmtree(directory, ignore_errors=True)
+
+
+def write_hashed(directory: Path, name: str, data: bytes | memoryview) -> bytes:
+    """Write `data` as `directory/name` (aside, then renamed into place) and return its sha256.
+
+    Each chunk is hashed and then written while it is still in the CPU cache, so a producer reads its
+    serialized bytes once instead of twice (hash, then write). The origin and every rank of a sharded
+    trainer write their files through it.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (name + PART_SUFFIX)
+    hasher = hashlib.sha256()
+    view = memoryview(data).cast("B")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        offset = 0
+        while offset < len(view):
+            chunk = view[offset : offset + WRITE_CHUNK]
+            hasher.update(chunk)
+            while chunk:
+                written = os.pwrite(fd, chunk, offset)
+                offset += written
+                chunk = chunk[written:]
+    finally:
+        os.close(fd)
+    os.replace(tmp, directory / name)
+    return hasher.digest()
 
 
 def _fsync_dir(path: Path) -> None:

@@ -46,9 +46,8 @@ from node.dataplane.checkpoint import (
     WeightsFile,
     model_extra_files,
     pack_weights,
-    shard_info,
 )
-from node.dataplane.store import ShardStore
+from node.dataplane.store import ShardStore, write_hashed
 from node.rl.model import ModelInfo, load_model
 from node.rl.sampling import token_logprobs
 from node.rl.tokenizer import load_tokenizer
@@ -435,10 +434,7 @@ def out_stats(out: Any, counted: bool) -> list[float]:
 
 
 def write_file(directory: Path, name: str, data: bytes) -> ShardInfo:
-    tmp = directory / (name + ".part")
-    tmp.write_bytes(data)
-    os.replace(tmp, directory / name)
-    return shard_info(name, data)
+    return ShardInfo(name, len(data), write_hashed(directory, name, data))
 
 
 # --- commands from rank 0 ---------------------------------------------------------------------------
