@@ -456,8 +456,9 @@ def test_worker_loop_spends_its_budget_per_version_and_skips_stale_ones(tmp_path
 
 
 def test_a_fast_trainer_cuts_each_version_to_one_submission(tmp_path, base_engine, setup):
-    """The trainer steps every 20 ms (its stamps say so), far less than one build takes: with a budget of 4
-    the worker still makes one submission per version it holds (the floor), then waits for the next."""
+    """The trainer steps every 20 ms (its stamps say so), far less than one build takes (10 s measured):
+    with a budget of 4 the worker still makes one submission per version it holds (the floor), then waits
+    for the next."""
     state = {k: v.clone() for k, v in base_engine.model.state_dict().items()}
     cfg_hash = setup.descriptor.model_config_hash
     v0, v1, v2 = (write_checkpoint(tmp_path / "ckpt", v, state, cfg_hash, step_ms=20) for v in (0, 1, 2))
@@ -470,6 +471,8 @@ def test_a_fast_trainer_cuts_each_version_to_one_submission(tmp_path, base_engin
         work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
         work.engine = run_engine()
         work._note_version(0, v0.manifest.created_ms)  # the head of v0 was heard: one stamp, no pace yet
+        for _ in range(16):  # builds measured at 10 s (a warm tiny model builds in ms, faster than 20 ms)
+            work.pacer.built(10.0)
         send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(work._load_checkpoints, receive)
