@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import trio
 
 from crypto.identity import NodeIdentity
 from node.dataplane.catalog import Catalog
-from node.dataplane.checkpoint import load_checkpoint
+from node.dataplane.checkpoint import load_checkpoint, verify_file
 from node.dataplane.downloader import DownloadConfig, Downloader
 from node.dataplane.errors import CheckpointInvalid
 from node.dataplane.follower import wall_ms
@@ -56,6 +56,7 @@ from protocol.messages import (
     DilocoRun,
     DilocoVote,
     ShardHave,
+    ShardInfo,
 )
 from protocol.shards import encode_bitfield
 from protocol.types import MIB
@@ -247,21 +248,59 @@ class Holdings:
         tmp.write_bytes(envelope)
         os.replace(tmp, path)
 
+    async def _fresh_version(self, name: str, round: int) -> Namespace:
+        """The namespace `name`, with versions from `round` on dropped: written for another lineage before
+        a restart or a resync, they are never served again."""
+        ns = self.namespace(name)
+        stale = [v for v in ns.catalog.versions() if v >= round]
+        if stale:
+            await trio.to_thread.run_sync(ns.drop, stale)
+        return ns
+
     async def publish_contribution(
         self, round: int, base: bytes, payload: Mapping[str, torch.Tensor], delta: dict[str, torch.Tensor]
     ) -> HeldContribution:
         """Write our compressed payload as version `round` of our contribution namespace and sign it."""
         name = contribution_namespace(self.plan.run, self.index)
-        ns = self.namespace(name)
-        stale = [v for v in ns.catalog.versions() if v >= round]
-        if stale:  # written for another lineage before a restart or a resync: never served again
-            await trio.to_thread.run_sync(ns.drop, stale)
+        await self._fresh_version(name, round)
         manifest, manifest_envelope = await self._origin(name).publish(
             payload,
             version=round,
             parent_version=max(round - 1, 0),
             model_config_hash=self.plan.model_config_hash,
         )
+        return self._sign_contribution(round, base, manifest, manifest_envelope, delta)
+
+    async def contribution_partial(self, round: int) -> Path:
+        """An empty directory for the files of our contribution to `round` that a trainer group writes
+        itself (`publish_contribution_written` signs them)."""
+        name = contribution_namespace(self.plan.run, self.index)
+        ns = await self._fresh_version(name, round)
+        await trio.to_thread.run_sync(ns.store.remove, [round])
+        return ns.store.partial_dir(round)
+
+    async def publish_contribution_written(
+        self, round: int, base: bytes, shards: Sequence[ShardInfo]
+    ) -> HeldContribution:
+        """Sign our contribution to `round` whose files the ranks wrote into `contribution_partial(round)`;
+        held without a loaded payload (the ranks read their tensors from the files)."""
+        name = contribution_namespace(self.plan.run, self.index)
+        manifest, manifest_envelope = await self._origin(name).publish_written(
+            version=round,
+            parent_version=max(round - 1, 0),
+            model_config_hash=self.plan.model_config_hash,
+            shards=shards,
+        )
+        return self._sign_contribution(round, base, manifest, manifest_envelope, None)
+
+    def _sign_contribution(
+        self,
+        round: int,
+        base: bytes,
+        manifest: CheckpointManifest,
+        manifest_envelope: bytes,
+        delta: dict[str, torch.Tensor] | None,
+    ) -> HeldContribution:
         message = DilocoContribution(
             run=self.plan.run,
             round=round,
@@ -275,6 +314,7 @@ class Holdings:
         envelope = self.seal(message)
         self._persist("contribution", round, envelope)
         contribution = Contribution(self.me, message, manifest, envelope_digest(envelope))
+        ns = self.namespace(contribution_namespace(self.plan.run, self.index))
         held = HeldContribution(contribution, envelope, ns.store.complete_dir(round), delta)
         self.hold(round, held)
         return held
@@ -296,16 +336,51 @@ class Holdings:
     ) -> HeldOuter:
         """Write θ and the outer momentum as version `round` of our outer namespace and sign them."""
         name = outer_namespace(self.plan.run, self.index)
-        ns = self.namespace(name)
-        stale = [v for v in ns.catalog.versions() if v >= round]
-        if stale:
-            await trio.to_thread.run_sync(ns.drop, stale)
+        await self._fresh_version(name, round)
         manifest, manifest_envelope = await self._origin(name).publish(
             state,
             version=round,
             parent_version=max(round - 1, 0),
             model_config_hash=self.plan.model_config_hash,
         )
+        return self._sign_outer(round, manifest, manifest_envelope, theta, parent, contributors)
+
+    async def outer_partial(self, round: int) -> Path:
+        """An empty directory for the files of our outer state of `round` that a trainer group writes
+        itself (`publish_outer_written` signs them)."""
+        name = outer_namespace(self.plan.run, self.index)
+        ns = await self._fresh_version(name, round)
+        await trio.to_thread.run_sync(ns.store.remove, [round])
+        return ns.store.partial_dir(round)
+
+    async def publish_outer_written(
+        self,
+        round: int,
+        shards: Sequence[ShardInfo],
+        *,
+        theta: bytes,
+        parent: bytes,
+        contributors: tuple[DilocoEntry, ...],
+    ) -> HeldOuter:
+        """Sign our outer state of `round` whose files the ranks wrote into `outer_partial(round)`."""
+        origin = self._origin(outer_namespace(self.plan.run, self.index))
+        manifest, manifest_envelope = await origin.publish_written(
+            version=round,
+            parent_version=max(round - 1, 0),
+            model_config_hash=self.plan.model_config_hash,
+            shards=shards,
+        )
+        return self._sign_outer(round, manifest, manifest_envelope, theta, parent, contributors)
+
+    def _sign_outer(
+        self,
+        round: int,
+        manifest: CheckpointManifest,
+        manifest_envelope: bytes,
+        theta: bytes,
+        parent: bytes,
+        contributors: tuple[DilocoEntry, ...],
+    ) -> HeldOuter:
         message = DilocoOuterState(
             run=self.plan.run,
             round=round,
@@ -318,6 +393,7 @@ class Holdings:
         )
         envelope = self.seal(message)
         self._persist("outer", round, envelope)
+        ns = self.namespace(outer_namespace(self.plan.run, self.index))
         held = HeldOuter(
             OuterState(self.me, message, manifest, envelope_digest(envelope)),
             envelope,
@@ -343,10 +419,14 @@ class Holdings:
 
     async def fetch_outer(self, state: OuterState, sources: Iterable[str]) -> dict[str, torch.Tensor]:
         """Download and load another trainer's outer state (θ, momentum, step)."""
+        directory = await self.fetch_outer_files(state, sources)
+        return await trio.to_thread.run_sync(load_checkpoint, directory, state.manifest)
+
+    async def fetch_outer_files(self, state: OuterState, sources: Iterable[str]) -> Path:
+        """Download another trainer's outer state; its verified directory (a trainer group reads it)."""
         index = trainer_index(self.plan, state.sender)
         ns = self.namespace(outer_namespace(self.plan.run, index))
-        directory = await ns.fetch(state.manifest, state.message.manifest, sources)
-        return await trio.to_thread.run_sync(load_checkpoint, directory, state.manifest)
+        return await ns.fetch(state.manifest, state.message.manifest, sources)
 
     def release(self, round: int) -> None:
         """Drop the decompressed payloads of an averaged round (the signed files stay, for serving)."""
@@ -371,11 +451,13 @@ class Holdings:
 
     # --- restart -----------------------------------------------------------------------------------
 
-    def restore(self) -> tuple[HeldOuter | None, dict[str, torch.Tensor] | None]:
+    def restore(self, *, load: bool = True) -> tuple[HeldOuter | None, dict[str, torch.Tensor] | None]:
         """Pick up our own signed messages from disk (blocking; before serving).
 
         Contributions come back into the holdings (re-served; reused for their round instead of signing
-        another). The newest outer state that still verifies comes back with its tensors.
+        another). The newest outer state that still verifies comes back with its tensors. A trainer group
+        (`load=False`) loads no tensors here, neither payloads nor outer state, only checks every file
+        against its manifest: its ranks read their own tensors from the files.
         """
         now = self.clock_ms()
         files = sorted((self.root / MESSAGES_DIR).glob("*.msgpack"))
@@ -388,7 +470,7 @@ class Holdings:
             if kind == "outer":
                 outers.append((int(round_text), envelope))
             elif kind == "contribution":
-                self._restore_contribution(int(round_text), envelope, now)
+                self._restore_contribution(int(round_text), envelope, now, load)
         for round, envelope in sorted(outers, reverse=True):
             try:
                 state = verify_outer_state(envelope, plan=self.plan, digest=self.plan_digest, now_ms=now)
@@ -396,7 +478,7 @@ class Holdings:
                     continue
                 ns = self.namespace(outer_namespace(self.plan.run, self.index))
                 directory = ns.store.complete_dir(round)
-                tensors = load_checkpoint(directory, state.manifest)
+                tensors = _load_or_verify(directory, state.manifest, load)
             except (ProtocolError, CheckpointInvalid) as exc:
                 log.warning("own outer state of round %d does not verify: %s", round, exc)
                 continue
@@ -405,7 +487,7 @@ class Holdings:
             return self.outer, tensors
         return None, None
 
-    def _restore_contribution(self, round: int, envelope: bytes, now: int) -> None:
+    def _restore_contribution(self, round: int, envelope: bytes, now: int, load: bool) -> None:
         try:
             contribution = verify_contribution(
                 envelope, plan=self.plan, digest=self.plan_digest, round=round, now_ms=now
@@ -414,7 +496,11 @@ class Holdings:
                 return
             ns = self.namespace(contribution_namespace(self.plan.run, self.index))
             directory = ns.store.complete_dir(round)
-            delta = load_delta(directory, contribution, self.plan.compression, like=None)
+            delta = None
+            if load:
+                delta = load_delta(directory, contribution, self.plan.compression, like=None)
+            else:
+                _load_or_verify(directory, contribution.manifest, load)
         except (ProtocolError, CheckpointInvalid, ValueError) as exc:
             log.warning("own contribution of round %d does not verify: %s", round, exc)
             return
@@ -422,3 +508,14 @@ class Holdings:
             contribution.manifest, contribution.message.manifest, range(len(contribution.manifest.shards))
         )
         self.hold(round, HeldContribution(contribution, envelope, directory, delta))
+
+
+def _load_or_verify(
+    directory: Path, manifest: CheckpointManifest, load: bool
+) -> dict[str, torch.Tensor] | None:
+    """The tensors of a verified directory, or (`load=False`) None once every file matches its hash."""
+    if load:
+        return load_checkpoint(directory, manifest)
+    for info in manifest.shards:
+        verify_file(directory, info)
+    return None

@@ -18,6 +18,12 @@ A trainer that sees more trainers on another θ than on its own (`winning_base`)
 votes named, leaves the round and resyncs: it downloads the newest outer state peers offer. A trainer that
 (re)starts does the same before its first round. Peers come from a `PeerSource` (address → HTTP
 endpoint): the DHT's verified `trainer` providers in a node (`DilocoTrainer`), a fixed map in tests.
+
+What a participant holds, and where, is a `Participant`'s business: one process holds θ, the outer momentum
+and every payload whole (`WholeParticipant`); an FSDP2 trainer group deals them over its ranks, which
+write and read the signed files themselves (`GroupParticipant`, node/rl/sharded_diloco.py). Their bytes
+on the wire are the same kind (a group's payload splits into other files, so its Merkle root is its own),
+and both hold the same θ after each outer step.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 import trio
 
 from node.dataplane.errors import CheckpointInvalid, PeerFault
-from node.diloco.holdings import HeldContribution, Holdings
+from node.diloco.holdings import HeldContribution, HeldOuter, Holdings
 from node.diloco.payload import load_delta
 from node.rl.diloco import (
     THETA_PREFIX,
@@ -49,11 +56,15 @@ from node.rl.diloco import (
     round_batches,
     trainable_state,
 )
+from node.rl.sharded_diloco import PayloadFiles, ShardedDiloco, outer_keys, stream_theta_digest
 from protocol import diloco as rules
 from protocol.diloco import Contribution, OuterState
 from protocol.envelope import ENVELOPE_OVERHEAD
 from protocol.errors import ProtocolError, Reason, Reject
-from protocol.messages import DilocoEntry, DilocoOuterState, DilocoRun
+from protocol.messages import DilocoEntry, DilocoOuterState, DilocoRun, ShardInfo
+
+if TYPE_CHECKING:
+    from node.rl.sharded import ShardedGrpoTrainer
 
 log = logging.getLogger(__name__)
 
@@ -145,19 +156,266 @@ def _nothing(event: str, **fields: Any) -> None:
     pass
 
 
+class Participant(Protocol):
+    """Where one DiLoCo participant's outer state and payloads live: whole in this process
+    (`WholeParticipant`), or dealt over the ranks of an FSDP2 trainer group (`GroupParticipant`, each rank
+    its tensors). The round protocol (`DilocoTrainerWork`) is the same for both; blocking methods are
+    called in a thread."""
+
+    def restore(self) -> HeldOuter | None:
+        """Our own newest outer state on disk, continued from (blocking); None when there is none."""
+        ...
+
+    async def start(self) -> bytes:
+        """Take the model's weights as θ_0; their content digest (the run's `initial_digest`)."""
+        ...
+
+    def base(self) -> bytes:
+        """The content digest of θ: the round's `base`, a published outer state's `theta`."""
+        ...
+
+    async def weights(self) -> dict[str, torch.Tensor] | None:
+        """θ where this process holds it whole; None for a group (its ranks' model holds it)."""
+        ...
+
+    async def begin_inner(self) -> dict[str, torch.Tensor] | None:
+        """θ for the inner round to start from; None where the model is set to θ instead (a group)."""
+        ...
+
+    def usable(self, held: HeldContribution) -> bool:
+        """Whether a contribution we hold can be averaged as it is."""
+        ...
+
+    async def contribute(
+        self, r: int, base: bytes, trained: dict[str, torch.Tensor] | None
+    ) -> HeldContribution:
+        """Compress, write and sign our pseudo-gradient for round `r` from the inner round's weights."""
+        ...
+
+    def load(self, directory: Path, contribution: Contribution) -> dict[str, torch.Tensor] | None:
+        """A fetched contribution's payload (None where it stays on disk); ValueError or CheckpointInvalid
+        when it is not a valid payload for the model (blocking)."""
+        ...
+
+    def step(self, decided: Sequence[HeldContribution]) -> None:
+        """Average the decided contributions and take the outer step (blocking)."""
+        ...
+
+    async def publish_outer(
+        self, round: int, parent: bytes, contributors: tuple[DilocoEntry, ...]
+    ) -> dict[str, torch.Tensor] | None:
+        """Publish θ and the outer momentum as our outer state of `round`; θ where this process holds it."""
+        ...
+
+    async def adopt(self, state: OuterState, sources: Sequence[str]) -> None:
+        """Continue from a peer's outer state: ValueError or ProtocolError (nothing changed) when it is not
+        a valid one for the model or its θ does not hash to the signed digest."""
+        ...
+
+
+class WholeParticipant:
+    """The participant in one process: θ, the outer momentum and every payload held whole."""
+
+    def __init__(self, holdings: Holdings, model: torch.nn.Module) -> None:
+        self.holdings = holdings
+        self.plan = holdings.plan
+        self.params = params_of(self.plan)
+        self.compressor = Compressor(self.plan.compression)
+        self.outer: OuterOptimizer | None = None
+        self._like = trainable_state(model)  # names and shapes every θ and payload must have
+
+    def _outer(self) -> OuterOptimizer:
+        if self.outer is None:
+            raise RuntimeError("the participant has no outer state yet (start or restore first)")
+        return self.outer
+
+    def restore(self) -> HeldOuter | None:
+        held, tensors = self.holdings.restore()
+        if held is None or tensors is None:
+            return None
+        self.outer = OuterOptimizer.from_state_dict(tensors, self.params)
+        return held
+
+    async def start(self) -> bytes:
+        theta0 = dict(self._like)
+        self.outer = OuterOptimizer(theta0, self.params)
+        return content_digest(theta0)
+
+    def base(self) -> bytes:
+        return content_digest(self._outer().theta())
+
+    async def weights(self) -> dict[str, torch.Tensor]:
+        return self._outer().theta()
+
+    async def begin_inner(self) -> dict[str, torch.Tensor]:
+        return self._outer().theta()
+
+    def usable(self, held: HeldContribution) -> bool:
+        return held.delta is not None
+
+    async def contribute(
+        self, r: int, base: bytes, trained: dict[str, torch.Tensor] | None
+    ) -> HeldContribution:
+        if trained is None:
+            raise TypeError("the inner round of a one-process participant must return its weights")
+        theta = self._outer().theta()
+
+        def encode() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+            payload = self.compressor.compress(pseudo_gradient(theta, trained))
+            return payload, decompress(payload, self.plan.compression, like=theta)
+
+        payload, delta = await trio.to_thread.run_sync(encode)
+        return await self.holdings.publish_contribution(r, base, payload, delta)
+
+    def load(self, directory: Path, contribution: Contribution) -> dict[str, torch.Tensor]:
+        return load_delta(directory, contribution, self.plan.compression, like=self._like)
+
+    def step(self, decided: Sequence[HeldContribution]) -> None:
+        deltas = [h.delta for h in decided if h.delta is not None]
+        if len(deltas) != len(decided):
+            raise AssertionError("a decided contribution is held without its payload")
+        self._outer().step(average(deltas))
+
+    async def publish_outer(
+        self, round: int, parent: bytes, contributors: tuple[DilocoEntry, ...]
+    ) -> dict[str, torch.Tensor]:
+        outer = self._outer()
+        theta = content_digest(outer.theta())
+        await self.holdings.publish_outer(
+            round, outer.state_dict(), theta=theta, parent=parent, contributors=contributors
+        )
+        return outer.theta()
+
+    async def adopt(self, state: OuterState, sources: Sequence[str]) -> None:
+        tensors = await self.holdings.fetch_outer(state, sources)
+        theta = {k[len(THETA_PREFIX) :]: v for k, v in tensors.items() if k.startswith(THETA_PREFIX)}
+        check_like(theta, self._like, what="outer weights")
+        if content_digest(theta) != state.message.theta:
+            raise Reject(Reason.BAD_HASH, "outer weights do not hash to the signed θ digest")
+        self.outer = OuterOptimizer.from_state_dict(tensors, self.params)
+        self.compressor.reset()
+
+
+class GroupParticipant:
+    """The participant as an FSDP2 trainer group (node/rl/sharded_diloco.py), run from rank 0: θ, the
+    outer momentum and every payload are dealt over the ranks' files and never whole in this process.
+
+    Payload and outer-state files are written by the ranks straight into our origin's partial directories
+    and signed here (`Holdings.publish_*_written`); fetched ones are read by the ranks from the verified
+    directories. θ's digest is streamed from the outer-state files, one tensor at a time.
+    """
+
+    def __init__(self, holdings: Holdings, group: ShardedDiloco, names: Sequence[str]) -> None:
+        self.holdings = holdings
+        self.group = group
+        self.names = sorted(names)
+        self._base: bytes | None = None  # digest of θ; None from the outer step until it is written
+        self._written: tuple[int, list[ShardInfo]] | None = None  # an outer state written, not signed
+        self._model_is_theta = True  # False once inner steps may have changed the model
+
+    @classmethod
+    def start_group(cls, holdings: Holdings, trainer: ShardedGrpoTrainer) -> GroupParticipant:
+        """Deal the group model's current weights to its ranks as θ (blocking: a collective)."""
+        names = [n for n, p in trainer.policy.model.named_parameters() if p.requires_grad]
+        return cls(holdings, ShardedDiloco.start(trainer, params_of(holdings.plan)), names)
+
+    def restore(self) -> HeldOuter | None:
+        held, _ = self.holdings.restore(load=False)
+        if held is None:
+            return None
+        self.group.load_outer(held.directory, held.state.manifest.shards)
+        self._base, self._model_is_theta = held.state.message.theta, True
+        return held
+
+    async def _write_outer(self, round: int) -> bytes:
+        partial = await self.holdings.outer_partial(round)
+        infos = await trio.to_thread.run_sync(self.group.write_outer, partial, self.holdings.shard_size)
+        digest = await trio.to_thread.run_sync(self._theta_digest, partial, infos)
+        self._written, self._base = (round, infos), digest
+        return digest
+
+    def _theta_digest(self, directory: Path, infos: Sequence[ShardInfo]) -> bytes:
+        try:
+            files = PayloadFiles(directory, infos)
+            files.check_names(outer_keys(self.names), "outer state")
+            return stream_theta_digest(files, self.names)
+        except CheckpointInvalid as exc:
+            raise ValueError(str(exc)) from exc
+
+    async def start(self) -> bytes:
+        return await self._write_outer(0)
+
+    def base(self) -> bytes:
+        if self._base is None:
+            raise RuntimeError("θ after an outer step has no digest until it is published")
+        return self._base
+
+    async def weights(self) -> None:
+        return None
+
+    async def begin_inner(self) -> None:
+        if not self._model_is_theta:  # a round left after its inner steps: they changed the model
+            await trio.to_thread.run_sync(self.group.put_theta)
+        self._model_is_theta = False
+        return None
+
+    def usable(self, held: HeldContribution) -> bool:
+        return True  # its files are on disk, verified
+
+    async def contribute(
+        self, r: int, base: bytes, trained: dict[str, torch.Tensor] | None
+    ) -> HeldContribution:
+        if trained is not None:
+            raise TypeError("a trainer group's inner round leaves its weights in the ranks' model")
+        partial = await self.holdings.contribution_partial(r)
+        infos = await trio.to_thread.run_sync(self.group.contribute, partial, self.holdings.shard_size)
+        return await self.holdings.publish_contribution_written(r, base, infos)
+
+    def load(self, directory: Path, contribution: Contribution) -> None:
+        self.group.check(directory, contribution.manifest.shards)
+        return None
+
+    def step(self, decided: Sequence[HeldContribution]) -> None:
+        self.group.apply([(h.directory, h.contribution.manifest.shards) for h in decided])
+        self._base, self._written, self._model_is_theta = None, None, True
+
+    async def publish_outer(self, round: int, parent: bytes, contributors: tuple[DilocoEntry, ...]) -> None:
+        if not self._model_is_theta:  # a skipped round: the model is published next, as θ
+            await trio.to_thread.run_sync(self.group.put_theta)
+            self._model_is_theta = True
+        if self._written is None or self._written[0] != round:
+            await self._write_outer(round)
+        assert self._written is not None and self._base is not None
+        infos, self._written = self._written[1], None
+        await self.holdings.publish_outer_written(
+            round, infos, theta=self._base, parent=parent, contributors=contributors
+        )
+        return None
+
+    async def adopt(self, state: OuterState, sources: Sequence[str]) -> None:
+        directory = await self.holdings.fetch_outer_files(state, sources)
+        infos = state.manifest.shards
+        if await trio.to_thread.run_sync(self._theta_digest, directory, infos) != state.message.theta:
+            raise Reject(Reason.BAD_HASH, "outer weights do not hash to the signed θ digest")
+        await trio.to_thread.run_sync(self.group.load_outer, directory, infos)
+        self._base, self._written, self._model_is_theta = state.message.theta, None, True
+
+
 class DilocoTrainerWork:
     """The rounds of one trainer; `train(peers)` returns once the run's last round is done.
 
-    `inner` takes each round's inner steps; `on_outer(round, θ, contributors)`, when given, is awaited
-    each time the trainer holds new outer weights (the start, every round, a resync, a skipped round),
-    with the contributions the last round averaged: an RL run publishes θ there as the checkpoint
-    workers follow, and settles which of its rollouts were trained into the run.
+    `model` is the participant's model in this process (a `WholeParticipant` is made of it) or a
+    `Participant` (a trainer group). `inner` takes each round's inner steps; `on_outer(round, θ,
+    contributors)`, when given, is awaited each time the trainer holds new outer weights (the start, every
+    round, a resync, a skipped round), with the contributions the last round averaged (θ is None for a
+    group: its ranks hold it): an RL run publishes θ there as the checkpoint workers follow, and settles
+    which of its rollouts were trained into the run.
     """
 
     def __init__(
         self,
         holdings: Holdings,
-        model: torch.nn.Module,
+        model: torch.nn.Module | Participant,
         inner: InnerRound,
         *,
         settings: TrainerSettings = TrainerSettings(),
@@ -167,24 +425,17 @@ class DilocoTrainerWork:
         self.holdings = holdings
         self.plan = holdings.plan
         self.me = holdings.me
-        self.params = params_of(self.plan)
         self.inner = inner
-        self.compressor = Compressor(self.plan.compression)
+        self.participant: Participant = (
+            WholeParticipant(holdings, model) if isinstance(model, torch.nn.Module) else model
+        )
         self.settings = settings
         self.emit: Emit = emit or _nothing
         self.on_outer = on_outer
-        self.outer: OuterOptimizer | None = None
         self.round = 0
         self.finished = trio.Event()
         self.verdicts: Counter[str] = Counter()
         self.history: list[dict[str, Any]] = []
-        self._like = trainable_state(model)  # names and shapes every θ and payload must have
-
-    # --- state -------------------------------------------------------------------------------------
-
-    def theta(self) -> dict[str, torch.Tensor]:
-        assert self.outer is not None, "train() first"
-        return self.outer.theta()
 
     def status(self) -> dict[str, Any]:
         return {
@@ -210,41 +461,37 @@ class DilocoTrainerWork:
 
     # --- the run -----------------------------------------------------------------------------------
 
-    async def train(self, peers: PeerSource) -> dict[str, torch.Tensor]:
+    async def train(self, peers: PeerSource) -> dict[str, torch.Tensor] | None:
+        """Play the run's rounds; the final θ where this process holds it (None for a group)."""
         await self._start(peers)
         while self.round < self.plan.rounds:
             if not await self._play_round(peers):
                 await self._resync(peers)
-        theta = self.theta()
-        self.emit("done", round=self.round, theta=content_digest(theta).hex())
+        theta = await self.participant.weights()
+        self.emit("done", round=self.round, theta=self.participant.base().hex())
         self.finished.set()
         return theta
 
     async def _start(self, peers: PeerSource) -> None:
-        held, tensors = self.holdings.restore()  # small files; touches trio state, so not in a thread
-        if held is not None and tensors is not None:
-            self.outer = OuterOptimizer.from_state_dict(tensors, self.params)
+        held = self.participant.restore()  # small files; touches trio state, so not in a thread
+        if held is not None:
             self.round = held.state.message.round
             self.emit("restored", round=self.round, theta=held.state.message.theta.hex())
             if self.on_outer is not None:
-                await self.on_outer(self.round, self.outer.theta(), held.state.message.contributors)
+                await self.on_outer(
+                    self.round, await self.participant.weights(), held.state.message.contributors
+                )
         else:
-            theta0 = dict(self._like)
-            if content_digest(theta0) != self.plan.initial_digest:
+            if await self.participant.start() != self.plan.initial_digest:
                 raise RunMismatch("our initial weights are not the ones the run names (initial_digest)")
-            self.outer = OuterOptimizer(theta0, self.params)
             self.round = 0
             await self._publish_outer(rules.ZERO_DIGEST, ())
         await self._join(peers)
 
     async def _publish_outer(self, parent: bytes, contributors: tuple[DilocoEntry, ...]) -> None:
-        assert self.outer is not None
-        theta = content_digest(self.outer.theta())
-        await self.holdings.publish_outer(
-            self.round, self.outer.state_dict(), theta=theta, parent=parent, contributors=contributors
-        )
+        theta = await self.participant.publish_outer(self.round, parent, contributors)
         if self.on_outer is not None:
-            await self.on_outer(self.round, self.outer.theta(), contributors)
+            await self.on_outer(self.round, theta, contributors)
 
     # --- HTTP --------------------------------------------------------------------------------------
 
@@ -265,14 +512,12 @@ class DilocoTrainerWork:
 
     async def _play_round(self, peers: PeerSource) -> bool:
         """Play round `self.round`; False when we must leave it and resync."""
-        assert self.outer is not None
         r = self.round
-        theta = self.outer.theta()
-        base = content_digest(theta)
+        base = self.participant.base()
         self.emit("round_start", round=r, theta=base.hex())
         own = self.holdings.contribution(r, self.me)
-        if own is None or own.delta is None or own.contribution.message.base != base:
-            made = await self._contribute_unless_overtaken(r, theta, base, peers)
+        if own is None or not self.participant.usable(own) or own.contribution.message.base != base:
+            made = await self._contribute_unless_overtaken(r, base, peers)
             if made is None:
                 self.emit("overtaken", round=r)
                 return False
@@ -300,11 +545,10 @@ class DilocoTrainerWork:
         if not decision or not await self._fetch_missing(r, base, decision, votes, peers):
             self.emit("incomplete", round=r, decided=[_hex(e.trainer) for e in decision])
             return False
-        held = [self.holdings.by_digest(r, e) for e in decision]
-        deltas = [h.delta for h in held if h is not None and h.delta is not None]
-        if len(deltas) != len(decision):
-            raise AssertionError("a decided contribution is held without its payload")
-        await trio.to_thread.run_sync(self._outer_step, deltas)
+        held = [h for h in (self.holdings.by_digest(r, e) for e in decision) if h is not None]
+        if len(held) != len(decision):
+            raise AssertionError("a decided contribution is not held")
+        await trio.to_thread.run_sync(self.participant.step, held)
         self.holdings.release(r)
         self.round = r + 1
         await self._publish_outer(base, decision)
@@ -322,12 +566,8 @@ class DilocoTrainerWork:
         self.emit("round_done", **record)
         return True
 
-    def _outer_step(self, deltas: list[dict[str, torch.Tensor]]) -> None:
-        assert self.outer is not None
-        self.outer.step(average(deltas))
-
     async def _contribute_unless_overtaken(
-        self, r: int, theta: dict[str, torch.Tensor], base: bytes, peers: PeerSource
+        self, r: int, base: bytes, peers: PeerSource
     ) -> HeldContribution | None:
         """Our contribution to round r, or None when a peer offers an outer state past r first.
 
@@ -340,7 +580,7 @@ class DilocoTrainerWork:
 
             async def contribute() -> None:
                 nonlocal made
-                made = await self._contribute(r, theta, base)
+                made = await self._contribute(r, base)
                 race.cancel_scope.cancel()
 
             async def watch() -> None:
@@ -356,15 +596,9 @@ class DilocoTrainerWork:
             race.start_soon(watch)
         return made
 
-    async def _contribute(self, r: int, theta: dict[str, torch.Tensor], base: bytes) -> HeldContribution:
-        inner = await self.inner(r, theta)
-
-        def encode() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-            payload = self.compressor.compress(pseudo_gradient(theta, inner))
-            return payload, decompress(payload, self.plan.compression, like=theta)
-
-        payload, delta = await trio.to_thread.run_sync(encode)
-        return await self.holdings.publish_contribution(r, base, payload, delta)
+    async def _contribute(self, r: int, base: bytes) -> HeldContribution:
+        trained = await self.inner(r, await self.participant.begin_inner())
+        return await self.participant.contribute(r, base, trained)
 
     # --- collecting --------------------------------------------------------------------------------
 
@@ -372,9 +606,7 @@ class DilocoTrainerWork:
         """Fetch, load and hold a verified contribution; False (and counted) when its payload is bad."""
         directory = await self.holdings.fetch_contribution(contribution, envelope, sources)
         try:
-            delta = await trio.to_thread.run_sync(
-                lambda: load_delta(directory, contribution, self.plan.compression, like=self._like)
-            )
+            delta = await trio.to_thread.run_sync(self.participant.load, directory, contribution)
         except (ValueError, CheckpointInvalid) as exc:
             self._count(Reject(Reason.RULE_VIOLATION, f"payload: {exc}"), "contribution", contribution.sender)
             return False
@@ -618,13 +850,8 @@ class DilocoTrainerWork:
 
     async def _adopt(self, state: OuterState, endpoint: str) -> bool:
         """Download and check a peer's outer state, continue from it, and publish our copy of it."""
-        tensors = await self.holdings.fetch_outer(state, [endpoint])
-        theta = {k[len(THETA_PREFIX) :]: v for k, v in tensors.items() if k.startswith(THETA_PREFIX)}
         try:
-            check_like(theta, self._like, what="outer weights")
-            if content_digest(theta) != state.message.theta:
-                raise Reject(Reason.BAD_HASH, "outer weights do not hash to the signed θ digest")
-            outer = OuterOptimizer.from_state_dict(tensors, self.params)
+            await self.participant.adopt(state, [endpoint])
         except ValueError as exc:
             self._count(Reject(Reason.RULE_VIOLATION, f"outer state: {exc}"), "outer state", state.sender)
             return False
@@ -632,9 +859,7 @@ class DilocoTrainerWork:
             self._count(verdict, "outer state", state.sender)
             return False
         previous = self.round
-        self.outer = outer
         self.round = state.message.round
-        self.compressor.reset()
         await self._publish_outer(state.message.parent, state.message.contributors)
         self.holdings.prune(self.round)
         self.emit(
@@ -685,8 +910,7 @@ class DilocoTrainerWork:
                 if await self._adopt_best(offers):
                     return
                 await trio.sleep(self.settings.retry_s)
-        assert self.outer is not None
-        theta = content_digest(self.outer.theta())
+        theta = self.participant.base()
         self.round = r + 1
         await self._publish_outer(theta, ())
         self.holdings.prune(self.round)

@@ -301,6 +301,10 @@ class RankOuter:
                     p.copy_(full)
                 del full
 
+    def put_theta(self) -> None:
+        """θ back into the model, where inner steps of a round that was then left changed it; collective."""
+        self._put_weights(self.theta())
+
     def _agree(self, error: str | None) -> None:
         """Raise `PayloadRefused` on every rank when any rank has an error, else on none."""
         errors = [b.decode() for b in all_gather_bytes((error or "").encode(), self.group.device)]
@@ -476,6 +480,9 @@ def execute_diloco(policy: ShardedPolicy, group: GroupInfo, command: Mapping[str
             return None
     except PayloadRefused as refused:
         return refused
+    if op == "diloco_put_theta":
+        outer.put_theta()
+        return None
     if op == "diloco_measure":
         mine = msgpack.packb([outer.held_bytes(), outer.peak_bytes, _nbytes(outer.theta())])
         return [RankOuterBytes(*msgpack.unpackb(b)) for b in all_gather_bytes(mine, group.device)]
@@ -536,6 +543,10 @@ class ShardedDiloco:
 
     def load_outer(self, directory: Path, shards: Sequence[ShardInfo]) -> None:
         self._run({"op": "diloco_load_outer", "directory": str(directory), "shards": _infos_rows(shards)})
+
+    def put_theta(self) -> None:
+        """Reset the model to θ (after inner steps of a round the participant left)."""
+        self._run({"op": "diloco_put_theta"})
 
     def measure(self) -> list[RankOuterBytes]:
         memory: list[RankOuterBytes] = self._run({"op": "diloco_measure"})

@@ -46,12 +46,13 @@ from node.diloco.holdings import Holdings
 from node.diloco.plan import read_plan
 from node.diloco.role import trainer_endpoints
 from node.diloco.service import DilocoService, mounted
-from node.diloco.trainer import DilocoTrainerWork, TrainerSettings
+from node.diloco.trainer import DilocoTrainerWork, GroupParticipant, Participant, TrainerSettings
 from node.p2p.clock import wall_ms
 from node.p2p.gossip import Delivery
 from node.p2p.reqresp import RequestFailed
 from node.rl.diloco import load_trainable, trainable_state
 from node.rl.engine import TransformersEngine
+from node.rl.sharded import ShardedGrpoTrainer, launched_rank
 from node.rl.tasks import Task
 from node.rl.trainer import GrpoTrainer, OptimizerParams
 from node.roles.base import RoleNet, RoleService
@@ -59,6 +60,7 @@ from node.roles.trainer import MANIFEST, Trainer
 from node.swarm.common import CHALLENGE_WINDOW_EPOCHS, RunMismatch
 from node.swarm.inbox import InboxEntry, RolloutInbox
 from node.swarm.trainer import (
+    Policy,
     SwarmTrainerWork,
     TrainerBounds,
     load_or_create_descriptor,
@@ -84,6 +86,7 @@ from protocol.types import MIB
 log = logging.getLogger(__name__)
 
 DILOCO_DIR = "diloco"
+GROUP_DIR = "group"  # a trainer group's start directory (never saved into: the outer state is the resume)
 HISTORY_KEPT = 10  # rounds shown in the status
 LEAD_MANIFEST_WAIT_S = 60.0  # how long a pulled batch waits for the lead's manifests of its versions
 LEAD_ASK_PAUSE_S = 2.0  # between two MANIFEST requests to the lead for a version it has not published
@@ -97,7 +100,11 @@ class RolloutInnerRound:
         self.last_losses: list[float] = []
         self.rounds = 0
 
-    async def __call__(self, round_index: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    async def __call__(
+        self, round_index: int, theta: dict[str, torch.Tensor] | None
+    ) -> dict[str, torch.Tensor] | None:
+        """θ given: load it, train, return the trained weights. None (a trainer group): the ranks' model
+        holds θ already and keeps the trained weights, which the group reads from there."""
         work = self.work
         trainer, inbox, descriptor = work._parts()
         inner_steps = work.plan.inner_steps
@@ -107,7 +114,8 @@ class RolloutInnerRound:
             log.info(
                 "released rollouts of an unfinished round", extra={"round": round_index, "rows": released}
             )
-        await trio.to_thread.run_sync(load_trainable, trainer.engine.model, theta)
+        if theta is not None:
+            await trio.to_thread.run_sync(load_trainable, _whole(trainer).engine.model, theta)
         need = work.config.work.min_batch_groups or descriptor.grpo.prompts_per_step
         losses: list[float] = []
         for h in range(inner_steps):
@@ -127,7 +135,9 @@ class RolloutInnerRound:
             )
         self.last_losses = losses
         self.rounds += 1
-        return await trio.to_thread.run_sync(trainable_state, trainer.engine.model)
+        if theta is None:
+            return None
+        return await trio.to_thread.run_sync(trainable_state, _whole(trainer).engine.model)
 
     def statistics(self) -> dict[str, Any]:
         last = self.last_losses
@@ -235,15 +245,25 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
             raise RunMismatch(f"the DiLoCo plan does not fit the run: {exc.detail}") from exc
         self.trainers = run_trainers(descriptor)
 
-    def _load_trainer(self, descriptor: RunDescriptor) -> GrpoTrainer:
-        """Always the model folder's base weights: the outer state (holdings) says where the run is."""
+    def _load_trainer(self, descriptor: RunDescriptor) -> Policy:
+        """Always the model folder's base weights: the outer state (holdings) says where the run is.
+
+        Rank 0 of a process group starts the group from a directory nothing saves into, so that it too
+        starts from the folder's weights (DiLoCo resumes from its outer state, not from a trainer save).
+        """
+        if launched_rank() == 0:
+            group_dir = self.config.data_dir / DILOCO_DIR / GROUP_DIR
+            sharded = ShardedGrpoTrainer.start(group_dir, self.model_dir, descriptor.grpo, self.optim)
+            if sharded.info.config_hash != descriptor.model_config_hash:
+                raise RunMismatch(f"the model in {self.model_dir} is not the run's")
+            return sharded
         engine = TransformersEngine.from_folder(self.model_dir)
         return GrpoTrainer(engine, descriptor.grpo, optim=self.optim)
 
-    def _release_unsaved(self, inbox: RolloutInbox, trainer: GrpoTrainer) -> None:
+    def _release_unsaved(self, inbox: RolloutInbox, trainer: Policy) -> None:
         """Nothing here: each round releases what an unfinished attempt at it used."""
 
-    def _current_version(self, trainer: GrpoTrainer, store: ShardStore) -> int:
+    def _current_version(self, trainer: Policy, store: ShardStore) -> int:
         """The newest complete version on disk: published outer weights are never taken back."""
         complete = [v for v, done in store.versions_on_disk().items() if done]
         return max(complete, default=0)
@@ -368,9 +388,10 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
     # --- the rounds ----------------------------------------------------------------------------------
 
     async def _on_outer(
-        self, round: int, theta: dict[str, torch.Tensor], contributors: tuple[DilocoEntry, ...]
+        self, round: int, theta: dict[str, torch.Tensor] | None, contributors: tuple[DilocoEntry, ...]
     ) -> None:
-        """New outer weights: the policy from now on, published as version `round`.
+        """New outer weights: the policy from now on, published as version `round` (θ None: a trainer
+        group, whose ranks' model holds them already and writes its own files of the version).
 
         Rows our earlier rounds used but no averaged contribution carried go back to the pool.
         """
@@ -381,7 +402,8 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         released = inbox.settle(upto, upto - inner_steps if counted else upto)
         if released:
             log.info("released rollouts of uncounted rounds", extra={"round": round, "rows": released})
-        await trio.to_thread.run_sync(load_trainable, trainer.engine.model, theta)
+        if theta is not None:
+            await trio.to_thread.run_sync(load_trainable, _whole(trainer).engine.model, theta)
         latest = self.origin.catalog.latest_version if self.origin is not None else None
         if latest is None or round > latest:
             await self._publish(round)
@@ -398,9 +420,14 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
         net = self._net
         assert net is not None, "DiLoCo rounds need the network (run, not serve alone)"
         self.holdings.set_endpoint(self.endpoint)
+        participant: torch.nn.Module | Participant
+        if isinstance(trainer, ShardedGrpoTrainer):
+            participant = await trio.to_thread.run_sync(GroupParticipant.start_group, self.holdings, trainer)
+        else:
+            participant = trainer.engine.model
         self.diloco = DilocoTrainerWork(
             self.holdings,
-            trainer.engine.model,
+            participant,
             self.inner,
             settings=self.settings,
             emit=self._emit,
@@ -427,6 +454,13 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
             **diloco,
         }
         return status
+
+
+def _whole(trainer: Policy) -> GrpoTrainer:
+    """The one-process trainer, whose model θ is loaded into and read from."""
+    if not isinstance(trainer, GrpoTrainer):
+        raise TypeError("a trainer group's weights stay in its ranks; it is given no θ")
+    return trainer
 
 
 def _version_of(envelope: bytes) -> int:
