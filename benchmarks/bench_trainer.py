@@ -195,3 +195,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    from node.rl.sharded import exit_rank
+
+    exit_rank(0)  # skip torch's racy C++ teardown at exit

@@ -148,6 +148,10 @@ def run_command(
         raise click.ClickException(f"cannot start the {config.role}: {exc}") from None
     runtime = NodeRuntime(config, identity, service)
     trio.run(run_until_signalled, runtime)
+    if rank == 0:  # rank 0 of a trainer group: stopped cleanly; skip torch's racy C++ teardown
+        from node.rl.sharded import exit_rank
+
+        exit_rank(0)
 
 
 def _write_rank_pid(config: NodeConfig, rank: int) -> None:

@@ -26,12 +26,15 @@ never pickle) and runs the command itself; the other ranks only run `serve_rank`
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgpack
 import torch
@@ -69,6 +72,8 @@ if TYPE_CHECKING:
 RANK_ENV = "RANK"
 WORLD_ENV = "WORLD_SIZE"
 LOCAL_RANK_ENV = "LOCAL_RANK"
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+LEAVE_TIMEOUT_S = 30.0
 DCP_SUFFIX = ".dcp"
 
 
@@ -127,9 +132,41 @@ def join_group() -> GroupInfo:
     return GroupInfo(dist.get_rank(), dist.get_world_size(), device)
 
 
-def leave_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def exit_rank(code: int = 0) -> NoReturn:
+    """End a rank's process once its work is done and the group left, skipping C++ static destructors.
+
+    At interpreter exit torch's distributed runtime can still own a joinable thread, and its destructor
+    then aborts the process ("terminate called without an active exception", SIGABRT) about one exit in
+    ten on this machine, which the launcher reads as a failed rank and restarts the group for. Nothing
+    is left to flush but output and logs, so the rank flushes them and exits at once.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def leave_group(*, together: bool = False) -> None:
+    """Leave the process group; with `together`, no rank goes on to exit before every rank has left.
+
+    gloo's transport threads abort a process ("terminate called without an active exception") whose
+    group is torn down while a peer has already exited and closed its sockets, so on a clean stop every
+    rank counts itself out in the launcher's store and waits (at most LEAVE_TIMEOUT_S) for the others.
+    """
+    if not dist.is_initialized():
+        return
+    store = dist.distributed_c10d._get_default_store() if together else None
+    world = dist.get_world_size()
+    if together:
+        dist.barrier()  # every rank has had the last command
+    dist.destroy_process_group()
+    if store is None:
+        return
+    key = f"swarmnode/left/{os.environ.get(RESTART_ENV, '0')}"
+    store.add(key, 1)
+    deadline = time.monotonic() + LEAVE_TIMEOUT_S
+    while store.add(key, 0) < world and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 # --- bytes between ranks (no pickle) ---------------------------------------------------------------
@@ -488,7 +525,7 @@ def execute(policy: ShardedPolicy | None, group: GroupInfo, command: Mapping[str
     raise RuntimeError(f"unknown command {op!r}")
 
 
-def serve_rank() -> None:
+def serve_rank() -> NoReturn:
     """Ranks 1..N-1: join the group and run rank 0's commands until it says stop or the group breaks."""
     group = join_group()
     policy: ShardedPolicy | None = None
@@ -496,8 +533,8 @@ def serve_rank() -> None:
         while True:
             command = msgpack.unpackb(broadcast_bytes(None, group.device), raw=False)
             if command["op"] == "stop":
-                dist.barrier()  # rank 0 leaves only once every rank has the command
-                return
+                leave_group(together=True)
+                exit_rank(0)
             policy, _ = execute(policy, group, command)
     finally:
         leave_group()
@@ -605,6 +642,5 @@ class ShardedGrpoTrainer:
     def close(self) -> None:
         """Tell the other ranks to stop, then leave the group."""
         self._send(self.group, {"op": "stop"})
-        dist.barrier()
-        leave_group()
+        leave_group(together=True)
 

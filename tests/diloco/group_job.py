@@ -33,7 +33,7 @@ from node.diloco.service import DilocoService
 from node.diloco.trainer import DilocoTrainerWork, GroupParticipant
 from node.rl.diloco import THETA_PREFIX, load_trainable, trainable_state
 from node.rl.engine import TransformersEngine
-from node.rl.sharded import ShardedGrpoTrainer, launched_rank, serve_rank
+from node.rl.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
 from node.rl.trainer import GrpoTrainer
 from protocol.codec import decode
 from protocol.messages import GrpoParams, RolloutGroup
@@ -181,3 +181,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_rank(0)  # skip torch's racy C++ teardown at exit (node.rl.sharded.exit_rank)

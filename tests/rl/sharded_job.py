@@ -23,7 +23,7 @@ import msgpack
 from node.dataplane.origin import model_folder_files
 from node.dataplane.store import ShardStore
 from node.rl.diloco import DilocoParams
-from node.rl.sharded import ShardedGrpoTrainer, launched_rank, serve_rank
+from node.rl.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
 from node.rl.sharded_diloco import PayloadRefused, ShardedDiloco
 from protocol.codec import decode
 from protocol.messages import GrpoParams, RolloutGroup, ShardInfo
@@ -124,3 +124,4 @@ def diloco_rounds(trainer: ShardedGrpoTrainer, groups: list[RolloutGroup], args:
 
 if __name__ == "__main__":
     main()
+    exit_rank(0)  # skip torch's racy C++ teardown at exit (node.rl.sharded.exit_rank)
