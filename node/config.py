@@ -261,8 +261,6 @@ def check_work(work: WorkSettings) -> WorkSettings:
             raise ConfigError(f"[work] run_validators must be 0x addresses, not {text!r}")
     if bool(work.diloco_plan) != bool(work.diloco_lead):
         raise ConfigError("[work] diloco_plan and diloco_lead go together (the plan file and its signer)")
-    if work.diloco_plan and work.nproc > 1:
-        raise ConfigError("[work] nproc > 1 does not run DiLoCo rounds yet: a DiLoCo trainer is one process")
     if work.diloco_lead:
         if len(_hex_bytes(work.diloco_lead)) != 20:
             raise ConfigError(f"[work] diloco_lead must be a 20-byte 0x address, not {work.diloco_lead!r}")

@@ -72,7 +72,7 @@ class DevnetPlan:
     eval_tasks: str = ""
     engine: str = "auto"
     max_new_tokens: int = 6
-    trainer_nproc: int = 1  # ranks of the trainer's FSDP2 group (one trainer only)
+    trainer_nproc: int = 1  # ranks of each trainer's FSDP2 group
 
     @property
     def rounds(self) -> int:
@@ -659,7 +659,7 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     type=click.IntRange(1, 64),
     default=1,
     show_default=True,
-    help="Ranks of the trainer's FSDP2 process group (one trainer; gloo on CPU, NCCL on GPUs).",
+    help="Ranks of each trainer's FSDP2 process group (gloo on CPU, NCCL on GPUs).",
 )
 def devnet_command(
     steps: int,
@@ -716,8 +716,6 @@ def devnet_command(
         max_new_tokens=max_new_tokens,
         trainer_nproc=trainer_nproc,
     )
-    if trainer_nproc > 1 and trainers > 1:
-        raise click.UsageError("--trainer-nproc > 1 runs one trainer (DiLoCo trainers are one process each)")
     if steps and not (1 <= trainers <= 16 and validators >= 1 and relays >= 1 and workers + cheaters >= 1):
         raise click.UsageError(
             "a training run needs 1 to 16 trainers, and at least 1 relay, worker and validator"

@@ -1,11 +1,13 @@
-"""The devnet with a 2-rank FSDP2 trainer whose second rank is SIGKILLed mid-run: the group restarts,
-resumes from its last sharded save and finishes the run with no accepted rollout lost.
+"""The devnet with 2-rank FSDP2 trainers: one whose second rank is SIGKILLed mid-run (the group restarts,
+resumes from its last sharded save and finishes the run with no accepted rollout lost), and two DiLoCo
+trainers that are each a group.
 
 Slow (multi-process, a few minutes on 2 cores); `-m slow` runs it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 from node.devnet import Devnet, DevnetPlan
 from node.swarm.trainer import INBOX_FILE
 from node.swarm.validator import STORE_FILE
-from tests.swarm.test_devnet_run import _digests, _wait, _work
+from tests.swarm.test_devnet_run import _devnet_cli, _digests, _wait, _work
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +68,21 @@ def test_a_killed_rank_restarts_the_group_and_nothing_is_lost(tmp_path: Path) ->
     finally:
         codes = devnet.stop_all()
     assert all(code in (0, None) for code in codes.values()), codes
+
+
+def test_two_diloco_trainers_each_a_two_rank_group_end_on_the_same_weights(tmp_path: Path) -> None:
+    """`swarmnode devnet --trainers 2 --trainer-nproc 2`: every DiLoCo round has both groups' contributions,
+    computed and applied shard-wise, and both end on the same outer weights."""
+    out = tmp_path / "run"
+    done = _devnet_cli(
+        "--steps", "4", "--trainers", "2", "--inner-steps", "2", "--trainer-nproc", "2", "--workers", "2",
+        "--out", str(out), timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "devnet-summary.json").read_text())
+    diloco = summary["diloco"]
+    assert diloco["same_final_theta"] is True
+    for trainer in diloco["trainers"].values():
+        assert trainer["rounds"] == 2 and trainer["contributors_per_round"] == [2, 2]
+    assert summary["honest_slashed"] in ([], 0, None) and summary["every_cheater_slashed"]
+    assert list((out / "trainer-2" / "data" / "ranks").glob("rank-1.pid"))
