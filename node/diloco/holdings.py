@@ -274,10 +274,7 @@ class Holdings:
     async def contribution_partial(self, round: int) -> Path:
         """An empty directory for the files of our contribution to `round` that a trainer group writes
         itself (`publish_contribution_written` signs them)."""
-        name = contribution_namespace(self.plan.run, self.index)
-        ns = await self._fresh_version(name, round)
-        await trio.to_thread.run_sync(ns.store.remove, [round])
-        return ns.store.partial_dir(round)
+        return await self._empty_partial(contribution_namespace(self.plan.run, self.index), round)
 
     async def publish_contribution_written(
         self, round: int, base: bytes, shards: Sequence[ShardInfo]
@@ -348,7 +345,9 @@ class Holdings:
     async def outer_partial(self, round: int) -> Path:
         """An empty directory for the files of our outer state of `round` that a trainer group writes
         itself (`publish_outer_written` signs them)."""
-        name = outer_namespace(self.plan.run, self.index)
+        return await self._empty_partial(outer_namespace(self.plan.run, self.index), round)
+
+    async def _empty_partial(self, name: str, round: int) -> Path:
         ns = await self._fresh_version(name, round)
         await trio.to_thread.run_sync(ns.store.remove, [round])
         return ns.store.partial_dir(round)
