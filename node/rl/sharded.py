@@ -137,7 +137,7 @@ def exit_rank(code: int = 0) -> NoReturn:
 
     At interpreter exit torch's distributed runtime can still own a joinable thread, and its destructor
     then aborts the process ("terminate called without an active exception", SIGABRT) about one exit in
-    ten on this machine, which the launcher reads as a failed rank and restarts the group for. Nothing
+    eight on this machine, which the launcher reads as a failed rank and restarts the group for. Nothing
     is left to flush but output and logs, so the rank flushes them and exits at once.
     """
     logging.shutdown()
@@ -149,9 +149,9 @@ def exit_rank(code: int = 0) -> NoReturn:
 def leave_group(*, together: bool = False) -> None:
     """Leave the process group; with `together`, no rank goes on to exit before every rank has left.
 
-    gloo's transport threads abort a process ("terminate called without an active exception") whose
-    group is torn down while a peer has already exited and closed its sockets, so on a clean stop every
-    rank counts itself out in the launcher's store and waits (at most LEAVE_TIMEOUT_S) for the others.
+    On a clean stop every rank counts itself out in the launcher's store and waits (at most
+    LEAVE_TIMEOUT_S) for the others, so none closes its sockets while a peer is still tearing down; the
+    abort some exits still hit after that is `exit_rank`'s to avoid.
     """
     if not dist.is_initialized():
         return
