@@ -7,8 +7,10 @@ standalone (the devnet starts its nodes that way, so it does not depend on the i
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -130,6 +132,7 @@ def run_command(
     config = _config(config_path, {"role": role, **_overrides(kwargs)})
     rank = launched_rank()
     if rank is not None:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <rank pid>`: its stacks
         _write_rank_pid(config, rank)
     if rank is not None and rank > 0:  # a trainer rank: no network, only rank 0's commands
         _serve_rank(config)
@@ -141,6 +144,10 @@ def run_command(
 
     identity = _identity(config)
     configure_logging(config)
+    if rank == 0:  # join the group before the node starts, so every rank of a restarted group meets
+        from node.rl.sharded import lead_group
+
+        lead_group()
     apply_yamux_tuning()
     try:
         service = make_role(config, identity)

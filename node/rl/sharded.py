@@ -30,9 +30,11 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -75,6 +77,11 @@ LOCAL_RANK_ENV = "LOCAL_RANK"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 LEAVE_TIMEOUT_S = 30.0
 DCP_SUFFIX = ".dcp"
+GROUP_TIMEOUT_ENV = "SWARMNODE_GROUP_TIMEOUT_S"
+GROUP_TIMEOUT_S = 600.0  # a collective that waits this long for a peer fails, and the group restarts
+PINGS_PER_TIMEOUT = 10  # an idle rank 0 pings this often per timeout, so waiting for work never times out
+
+log = logging.getLogger(__name__)
 
 
 # --- the group -------------------------------------------------------------------------------------
@@ -120,13 +127,39 @@ def launch_group(argv: Sequence[str], nproc: int, max_restarts: int) -> None:
     run(args)
 
 
+def group_timeout_s() -> float:
+    """How long one collective may wait for a peer: GROUP_TIMEOUT_S, or $SWARMNODE_GROUP_TIMEOUT_S."""
+    return float(os.environ.get(GROUP_TIMEOUT_ENV, GROUP_TIMEOUT_S))
+
+
 def join_group() -> GroupInfo:
-    """Join the process group the launcher described in the environment; NCCL on GPUs, gloo on CPUs."""
+    """Join the process group the launcher described in the environment; NCCL on GPUs, gloo on CPUs.
+
+    A collective that waits longer than `group_timeout_s()` raises, so a group with a dead or hung rank
+    fails and the launcher restarts it rather than waiting forever.
+
+    Each attempt meets under its own key prefix in the launcher's store. torchrun's agent keeps one store
+    for all of its restarts, so without the prefix a restarted rank can read the address its dead
+    predecessor published and connect to it: refused (the group fails again) or, once the port is
+    reused, a connection to the wrong process that hangs.
+    """
     if not dist.is_initialized():
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get(LOCAL_RANK_ENV, "0")))
-        dist.init_process_group("nccl" if cuda else "gloo")
+        attempt = os.environ.get(RESTART_ENV, "0")
+        rank, world = int(os.environ.get(RANK_ENV, "0")), int(os.environ.get(WORLD_ENV, "1"))
+        timeout = timedelta(seconds=group_timeout_s())
+        log.info("joining the trainer group", extra={"rank": rank, "attempt": attempt})
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=dist.PrefixStore(f"swarmnode/attempt-{attempt}/", store),
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
+        )
+        log.info("joined the trainer group", extra={"rank": rank, "attempt": attempt})
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     return GroupInfo(dist.get_rank(), dist.get_world_size(), device)
@@ -495,6 +528,8 @@ def execute(policy: ShardedPolicy | None, group: GroupInfo, command: Mapping[str
 ]:
     """Run one command on this rank (rank 0 and the others alike); returns the policy and a result."""
     op = command["op"]
+    if op == "ping":  # rank 0 is idle; the wait for its next command starts again
+        return policy, None
     if op == "init":
         grpo, optim = _grpo_from(command["grpo"]), _optim_from(command["optim"])
         policy = ShardedPolicy.open(group, Path(command["model_dir"]), grpo, optim)
@@ -540,14 +575,77 @@ def serve_rank() -> NoReturn:
         leave_group()
 
 
+class Commands:
+    """Rank 0's line to the other ranks: one command at a time, and a ping whenever it has sent nothing
+    for a while, so that a rank waiting for work (rank 0 waiting for rollouts, or a finished trainer
+    still serving) never reaches the group's collective timeout."""
+
+    def __init__(self, group: GroupInfo, idle_s: float) -> None:
+        self.group = group
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self._stopping = threading.Event()
+        self._pinger = threading.Thread(target=self._ping_while_idle, name="group-ping", daemon=True)
+        self._pinger.start()
+
+    def run(self, policy: ShardedPolicy | None, command: dict[str, Any]) -> tuple[ShardedPolicy | None, Any]:
+        """Send `command` to the other ranks, then run it here."""
+        with self._lock:
+            try:
+                self._send(command)
+                return execute(policy, self.group, command)
+            finally:
+                self._last = time.monotonic()
+
+    def stop(self) -> None:
+        """No more pings; tell the other ranks to stop."""
+        self._stopping.set()
+        self._pinger.join()
+        with self._lock:
+            self._send({"op": "stop"})
+
+    def _send(self, command: dict[str, Any]) -> None:
+        broadcast_bytes(msgpack.packb(command, use_bin_type=True), self.group.device)
+
+    def _ping_while_idle(self) -> None:
+        while not self._stopping.wait(self.idle_s / 2):
+            if time.monotonic() - self._last < self.idle_s or not self._lock.acquire(blocking=False):
+                continue
+            try:
+                self._send({"op": "ping"})
+                self._last = time.monotonic()
+            except Exception:  # the group is broken: the next command fails and the launcher restarts us
+                log.exception("cannot ping the trainer group")
+                return
+            finally:
+                self._lock.release()
+
+
+_COMMANDS: Commands | None = None
+
+
+def lead_group() -> Commands:
+    """Rank 0: join the group (once per process) and start keeping the other ranks' wait alive.
+
+    A trainer's rank 0 calls this first thing, before its node starts, so that every rank of a
+    (re)started group joins at once: a rank that joins alone gives up after gloo's few connection tries.
+    """
+    global _COMMANDS
+    if _COMMANDS is None:
+        _COMMANDS = Commands(join_group(), group_timeout_s() / PINGS_PER_TIMEOUT)
+    return _COMMANDS
+
+
 class ShardedGrpoTrainer:
     """Rank 0's handle on the group: the same surface as `GrpoTrainer` for the trainer's work.
 
     Every method sends its command to the other ranks first, then runs it here; they run in lockstep.
     """
 
-    def __init__(self, group: GroupInfo, policy: ShardedPolicy, trainer_dir: Path) -> None:
-        self.group = group
+    def __init__(self, commands: Commands, policy: ShardedPolicy, trainer_dir: Path) -> None:
+        self.commands = commands
+        self.group = commands.group
         self.policy = policy
         self.trainer_dir = trainer_dir
 
@@ -557,7 +655,7 @@ class ShardedGrpoTrainer:
     ) -> ShardedGrpoTrainer:
         """Join the group and load the model on every rank: from the newest sharded save in
         `trainer_dir` with its recorded optimizer settings when there is one, else fresh with `optim`."""
-        group = join_group()
+        commands = lead_group()
         record = newest_sharded_step(trainer_dir)
         if record is not None:
             optim = _optim_from(record["optimizer"])
@@ -570,18 +668,15 @@ class ShardedGrpoTrainer:
             "optim": asdict(optim),
             "resume_step": record["step"] if record else None,
         }
-        policy, _ = execute(None, group, cls._send(group, command))
+        log.info("loading the model on every rank", extra={"resume_step": command["resume_step"]})
+        policy, _ = commands.run(None, command)
         assert policy is not None
-        return cls(group, policy, trainer_dir)
-
-    @staticmethod
-    def _send(group: GroupInfo, command: dict[str, Any]) -> dict[str, Any]:
-        broadcast_bytes(msgpack.packb(command, use_bin_type=True), group.device)
-        return command
+        log.info("the group's model is loaded", extra={"step": policy.step_count})
+        return cls(commands, policy, trainer_dir)
 
     def run_command(self, command: dict[str, Any]) -> Any:
         """Send `command` to the other ranks and run it here; its result on this rank."""
-        _, result = execute(self.policy, self.group, self._send(self.group, command))
+        _, result = self.commands.run(self.policy, command)
         return result
 
     @property
@@ -641,6 +736,8 @@ class ShardedGrpoTrainer:
 
     def close(self) -> None:
         """Tell the other ranks to stop, then leave the group."""
-        self._send(self.group, {"op": "stop"})
+        global _COMMANDS
+        self.commands.stop()
+        _COMMANDS = None
         leave_group(together=True)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import msgpack
@@ -41,12 +42,14 @@ def main() -> None:
     parser.add_argument("--diloco", help="DilocoParams as JSON: run DiLoCo rounds")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--extra", type=Path, help="other trainers' contributions, per round")
+    parser.add_argument("--idle", type=float, default=0.0, help="seconds to sit idle after loading")
     args = parser.parse_args()
     if launched_rank() not in (None, 0):
         serve_rank()
         return
     groups = [decode(RolloutGroup, g) for g in msgpack.unpackb(args.groups.read_bytes())]
     trainer = ShardedGrpoTrainer.start(args.trainer_dir, args.model, GrpoParams(**json.loads(args.grpo)))
+    time.sleep(args.idle)  # as rank 0 does while it waits for rollouts
     if args.diloco:
         diloco_rounds(trainer, groups, args)
         trainer.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,13 @@ from transformers import AutoModelForCausalLM
 from node.dataplane.checkpoint import WeightsFile, plan_model_files
 from node.dataplane.origin import model_folder_files
 from node.rl.model import state_dict_of
-from node.rl.sharded import assign_files, dcp_dir, newest_sharded_step, rank_share
+from node.rl.sharded import (
+    GROUP_TIMEOUT_ENV,
+    assign_files,
+    dcp_dir,
+    newest_sharded_step,
+    rank_share,
+)
 from node.rl.trainer import GrpoTrainer, OptimizerParams, TrainerStateMismatch
 from protocol.codec import encode
 from tests.test_trainer import fixed_groups, grpo_params
@@ -31,7 +38,9 @@ SHARD_SIZE = 20_000  # several weights files for the tiny model, so both ranks w
 TOLERANCE = 1e-5  # fp32 rounding of a different reduction order, after a few Adam steps
 
 
-def run_group(tmp: Path, groups, steps: int, *, nproc: int = 2, out: str = "store") -> dict:
+def run_group(
+    tmp: Path, groups, steps: int, *, nproc: int = 2, out: str = "store", idle_s: float = 0.0, env=None
+) -> dict:
     """Run tests/rl/sharded_job.py under torch.distributed.run; returns its report."""
     batch = tmp / "groups.msgpack"
     batch.write_bytes(msgpack.packb([encode(g) for g in groups]))
@@ -40,8 +49,10 @@ def run_group(tmp: Path, groups, steps: int, *, nproc: int = 2, out: str = "stor
         str(ROOT / "tests/rl/sharded_job.py"), "--model", str(tiny_folder()), "--groups", str(batch),
         "--grpo", json.dumps(dataclasses.asdict(grpo_params())), "--steps", str(steps),
         "--trainer-dir", str(tmp / "trainer"), "--out", str(tmp / out), "--shard-size", str(SHARD_SIZE),
+        "--idle", str(idle_s),
     ]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, **(env or {})}
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads((tmp / out / "report.json").read_text())
 
@@ -87,6 +98,28 @@ def test_two_ranks_train_as_one_process_and_write_a_loadable_folder(tmp_path):
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(tensor, got[name], atol=0, rtol=0)
     assert not list(folder.glob("*.part"))
+
+
+def test_an_idle_group_outlives_its_collective_timeout(tmp_path):
+    """Rank 0 waiting for rollouts far longer than one collective may wait: its pings keep the other
+    ranks' wait for the next command alive, and the group still steps and writes afterwards."""
+    groups = fixed_groups(tiny_engine())
+    report = run_group(tmp_path, groups, steps=1, idle_s=8.0, env={GROUP_TIMEOUT_ENV: "3"})
+    assert report["step"] == 1 and report["infos"]
+
+
+@pytest.mark.parametrize("late", [0, 1])
+def test_a_restarted_group_meets_again_whichever_rank_is_late(tmp_path, late):
+    """torchrun's agent keeps its store across restarts: a restarted rank must not read the address its
+    dead predecessor published (it did, and connected to it: refused, or a hang once the port was reused)."""
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "--max-restarts=1", "--monitor-interval=1", str(ROOT / "tests/rl/restart_job.py"),
+        "--late", str(late), "--out", str(tmp_path),
+    ]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert [(tmp_path / f"rank-{r}.done").read_text() for r in (0, 1)] == ["2", "2"]
 
 
 @pytest.mark.slow
