@@ -104,7 +104,8 @@ class NodeCollector(Collector):
         )
         for topic, stats in _topics(gossip):
             drops.add_metric([*values, topic, "node"], stats["queue_drops"])  # our queue to the role
-            drops.add_metric([*values, topic, "subscription"], stats["upstream_drops"])  # accepted, never delivered
+            # accepted by our validator, never delivered to the role
+            drops.add_metric([*values, topic, "subscription"], stats["upstream_drops"])
             drops.add_metric(
                 [*values, topic, "outbound"], stats["outbound_drops"]
             )  # libp2p's per-peer queues
