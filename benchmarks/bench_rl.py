@@ -1,7 +1,8 @@
 """RL benchmark: does GRPO raise the devnet model's reward, and what does a step cost?
 
-Usage: `python benchmarks/bench_rl.py [--steps 30] [--worker NAME ...] [--threads 2] [--quick]`
-(`--quick`: 12 steps, 32 held-out tasks measured at the end only, no DiLoCo section).
+Usage: `python benchmarks/bench_rl.py [--steps 30] [--worker NAME ...] [--threads 2] [--quick] [--no-sync]`
+(`--quick`: 12 steps, 32 held-out tasks measured at the end only, no DiLoCo section; `--no-sync`: the
+devnet sections alone, e.g. to compare the async pipeline's supply before and after a change).
 
 Sections (each a function returning its own keys; `SECTIONS` runs them in order):
 - sync: the synchronous single-process baseline (`node.rl.sync.run_sync`) from the devnet's committed model
@@ -20,6 +21,8 @@ Sections (each a function returning its own keys; `SECTIONS` runs them in order)
   that arrived too stale to train on (`devnet_stale_ratio`: the validator's STALE verdicts plus the
   trainer's stale drops, over the validator's accepted and STALE verdicts), and validator CPU seconds per
   accepted rollout against worker CPU seconds to generate one (both measured inside the working thread).
+  A devnet that wrote its summary but then exited non-zero (on a loaded machine: nodes slow to stop) is
+  still reported, with `devnet_exit_code` saying so.
 - diloco: the devnet again with `--diloco-trainers K` trainers of one run (DiLoCo, H =
   `--diloco-inner-steps`), each taking steps/K GRPO steps, so the run trains on as many rollout batches
   as the single-trainer devnet; reported: held-out reward of the outer weights and wall time, as ratios
@@ -64,6 +67,8 @@ def _mean(values: list[float]) -> float:
 
 
 def sync_section(args: argparse.Namespace) -> dict[str, float | int]:
+    if args.no_sync:
+        return {}
     setup = devnet_run(NodeIdentity(TRAINER_KEY).address, DEVNET_MODEL, created_ms=0)
     grpo, optim = setup.descriptor.grpo, devnet_optimizer()
     tasks = devnet_eval_tasks(args.eval_tasks)
@@ -169,11 +174,14 @@ def run_devnet(steps: int, *extra: str) -> tuple[dict[str, Any], float]:
         started = time.perf_counter()
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - started
-        if result.returncode != 0:
+        if result.returncode != 0 and not summary_path.exists():
             raise SystemExit(
                 f"devnet failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
             )
-        return json.loads(summary_path.read_text()), wall
+        summary = json.loads(summary_path.read_text())
+        if result.returncode != 0:  # measured, but it ended badly (on a loaded machine: nodes slow to stop)
+            _log(f"devnet exited {result.returncode} after its summary:\n{result.stderr[-600:]}")
+        return summary | {"exit_code": result.returncode}, wall
 
 
 def stale_counts(summary: dict[str, Any]) -> dict[str, int]:
@@ -183,6 +191,8 @@ def stale_counts(summary: dict[str, Any]) -> dict[str, int]:
     stale_verdicts = int(validators["by_reason"].get("STALE", 0))
     return {
         "arrived": int(validators["accepted"]) + stale_verdicts,
+        "stale_at_validator": stale_verdicts,
+        "stale_dropped": int(trainer["stale_dropped"]),
         "too_stale": stale_verdicts + int(trainer["stale_dropped"]),
         "used": int(trainer["submissions_used"]),
     }
@@ -199,7 +209,8 @@ def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
     _log(
         f"devnet: held-out reward {summary['base_reward']:.3f} -> {summary['final_reward']:.3f}; "
         f"{step_s:.2f}s per step, trainer waited {summary['trainer_wait_fraction']:.0%}; "
-        f"{stale['too_stale']} of {stale['arrived']} honest submissions arrived too stale, "
+        f"{stale['too_stale']} of {stale['arrived']} honest submissions arrived too stale "
+        f"({stale['stale_at_validator']} at the validator, {stale['stale_dropped']} dropped by the trainer), "
         f"{stale['used']} trained on; validator "
         f"{summary['validator_cpu_s_per_accepted']:.3f} CPU s per accepted rollout vs worker "
         f"{summary['worker_cpu_s_per_accepted']:.3f}"
@@ -214,12 +225,15 @@ def devnet_section(args: argparse.Namespace) -> dict[str, float | int]:
         "devnet_trainer_wait_fraction": round(summary["trainer_wait_fraction"], 4),
         "devnet_submissions_arrived": stale["arrived"],
         "devnet_submissions_too_stale": stale["too_stale"],
+        "devnet_submissions_stale_at_validator": stale["stale_at_validator"],
+        "devnet_submissions_stale_dropped": stale["stale_dropped"],
         "devnet_submissions_used": stale["used"],
         "devnet_stale_ratio": round(stale["too_stale"] / max(stale["arrived"], 1), 4),
         "devnet_validator_cpu_s_per_accepted": summary["validator_cpu_s_per_accepted"],
         "devnet_worker_cpu_s_per_accepted": summary["worker_cpu_s_per_accepted"],
         "devnet_validator_vs_worker_cpu_ratio": round(summary["verification_cost_ratio"], 4),
         "devnet_wall_s": round(wall, 2),
+        "devnet_exit_code": summary["exit_code"],
     }
 
 
@@ -250,7 +264,7 @@ def diloco_section(args: argparse.Namespace) -> dict[str, float | int]:
 
 def comparison_section(args: argparse.Namespace, result: dict[str, float | int]) -> dict[str, float | int]:
     """Devnet against the synchronous baseline at equal trainer steps (both measured above)."""
-    if "devnet_final_eval_reward" not in result:
+    if "devnet_final_eval_reward" not in result or "final_eval_reward" not in result:
         return {}
     return {
         "devnet_vs_sync_final_reward_ratio": round(
@@ -290,6 +304,7 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (sync section)")
     parser.add_argument("--no-devnet", action="store_true", help="skip the distributed devnet sections")
+    parser.add_argument("--no-sync", action="store_true", help="skip the synchronous baseline section")
     parser.add_argument(
         "--diloco-trainers", type=int, default=2, help="trainers of the DiLoCo devnet (< 2: skip it)"
     )

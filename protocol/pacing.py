@@ -14,17 +14,38 @@ Decisions:
   skipped; the result is clamped to [`MIN_STEP_INTERVAL_MS`, `MAX_STEP_INTERVAL_MS`].
 - Never a stall: a worker always gets at least one submission on each version it holds (`version_budget`),
   and with nothing measured yet (fewer than two versions seen, no generation timed) time sets no limit.
+- Supply, not only freshness: every worker keeping busy until the deadline gives the swarm N workers'
+  output per version while a trainer step uses about one submission, and the rest aged out (41-48% of
+  honest submissions stale in the 12-step devnet). So each worker takes a share of a version,
+  `SWARM_SUBMISSIONS_PER_VERSION / N` submissions (`share_budget`), N being the workers it saw accepted on
+  the last `WORKER_WINDOW_VERSIONS` versions (validator-signed verdicts, itself included). A share below
+  one is a deterministic draw hashed from (worker, version), so that different workers take different
+  versions and the expected total is the target whatever N is; the draw lets a worker with a large N go
+  without a version, which replaces the floor of one.
+- The share grows once the newest version has stood longer than a step interval, in proportion to the
+  time, so that a swarm that over-counted N (or whose trainer lacks rows) supplies more the longer it
+  waits: no input stalls the trainer. (Growing from the start doubled the supply at a typical
+  interval: 18% of honest submissions stale in one devnet run.) A worker that lies to itself about N
+  only changes its own output, and over-counting by fake verdicts slows supply by at most the growth's
+  delay. Counting over a window errs towards a small N (a worker with a small share may not appear in
+  it): towards oversupply, never a stall.
 - Pure: the clock, the measurements and the history arrive as arguments (milliseconds, integers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 
 PACE_HISTORY = 16  # versions whose created_ms are kept: enough for a median, short enough to follow drift
 SAMPLE_HISTORY = 16  # durations kept per measure (generation, submit latency)
 MIN_STEP_INTERVAL_MS = 10
 MAX_STEP_INTERVAL_MS = 86_400_000  # one day: beyond it, time stops limiting anything a worker does
+SWARM_SUBMISSIONS_PER_VERSION = 3  # the swarm's target per version: ~1 feeds a step, the trainer takes <= ~4
+WORKER_WINDOW_VERSIONS = 32  # versions over which accepted workers are counted (a 3/N share shows in 32)
+MAX_COUNTED_WORKERS = 4096  # workers remembered for the count; beyond it the least recent go
+SHARE_DOMAIN = b"swarmnode/pacing/share/v1"
+DRAW_SPACE = 1 << 32
 
 Stamps = tuple[tuple[int, int], ...]  # (version, created_ms), versions ascending and distinct
 
@@ -130,3 +151,87 @@ def plan_budget(
         return version_budget(used, cap, None)
     deadline = version_deadline_ms(version, newest, newest_heard_ms, interval, async_level, latency_ms or 0)
     return version_budget(used, cap, useful_submissions(now_ms, deadline, generate_ms))
+
+
+# --- the worker's share of a version -------------------------------------------------------------------
+
+
+def note_worker(
+    seen: Mapping[bytes, int], worker: bytes, version: int, *, limit: int = MAX_COUNTED_WORKERS
+) -> dict[bytes, int]:
+    """`seen` (worker -> newest version it had a submission accepted on) with this acceptance noted; the
+    `limit` workers of the newest versions kept."""
+    if limit < 1:
+        raise ValueError(f"a worker count limited to {limit} counts nobody")
+    noted = dict(seen)
+    noted[worker] = max(version, noted.get(worker, version))
+    if len(noted) > limit:
+        noted = dict(sorted(noted.items(), key=lambda item: item[1])[-limit:])
+    return noted
+
+
+def active_workers(
+    seen: Mapping[bytes, int], me: bytes, newest: int, *, window: int = WORKER_WINDOW_VERSIONS
+) -> int:
+    """The workers supplying the run: those accepted on a version within `window` of `newest`, and `me`."""
+    return len({w for w, v in seen.items() if v > newest - window} | {me})
+
+
+def share_draw(worker: bytes, version: int) -> int:
+    """The worker's fixed draw for a version, uniform in [0, 2^32): which fraction of a share it rounds up."""
+    if not 0 <= version < 1 << 64:
+        raise ValueError(f"version {version} is not a u64")
+    message = SHARE_DOMAIN + len(worker).to_bytes(4, "big") + worker + version.to_bytes(8, "big")
+    return int.from_bytes(hashlib.sha256(message).digest()[:4], "big")
+
+
+def share_budget(*, wanted: int, workers: int, draw: int, waited_ms: int, interval_ms: int) -> int:
+    """floor(wanted / workers * max(1, waited / interval) + draw / 2^32): the counters this worker's share
+    of a version allows after the version has stood `waited_ms`. Its mean over draws is the share itself,
+    so N workers give `wanted` per version between them; a version that stands longer than an interval
+    (the trainer lacks rows, or N was over-counted) gets proportionally more."""
+    if wanted < 1 or workers < 1 or interval_ms < 1 or not 0 <= draw < DRAW_SPACE:
+        raise ValueError(f"no share of {wanted} over {workers} workers per {interval_ms} ms, draw {draw}")
+    grown = wanted * max(interval_ms, waited_ms) * DRAW_SPACE + draw * workers * interval_ms
+    return grown // (workers * interval_ms * DRAW_SPACE)
+
+
+def share_wait_ms(*, used: int, wanted: int, workers: int, draw: int, interval_ms: int) -> int:
+    """How long a version must stand before `share_budget` exceeds `used` (0: it does already)."""
+    if wanted < 1 or workers < 1 or interval_ms < 1 or not 0 <= draw < DRAW_SPACE:
+        raise ValueError(f"no share of {wanted} over {workers} workers per {interval_ms} ms, draw {draw}")
+    # smallest w >= 0 with wanted * max(interval, w) * 2^32 >= ((used + 1) * 2^32 - draw) * workers * interval
+    needed = ((max(used, 0) + 1) * DRAW_SPACE - draw) * workers * interval_ms
+    if wanted * interval_ms * DRAW_SPACE >= needed:
+        return 0
+    return -(-needed // (wanted * DRAW_SPACE))
+
+
+# --- the trainer's side: a step waits for the rows that are on their way ---------------------------------
+
+HOLD_MARGIN = 1.5  # a step waits 1.5 typical first-arrival lags after its oldest usable version went out
+MAX_HOLD_MS = 60_000  # whatever was measured, a ready step never waits longer than this
+LAG_HISTORY = 8  # versions whose first-arrival lag is kept
+
+
+def note_lag(lags: tuple[int, ...], lag_ms: int, *, limit: int = LAG_HISTORY) -> tuple[int, ...]:
+    """`lags` with one version's first-arrival lag (ms from its publication to its first accepted row)."""
+    return note_sample(lags, lag_ms, limit=limit)
+
+
+def hold_until_ms(
+    oldest_published_ms: int | None, lags: Sequence[int], *, margin: float = HOLD_MARGIN
+) -> int:
+    """When a ready step may take its batch: `margin` typical first-arrival lags after its oldest usable
+    version (step - async_level) was published, at most `MAX_HOLD_MS` after it; 0 (at once) with no such
+    version or no lag measured.
+
+    A trainer that steps as soon as one submission is there outruns its workers: with N of them building
+    in parallel, one step per submission leaves each build about N steps old when it arrives, and beyond
+    async_level steps it is dropped. Holding the step lets the rows of its oldest version arrive; they
+    join the batch (`plan_batch` takes what is there), so the wait buys a bigger step, not an idle one.
+    """
+    typical = typical_ms(lags)
+    if oldest_published_ms is None or typical is None:
+        return 0
+    return oldest_published_ms + min(round(margin * typical), MAX_HOLD_MS)

@@ -15,8 +15,13 @@ The distributed twin of `node.rl.sync.run_sync` (DESIGN.md, Run lifecycle, steps
   delivered it; bad ones are counted and reported. A batch whose handling fails unexpectedly is logged,
   counted and reported, and the loop backs off: it never stops the trainer.
 - A step takes pending submissions of versions in `[step - async_level, step]` in arrival order (older
-  ones are dropped as stale) until it holds at least `min_batch_groups` (default: the run's
-  `prompts_per_step`) groups with signal, whole submissions at a time. Zero-advantage groups are filtered
+  ones are dropped as stale), whole submissions at a time: it waits until they hold at least
+  `min_batch_groups` (default: the run's `prompts_per_step`) groups with signal, then takes every usable
+  one up to `batch_limit` (4x that), so a swarm that supplies more than a step needs is trained on rather
+  than left to go stale (`plan_batch`). A ready step whose oldest usable version went out less than 1.5
+  median first-arrival lags ago waits for that version's rows on their way (`protocol.pacing.
+  hold_until_ms`, at most 60 s): stepping at each arrival outran the workers, whose builds then arrived
+  more than async_level steps old. Zero-advantage groups are filtered
   by `GrpoTrainer.step` itself (online filtering). The rows are marked used by the step *before* the
   weights are saved, and a trainer that resumes at step s releases what steps >= s used, so a kill at any
   point neither loses an accepted rollout nor trains on one twice.
@@ -108,6 +113,7 @@ from protocol.messages import (
     RunDescriptor,
     Verdict,
 )
+from protocol.pacing import LAG_HISTORY, hold_until_ms, note_lag
 from protocol.runs import step_version
 from protocol.shards import is_retained, verify_manifest
 from protocol.types import MIB
@@ -130,6 +136,7 @@ KEEP_SAVES = 2  # trainer states kept on disk (the newest and one before it)
 MAX_VERDICT_WORKERS = 1024  # workers in the gossiped-verdict tally (the status display); LRU beyond
 MAX_TRACKED_VALIDATORS = 256  # validators with a pull state (and a ledger check every TRUST_CHECK_S)
 MAX_ROWS_PER_VALIDATOR = 2048  # inbox rows held that one validator delivered; pulling from it waits beyond
+BATCH_LIMIT_FACTOR = 4  # a step trains on at most 4x the signal groups it waits for (`batch_limit`)
 RUN_WAIT_S = 2.0  # the ledger cannot answer, or (co-trainer) the run is not registered yet: look again
 
 DESCRIPTOR_FILE = "run_descriptor.bin"
@@ -346,16 +353,32 @@ class BatchPlan:
     ready: bool  # `take` reaches the number of signal groups a step needs
 
 
-def plan_batch(pending: Sequence[InboxRow], step: int, async_level: int, need: int) -> BatchPlan:
+def batch_limit(need: int, configured: int = 0) -> int:
+    """The most signal groups one step takes: `configured`, else `BATCH_LIMIT_FACTOR` times `need`; at
+    least `need` (a limit below what a step waits for would never let it start)."""
+    if need < 1 or configured < 0:
+        raise ValueError(f"a step needs >= 1 signal groups and a limit >= 0, not {need} and {configured}")
+    return max(need, configured or BATCH_LIMIT_FACTOR * need)
+
+
+def plan_batch(
+    pending: Sequence[InboxRow], step: int, async_level: int, need: int, limit: int | None = None
+) -> BatchPlan:
     """Pick step `step`'s submissions: versions in [step - async_level, step], oldest arrivals first.
 
-    Versions newer than `step` (only after a trainer lost its state) wait; older ones are stale.
+    The step waits for `need` signal groups; once it has them it takes every usable row, whole
+    submissions, until it holds `limit` (`batch_limit`; None: `need`, a fixed-size batch), so what
+    the swarm supplied beyond one step's need is trained on instead of ageing out of the window: the
+    last row taken may pass `limit` by less than one submission's groups. Oldest first, since they
+    leave the window first. Versions newer than `step` (only after a trainer lost its state) wait;
+    older ones are stale.
     """
     stale = tuple(r for r in pending if r.checkpoint_version < step - async_level)
+    cap = need if limit is None else max(limit, need)
     take: list[InboxRow] = []
     signal = 0
     for row in pending:
-        if signal >= need:
+        if signal >= cap:
             break
         if step - async_level <= row.checkpoint_version <= step:
             take.append(row)
@@ -603,6 +626,8 @@ class SwarmTrainerWork:
         self._background: trio.Nursery | None = None
         self._provided: set[int] = set()
         self._arrived = trio.Event()
+        self._lags: tuple[int, ...] = ()  # first-arrival lag of recent versions (`protocol.pacing`)
+        self._lagged: set[int] = set()  # versions whose first row has arrived
 
     # --- TrainerWork ---------------------------------------------------------------------------------
 
@@ -861,12 +886,34 @@ class SwarmTrainerWork:
         while True:
             arrived = self._arrived
             current = step if version is None else version
-            plan = plan_batch(inbox.pending(), current, descriptor.async_level, need)
+            plan = plan_batch(inbox.pending(), current, descriptor.async_level, need, batch_limit(need))
             if plan.stale:
                 inbox.drop([row.id for row in plan.stale], step)
             if plan.ready:
-                return plan
+                hold_s = (self._hold_until_ms(current - descriptor.async_level) - wall_ms()) / 1000
+                if hold_s <= 0:
+                    return plan
+                await trio.sleep(hold_s)  # rows of the oldest usable version on their way join the batch
+                continue
             await arrived.wait()
+
+    def _published_ms(self, version: int) -> int | None:
+        entry = self.origin.catalog.get(version) if self.origin is not None and version >= 0 else None
+        return entry.manifest.created_ms if entry is not None else None
+
+    def _hold_until_ms(self, oldest: int) -> int:
+        """When a ready batch whose oldest usable version is `oldest` may be taken (`hold_until_ms`)."""
+        return hold_until_ms(self._published_ms(oldest), self._lags)
+
+    def _note_arrivals(self, versions: set[int], at_ms: int) -> None:
+        """The first row of a version arrived: one sample of the lag from its publication."""
+        for version in sorted(versions - self._lagged):
+            published = self._published_ms(version)
+            if published is not None:
+                self._lags = note_lag(self._lags, at_ms - published)
+            self._lagged.add(version)
+        if len(self._lagged) > 4 * LAG_HISTORY:  # versions that can no longer arrive first
+            self._lagged = set(sorted(self._lagged)[-2 * LAG_HISTORY :])
 
     def _parts(self) -> tuple[Policy, RolloutInbox, RunDescriptor]:
         if self.trainer is None or self.inbox is None or self.descriptor is None:
@@ -949,6 +996,7 @@ class SwarmTrainerWork:
         for _, reason, _ in result.refused:
             self.tallies.refused[reason.name] += 1
         if result.stored.inserted:
+            self._note_arrivals({e.checkpoint_version for e in checked.entries}, wall_ms())
             self._arrived.set()
             self._arrived = trio.Event()
         return result

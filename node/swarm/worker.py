@@ -25,16 +25,22 @@ Decisions:
   manifests it sees, times its own builds, and times each hand-over until the verdict on it is gossiped. A
   version's budget ends when one more build would be handed over after the trainer's step
   v + async_level has taken its batch (it would only be dropped as stale); the worker then waits for the
-  newest version. At least one submission per version it holds, so a bad estimate never stalls it.
+  newest version. The budget is also cut to this worker's share of the version: the swarm aims at
+  `SWARM_SUBMISSIONS_PER_VERSION` per version between its N workers (counted from accepted verdicts),
+  a share below one drawn per (worker, version); the share grows while a version stands (the loop
+  wakes when it next allows a counter), so a bad estimate of N or of the pace never stalls the run.
 - Verdicts naming this worker are counted once per submission digest, whoever gossips them: they feed
   this node's status display and the pacer's latency median, never a verdict of its own; a validator
-  gossiping them late or early can only move that median, and the budget's floor of one still holds.
+  gossiping them late or early can only move that median. Accepted verdicts naming any worker set the
+  count N behind the share; verdicts naming workers that do not exist only lower this worker's share for
+  a while, since the share grows while a version stands.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -71,13 +77,20 @@ from protocol.errors import Reason
 from protocol.messages import CheckpointHead, RolloutSubmission, RunDescriptor, SubmitAck, Verdict
 from protocol.pacing import (
     SAMPLE_HISTORY,
+    SWARM_SUBMISSIONS_PER_VERSION,
     Stamps,
+    active_workers,
     note_checkpoint,
     note_sample,
+    note_worker,
     plan_budget,
+    share_budget,
+    share_draw,
+    share_wait_ms,
     step_interval_ms,
     typical_ms,
 )
+from protocol.runs import run_trainers
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +257,14 @@ class Pacer:
 
     `stamps` are the trainer's created_ms per version (only their differences are used); `newest_heard_ms`
     is when this worker first heard of the newest version; `generate` and `latency` are the last build
-    times and hand-over-to-verdict times. All bounded (`protocol.pacing`).
+    times and hand-over-to-verdict times; `seen` the newest version each worker was accepted on, whose
+    count sets this worker's (`me`) share of each version's `wanted` submissions. All bounded
+    (`protocol.pacing`).
     """
 
+    me: bytes = b""
+    wanted: int = SWARM_SUBMISSIONS_PER_VERSION
+    seen: dict[bytes, int] = field(default_factory=dict)
     stamps: Stamps = ()
     newest: int | None = None
     newest_heard_ms: int = 0
@@ -277,8 +295,32 @@ class Pacer:
         if handed is not None:
             self.latency = note_sample(self.latency, at_ms - handed)
 
+    def accepted(self, worker: bytes, version: int) -> None:
+        """A validator-signed verdict accepted `worker`'s submission on `version`: it supplies the run."""
+        self.seen = note_worker(self.seen, worker, version)
+
+    def _share(self, version: int, used: int, at_ms: int) -> tuple[int, int] | None:
+        """(counters this worker's share of `version` allows now, ms until it allows one more), or None
+        until the trainer's interval is measured. The version has stood since the newest was heard, plus
+        an interval per version it is behind the newest."""
+        interval = step_interval_ms(self.stamps)
+        if interval is None or self.newest is None or version > self.newest:
+            return None
+        workers = active_workers(self.seen, self.me, self.newest)
+        draw = share_draw(self.me, version)
+        stood = at_ms - self.newest_heard_ms + (self.newest - version) * interval
+        share = dict(wanted=self.wanted, workers=workers, draw=draw, interval_ms=interval)
+        allowed = share_budget(waited_ms=stood, **share)
+        return allowed, max(0, share_wait_ms(used=used, **share) - stood)
+
+    def recheck_in_ms(self, version: int, used: int, at_ms: int) -> int | None:
+        """When the share of `version` next allows a counter, if only the share holds the worker back."""
+        share = self._share(version, used, at_ms)
+        return None if share is None or share[0] > used else share[1]
+
     def budget(self, version: int, async_level: int, used: int, cap: int, at_ms: int) -> int:
-        """Counters to use on `version` now (`protocol.pacing.plan_budget`), at least one, at most `cap`."""
+        """Counters to use on `version` now: `protocol.pacing.plan_budget` (time left, at most `cap`),
+        cut to this worker's share of the version (`share_budget`, which may be none yet)."""
         if self.newest is None:
             return cap
         budget = plan_budget(
@@ -293,6 +335,9 @@ class Pacer:
             used=used,
             cap=cap,
         )
+        share = self._share(version, used, at_ms)
+        if share is not None:
+            budget = min(budget, share[0])
         if budget <= used < cap and version != self._last_cut:
             self._last_cut = version
             self.cut += 1
@@ -304,6 +349,7 @@ class Pacer:
             "generate_ms": typical_ms(self.generate),
             "latency_ms": typical_ms(self.latency),
             "versions_cut": self.cut,
+            "workers": active_workers(self.seen, self.me, self.newest) if self.newest is not None else None,
         }
 
 
@@ -570,7 +616,7 @@ class SwarmWorkerWork:
         self._pending: LoadedWeights | None = None
         self._newest: int | None = None
         self._changed = trio.Event()
-        self.pacer = Pacer()
+        self.pacer = Pacer(me=self.address)
 
     # -- state the loop decides on
 
@@ -610,6 +656,14 @@ class SwarmWorkerWork:
         assert loaded is not None
         return self.counters.reserve(loaded)
 
+    def _recheck_s(self) -> float:
+        """Seconds until the loaded version's share allows another counter; inf if it is not what waits."""
+        if self.loaded is None or self.counters is None:
+            return math.inf
+        version = self.loaded.version
+        wait = self.pacer.recheck_in_ms(version, self.counters.used(version), now_ms())
+        return math.inf if wait is None else (wait + 1) / 1000
+
     # -- RoleWork
 
     async def run(
@@ -630,6 +684,8 @@ class SwarmWorkerWork:
             )
             if self.ledger is not None:  # work only for a run its descriptor's signer owns on the ledger
                 await wait_run_owner(self.ledger, record.descriptor)
+            # each of the run's trainers (DiLoCo) takes its own batches from every version
+            self.pacer.wanted = SWARM_SUBMISSIONS_PER_VERSION * len(run_trainers(setup.descriptor))
             self.counters = Counters.load(self.config.data_dir / STATE_FILE, net.run, self.address)
             kind = choose_engine(self.config.work.engine)  # EngineUnavailable: says what is missing
             self.engine = await trio.to_thread.run_sync(
@@ -644,6 +700,8 @@ class SwarmWorkerWork:
     async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
         message = delivery.opened.message
         if isinstance(message, Verdict):
+            if message.accepted and message.run == self.config.run:
+                self.pacer.accepted(message.worker, message.checkpoint_version)
             if self.stats.observe_verdict(message, self.address, self.config.run):
                 self.pacer.judged(message.step, now_ms())
             return
@@ -716,7 +774,8 @@ class SwarmWorkerWork:
             await self._swap_in()
             counter = self.next_counter()
             if counter is None:
-                await changed.wait()
+                with trio.move_on_after(self._recheck_s()):  # a share grows while a version stands
+                    await changed.wait()
                 continue
             assert self.loaded is not None
             ref = self.loaded

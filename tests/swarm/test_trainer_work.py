@@ -74,6 +74,7 @@ from protocol.messages import (
     RunDescriptor,
     Verdict,
 )
+from protocol.pacing import HOLD_MARGIN, LAG_HISTORY
 from protocol.types import MIB
 from tests.p2p.helpers import wait_until
 from tests.swarm.models import eos_folder
@@ -541,6 +542,31 @@ def test_a_killed_trainer_resumes_without_losing_or_reusing_an_accepted_rollout(
     box = RolloutInbox(data / "inbox.sqlite")
     assert {r.digest for r in box.pending()} == set(digests[2:])
     box.close()
+
+
+def test_a_ready_step_is_held_for_the_rows_of_its_oldest_version_by_the_measured_lag(tmp_path: Path) -> None:
+    """The first row of each version gives one lag sample from the version's signed created_ms; a step
+    whose oldest usable version is published waits HOLD_MARGIN median lags after it, one before is not
+    held, and the set of versions seen stays bounded."""
+    work = trainer_work(work_config(prepared_dir(tmp_path / "trainer"), steps=1))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.serve)
+            assert work.origin is not None and work.origin.catalog.latest is not None
+            published = work.origin.catalog.latest.manifest.created_ms  # version 0
+            assert work._hold_until_ms(0) == 0  # nothing measured yet: at once
+            work._note_arrivals({0}, published + 400)
+            work._note_arrivals({0}, published + 9_000)  # not the first row of version 0: no sample
+            work._note_arrivals({-2, 5}, published)  # versions never published: no sample
+            assert work._lags == (400,)
+            assert work._hold_until_ms(0) == published + round(HOLD_MARGIN * 400)
+            assert work._hold_until_ms(-2) == 0  # no version older than the base: not held
+            work._note_arrivals(set(range(100, 200)), published)
+            assert len(work._lagged) <= 4 * LAG_HISTORY and 199 in work._lagged
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
 
 
 # --- over the network -----------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ from node.swarm.worker import (
 from protocol.envelope import Opened, open_envelope, seal
 from protocol.errors import Reason, Reject
 from protocol.messages import RolloutSubmission, SubmitAck, Verdict
+from protocol.pacing import WORKER_WINDOW_VERSIONS, share_budget, share_draw
 from protocol.runs import assignment_step
 from tests.p2p.helpers import swarm, wait_until
 from tests.swarm.models import eos_folder
@@ -497,7 +498,7 @@ def test_a_fast_trainer_cuts_each_version_to_one_submission(tmp_path, base_engin
 
 
 def test_the_pacer_measures_the_trainer_and_itself():
-    pacer = Pacer()
+    pacer = Pacer(me=WORKER.address, wanted=1000)  # a share far above the cap: time alone limits here
     assert pacer.budget(3, 2, used=0, cap=4, at_ms=0) == 4  # nothing heard: the cap
     pacer.heard(3, 1_000_000, at_ms=50_000)
     pacer.heard(4, 1_002_000, at_ms=51_900)  # 2 s per version; v4 heard at 51.9 s of our clock
@@ -509,7 +510,7 @@ def test_the_pacer_measures_the_trainer_and_itself():
     pacer.judged(assignment_step(4, 0), at_ms=52_900)  # 400 ms to the verdict
     pacer.judged(assignment_step(4, 1), at_ms=53_000)  # never handed over: no sample
     assert pacer.statistics() == {
-        "step_interval_ms": 2_000, "generate_ms": 500, "latency_ms": 400, "versions_cut": 0,
+        "step_interval_ms": 2_000, "generate_ms": 500, "latency_ms": 400, "versions_cut": 0, "workers": 1,
     }  # fmt: skip
     # v4's deadline: 51.9 + 2 x 2 - 0.4 = 55.5 s; from 53 s, five builds of 0.5 s fit
     assert pacer.budget(4, 2, used=1, cap=64, at_ms=53_000) == 6
@@ -518,6 +519,33 @@ def test_the_pacer_measures_the_trainer_and_itself():
     for n in range(200):  # hand-overs whose verdicts never come are forgotten, oldest first
         pacer.handed(assignment_step(5, n), at_ms=60_000)
     assert len(pacer._handed) <= 64 and assignment_step(5, 199) in pacer._handed
+
+
+def test_the_pacer_cuts_a_version_to_its_share_of_the_swarm_and_grows_it_while_the_version_stands():
+    """Six workers accepted, three submissions wanted per version: half a submission each, drawn per
+    version; a version that stands beyond an interval grows its share; the wake-up says when."""
+    pacer = Pacer(me=WORKER.address, wanted=3)
+    pacer.heard(3, 1_000_000, at_ms=50_000)
+    pacer.heard(4, 1_002_000, at_ms=52_000)  # 2 s per version
+    for n in range(5):
+        pacer.accepted(bytes([n + 1]) * 20, 4)
+    pacer.accepted(bytes([9]) * 20, 4 - WORKER_WINDOW_VERSIONS)  # long gone: not counted
+    pacer.built(0.1)
+    assert pacer.statistics()["workers"] == 6
+    takes = {v: pacer.budget(v, 2, used=0, cap=4, at_ms=52_000 - (4 - v) * 2_000) for v in range(5)}
+    assert set(takes.values()) <= {0, 1}
+    share = {"wanted": 3, "workers": 6, "waited_ms": 0, "interval_ms": 2_000}
+    drawn = [share_budget(draw=share_draw(WORKER.address, v), **share) for v in range(5)]
+    assert list(takes.values()) == drawn
+    version = next((v for v, n in takes.items() if n == 0), None)
+    if version is not None:  # a version not drawn: the worker waits until its share has grown to one
+        heard = 52_000 - (4 - version) * 2_000
+        wait = pacer.recheck_in_ms(version, 0, heard)
+        assert wait is not None and 2_000 <= wait <= 4_000  # half a share: one after at most 2 intervals
+        assert pacer.budget(version, 2, used=0, cap=4, at_ms=heard + wait) == 1
+        assert pacer.budget(version, 2, used=0, cap=4, at_ms=heard + wait - 1) == 0
+    assert pacer.recheck_in_ms(4, 5, 52_000) is not None  # the share, not the cap, holds it back
+    assert Pacer(me=WORKER.address).recheck_in_ms(4, 0, 0) is None  # no pace measured: no share
 
 
 def test_prepare_weights_reads_the_verified_checkpoint_and_applies_the_cheat(tmp_path, base_engine, setup):
