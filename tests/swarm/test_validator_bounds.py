@@ -20,9 +20,9 @@ from ledger.errors import BackendError
 from ledger.signedlog import SignedLog
 from node.rl import validation as validation_module
 from node.rl.model import state_dict_of
-from node.swarm import validator as validator_module
 from node.swarm.accepted import MAX_JUDGED_PER_ASSIGNMENT, AcceptedStore
 from node.swarm.common import TtlCache, bounded_get
+from node.swarm.validator import judge as validator_module
 from protocol.errors import Ignore, Reason, Reject
 from tests.swarm.test_validator_work import (  # noqa: F401  (fixtures)
     FORGED,
@@ -45,6 +45,9 @@ from tests.swarm.test_validator_work import (  # noqa: F401  (fixtures)
     submissions,
     wait_judged,
 )
+
+# pytest finds fixtures by name in this module's globals, so the shared ones are imported; a test that takes
+# one as a parameter shadows the import, which F811 flags (hence its `noqa: F811`).
 
 POISON = T.identity("poison")
 UNSTAKED = T.identity("unstaked")
@@ -74,7 +77,7 @@ def _enqueue(store: AcceptedStore, n: int, *, version: int, counter: int = 0, wo
 
 
 def test_poison_items_are_quarantined_and_a_restart_judges_the_honest_ones_behind_them(
-    tmp_path, base, setup, checkpoint, submissions, monkeypatch
+    tmp_path, base, setup, checkpoint, submissions, monkeypatch  # noqa: F811
 ):
     """Queued before a restart, in this order: a submission on which the engine raises IndexError, one whose
     stored envelope is corrupt, one whose `finish` fails once (a decision stored, then a store error), and
@@ -158,7 +161,7 @@ def test_poison_items_are_quarantined_and_a_restart_judges_the_honest_ones_behin
     assert again.status()["queued"] == 0 and again.status()["by_reason"] == {"JUDGE_FAULT": 3}
 
 
-def test_judge_submission_turns_any_exception_into_a_judge_fault(setup, checkpoint, base, monkeypatch):
+def test_judge_submission_turns_any_exception_into_a_judge_fault(setup, checkpoint, base, monkeypatch):  # noqa: F811
     def explode(*args, **kwargs):
         raise ZeroDivisionError("boom")
 
@@ -174,7 +177,7 @@ def test_judge_submission_turns_any_exception_into_a_judge_fault(setup, checkpoi
 
 
 def test_a_second_submission_for_an_assignment_is_refused_then_and_at_judgement(
-    tmp_path, setup, checkpoint, submissions
+    tmp_path, setup, checkpoint, submissions  # noqa: F811
 ):
     """SUBMIT refuses a resealed assignment (610) and a resend (201). A reuse that slipped past SUBMIT (a
     second writer of the store) is rejected 610 when judged: no credit, no slash, no accepted item."""
@@ -226,7 +229,7 @@ def test_an_assignment_is_judged_a_bounded_number_of_times(tmp_path):
 # --- staked before queued --------------------------------------------------------------------------------
 
 
-def test_only_staked_senders_are_queued_and_stake_reads_are_cached(tmp_path, setup, base, checkpoint):
+def test_only_staked_senders_are_queued_and_stake_reads_are_cached(tmp_path, setup, base, checkpoint):  # noqa: F811
     inner = make_ledger(tmp_path / "ledger.db")
     ledger = FlakyLedger(inner)
     work = make_work(tmp_path, ledger, eligibility_ttl_s=0.2)
@@ -262,7 +265,7 @@ def test_only_staked_senders_are_queued_and_stake_reads_are_cached(tmp_path, set
     inner.close()
 
 
-def test_submit_refuses_before_the_run_is_loaded_and_unbound_steps(tmp_path, setup, submissions):
+def test_submit_refuses_before_the_run_is_loaded_and_unbound_steps(tmp_path, setup, submissions):  # noqa: F811
     work = make_work(tmp_path, None)
     worker, sub = submissions["honest"]
 
@@ -372,7 +375,7 @@ def test_an_older_store_gets_versions_from_its_steps(tmp_path):
 
 
 def test_the_work_prunes_past_the_window_and_keeps_what_trainers_have_not_pulled(
-    tmp_path, base, setup, checkpoint
+    tmp_path, base, setup, checkpoint  # noqa: F811
 ):
     """async_level 2 + a horizon of 1: holding v6, versions from 3 are kept. Over the byte cap, only what the
     trainer pulled goes; the status shows the store."""
@@ -459,7 +462,7 @@ def mutate(sub, mutation):
 
 
 def test_mutated_signed_submissions_all_end_judged_and_a_restart_finds_nothing_left(
-    tmp_path, base, setup, checkpoint
+    tmp_path, base, setup, checkpoint  # noqa: F811
 ):
     """Batches of signed submissions, each with one field mutated (tokens and prompt ids up to 2^64,
     logprob bytes, proofs, rewards, seeds, EOS flags, completion counts): every one is either refused at

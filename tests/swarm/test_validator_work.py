@@ -27,9 +27,9 @@ from node.rl.model import state_dict_of
 from node.rl.rollouts import build_submission
 from node.rl.run import RunMismatch, RunSetup, devnet_grpo, devnet_run, load_run_setup
 from node.swarm import cheats
-from node.swarm import validator as validator_module
 from node.swarm.accepted import AcceptedStore, Decided, PendingItem
 from node.swarm.validator import MAX_PENDING_PER_WORKER, SwarmValidatorWork, drawn_for_full_check
+from node.swarm.validator import judge as validator_module
 from protocol.codec import decode
 from protocol.envelope import Envelope, envelope_digest, open_envelope, seal
 from protocol.errors import Ignore, Reason, Reject
