@@ -98,11 +98,14 @@ def _window(devnet: Devnet, seconds: float) -> dict[str, float]:
     }
 
 
-def _attacker(devnet: Devnet, out: Path, attacks: str, duration: float, extra: list[str]) -> subprocess.Popen[bytes]:
+def _attacker(
+    devnet: Devnet, out: Path, attacks: str, duration: float, extra: list[str]
+) -> subprocess.Popen[bytes]:
     log = (out.parent / (out.stem + ".log")).open("wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.hostile.attacker", "--devnet", str(devnet.folder), "--target", "validator-1",
-         "--attacks", attacks, "--duration", str(duration), "--report", str(out), *extra],
+        [sys.executable, "-m", "tests.hostile.attacker", "--devnet", str(devnet.folder),
+         "--target", "validator-1", "--attacks", attacks, "--duration", str(duration), "--report", str(out),
+         *extra],
         cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}, stdout=log,
         stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -132,8 +135,8 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         assert validator.process is not None
         sampler = Sampler.of({"validator-1": (validator.process.pid, validator.data_dir)}, disk_interval=60.0)
         sampler.start()
-        frame = _attacker(devnet, folder / "frame.json", "bomb", 1.0,
-                          ["--bomb-frames", "1", "--bomb-bytes", str(args.frame_bytes), "--bomb-interval-s", "2"])
+        bomb_args = ["--bomb-frames", "1", "--bomb-bytes", str(args.frame_bytes), "--bomb-interval-s", "2"]
+        frame = _attacker(devnet, folder / "frame.json", "bomb", 1.0, bomb_args)
         frame.wait(timeout=180)
         frame_meter = sampler.stop()["validator-1"]
         _log(f"  validator RSS growth {frame_meter['rss_growth'] / 2**20:.0f} MiB")
@@ -186,7 +189,9 @@ def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "http_probe_ok_ratio": round(
             sum(v for k, v in probes.items() if k.endswith("_200")) / probe_total, 3
         ) if probe_total else 1.0,
-        "forged_gossip_forwarded": sum(v for k, v in counts.get("gossip", {}).items() if k.endswith("_reached_observer")),
+        "forged_gossip_forwarded": sum(
+            v for k, v in counts.get("gossip", {}).items() if k.endswith("_reached_observer")
+        ),
         "crashed_nodes": crashed,
     }  # fmt: skip
     return result

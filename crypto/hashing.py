@@ -37,4 +37,5 @@ else:
 
     def keccak256(data: bytes) -> bytes:
         """Keccak-256 as Ethereum uses it (not NIST SHA3-256)."""
-        return _pysha3_keccak_256(data).digest()
+        digest: bytes = _pysha3_keccak_256(data).digest()
+        return digest

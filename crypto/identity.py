@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import coincurve
-from eth_utils import to_checksum_address
+from eth_utils.address import to_checksum_address
 
 from crypto.signing import address_of_point, address_of_public_key, sign_digest_with
 
@@ -120,7 +120,7 @@ def format_address(address: bytes) -> str:
 
 def parse_address(text: str) -> bytes:
     """Parse `0x…` hex (checksummed or all one case) into 20 bytes; mixed case must checksum."""
-    from eth_utils import is_checksum_address, is_hex_address
+    from eth_utils.address import is_checksum_address, is_hex_address
 
     if not is_hex_address(text):
         raise ValueError(f"not a 20-byte hex address: {text!r}")

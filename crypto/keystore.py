@@ -21,7 +21,9 @@ class KeystoreError(Exception):
     """The keystore is missing, unreadable, or the password is wrong."""
 
 
-def save_keystore(identity: NodeIdentity, path: Path, password: str, *, kdf_iterations: int | None = None) -> None:
+def save_keystore(
+    identity: NodeIdentity, path: Path, password: str, *, kdf_iterations: int | None = None
+) -> None:
     """Write the key encrypted; refuses to overwrite an existing file so no key is ever lost."""
     if path.exists():
         raise KeystoreError(f"{path} already exists; refusing to overwrite a key")

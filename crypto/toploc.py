@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -606,13 +606,13 @@ def _decode_batch(
     table = np.frombuffer(b"".join(raws), dtype=">u2").reshape(len(raws), 1 + k).astype(np.int64)
     moduli, coefficients = table[:, 0], table[:, 1:]
     points = np.array([min(k, s.height * hidden) for s in _spans(tokens, chunk)], dtype=np.int64)
-    faults = [
+    faults: list[tuple[npt.NDArray[np.bool_], Callable[[int], str]]] = [
         (moduli == 0, lambda g: "modulus is zero"),
         (moduli > PRIME, lambda g: f"modulus {moduli[g]} above {PRIME}"),
         (coefficients.max(axis=1, initial=0) >= PRIME, lambda g: f"coefficient not reduced mod {PRIME}"),
         (moduli < points, lambda g: f"modulus {moduli[g]} cannot separate {points[g]} points"),
         (
-            (coefficients * (np.arange(k) >= points[:, None])).any(axis=1),
+            cast(npt.NDArray[np.bool_], (coefficients * (np.arange(k) >= points[:, None])).any(axis=1)),
             lambda g: f"nonzero coefficient above degree {points[g] - 1}",
         ),
     ]

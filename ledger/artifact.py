@@ -56,7 +56,8 @@ def compile_contract(source_path: Path = SOURCE) -> dict[str, Any]:
 
 @cache
 def load_artifact() -> dict[str, Any]:
-    return json.loads(ARTIFACT.read_text())
+    artifact: dict[str, Any] = json.loads(ARTIFACT.read_text())
+    return artifact
 
 
 def write_artifact(path: Path = ARTIFACT) -> dict[str, Any]:

@@ -23,12 +23,13 @@ from collections.abc import Callable
 from typing import Any
 
 import coincurve
-from eth_abi import encode as abi_encode
+from eth_abi.abi import encode as abi_encode
 from eth_account import Account
 from eth_typing import ChecksumAddress, HexAddress, HexStr
 from eth_utils.abi import function_abi_to_4byte_selector, get_abi_input_types
 from web3 import Web3
 from web3.exceptions import TransactionNotFound
+from web3.types import Wei
 
 from crypto.identity import NodeIdentity, base58btc, format_address
 from ledger.artifact import load_artifact
@@ -326,7 +327,7 @@ class EvmLedger:
         sender = ChecksumAddress(HexAddress(HexStr(identity.checksum_address)))
         data = encode_call(call)
         try:
-            self.w3.eth.call({"from": sender, "to": self.address, "value": value_wei, "data": data})
+            self.w3.eth.call({"from": sender, "to": self.address, "value": Wei(value_wei), "data": data})
         except Exception as exc:  # providers raise different types for a revert
             detail = about(revert_code(exc) or "") if callable(about) else about
             raise self._refusal(exc, what, identity.address, detail) from None

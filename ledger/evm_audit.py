@@ -366,7 +366,8 @@ def audit_records(records: ChainRecords) -> tuple[list[str], list[str]]:
     """(failures in check order, notes) over fetched records: batches, assignments, totals, slashes,
     money."""
     runs = {r.run: r for r in records.runs}
-    failures, notes = list(records.unreadable), []
+    failures: list[str] = list(records.unreadable)
+    notes: list[str] = []
     failures += check_batch_sequence(records.batches)
     for batch in records.batches:
         if batch.index not in records.credits:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import typing
 from typing import Any
 
 from crypto.identity import format_address, parse_address
@@ -19,7 +20,7 @@ from protocol.ledger_messages import MAX_CREDITS_PER_BATCH, U64_MAX, Credit
 from protocol.types import RunId
 
 PROOF_FORMAT = "swarmnode/credit_proof/v1"
-_RUN_ID = re.compile(next(m.regex for m in RunId.__metadata__ if isinstance(m, Pattern)))
+_RUN_ID = re.compile(next(m.regex for m in typing.get_args(RunId)[1:] if isinstance(m, Pattern)))
 _PROOF_FIELDS = frozenset(
     {"format", "contribution", "batch", "run", "validator", "leaf_index", "count", "credit", "path", "root"}
 )

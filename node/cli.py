@@ -194,7 +194,9 @@ def train(sync_mode: bool, steps: int, model: Path | None, tasks: Path | None, m
     if as_json:
         click.echo(json.dumps({"base_eval_reward": base_reward, "final_eval_reward": final}))
     else:
-        console.print(f"mean reward of the trained groups: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
+        console.print(
+            f"mean reward of the trained groups: first 5 steps {first:.3f} -> last 5 steps {last:.3f}"
+        )
         console.print(f"held-out reward: base {base_reward:.3f} -> final {final:.3f}")
 
 
@@ -214,8 +216,10 @@ def diloco(args: tuple[str, ...]) -> None:
 
 @main.command()
 @run_model_options
-@click.option("--workers", type=click.IntRange(1), default=4, show_default=True, help="Simulated honest workers.")
-@click.option("--submissions", type=click.IntRange(1), default=4, show_default=True, help="Submissions per worker.")
+@click.option("--workers", type=click.IntRange(1), default=4, show_default=True,
+              help="Simulated honest workers.")
+@click.option("--submissions", type=click.IntRange(1), default=4, show_default=True,
+              help="Submissions per worker.")
 @click.option("--margin", type=click.FloatRange(1.0), default=3.0, show_default=True,
               help="Bound = honest maximum x margin (never below the float-noise floor).")
 @click.option("--worker-engine", type=click.Choice(["auto", "transformers", "vllm"]), default="auto",
@@ -247,8 +251,10 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
                        max_new_tokens=max_new_tokens)
     addresses = [NodeIdentity(sha256(f"calibration-worker-{i}".encode())).address for i in range(workers)]
     with console.status("generating honest submissions") as status:
-        result = calibrate_run(setup, prover, validator, addresses, submissions, margin,
-                               on_progress=lambda done, total: status.update(f"honest submissions {done}/{total}"))
+        def progress(done: int, total: int) -> None:
+            status.update(f"honest submissions {done}/{total}")
+
+        result = calibrate_run(setup, prover, validator, addresses, submissions, margin, on_progress=progress)
     worst_exp = max(a.mean_exp_mismatches for a in result.honest)
     worst_mant = max(a.mean_mant_err for a in result.honest)
     bounds = {"max_mean_exp_mismatches": result.policy.max_mean_exp_mismatches,

@@ -21,7 +21,6 @@ buffer, which stands in for the reference's framing pass: the walk never reads p
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import operator
 import struct
@@ -33,7 +32,7 @@ from typing import Any
 
 import msgpack
 
-from protocol._codec_schema import U64_MAX, FieldSpec, schema, unpack_limits
+from protocol._codec_schema import U64_MAX, FieldSpec, cache_per_class, schema, unpack_limits
 
 
 class Slow(Exception):
@@ -185,7 +184,7 @@ class EncodePlan:
     checks: tuple[Check, ...]
 
 
-@functools.cache
+@cache_per_class
 def encode_plan(cls: type) -> EncodePlan:
     specs = schema(cls)
     names = tuple(spec.name for spec in specs)
@@ -211,7 +210,8 @@ def wire(message: Any) -> dict[str, Any]:
 
 def fast_encode(message: Any) -> bytes:
     """The canonical bytes of `message`, or one of DECLINED where the reference must decide."""
-    return msgpack.packb(wire(message), use_bin_type=True, default=wire)
+    data: bytes = msgpack.packb(wire(message), use_bin_type=True, default=wire)
+    return data
 
 
 # --- decoding ------------------------------------------------------------------------------------
@@ -463,7 +463,7 @@ class DecodePlan:
     fields: tuple[tuple[bytes, int, Reader], ...]  # canonical key bytes, their length, the value's reader
 
 
-@functools.cache
+@cache_per_class
 def decode_plan(cls: type) -> DecodePlan:
     specs = schema(cls)
     if not all(f.init and not f.kw_only for f in dataclasses.fields(cls)):

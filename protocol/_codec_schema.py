@@ -1,7 +1,7 @@
 """The schema language of canonical messages: field constraints and the field specs derived from them.
 
 Split from `protocol.codec` so that the reference codec there and its fast path (`protocol._codec_fast`)
-build on one definition of a message's fields; `protocol.codec` re-exports every name.
+build on one definition of a message's fields; `protocol.codec` re-exports the schema language.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import re
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -96,12 +97,22 @@ def _spec_for(name: str, hint: Any) -> FieldSpec:
         if ellipsis is not Ellipsis:
             raise TypeError(f"{name}: only homogeneous tuple[T, ...] fields are supported")
         return FieldSpec(name, "tuple", max_len=max_len or DEFAULT_MAX_ITEMS, item=_spec_for(name, item_hint))
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return FieldSpec(name, "message", message_cls=hint)
     raise TypeError(f"{name}: unsupported field type {hint!r}")
 
 
-@functools.cache
+_T = TypeVar("_T")
+
+
+def cache_per_class(fn: Callable[[type], _T]) -> Callable[[type], _T]:
+    """`functools.cache` for a function of a message class, typed as taking any class: mypy checks a
+    `type[X]` argument against `Hashable` through X's unbound `__hash__`, so `functools.cache`'s own type
+    refuses every class."""
+    return functools.cache(fn)
+
+
+@cache_per_class
 def schema(cls: type) -> tuple[FieldSpec, ...]:
     """The field specs of a message class, in wire order (declaration order)."""
     if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
@@ -126,7 +137,7 @@ class UnpackLimits:
     max_map_len: int
 
 
-@functools.cache
+@cache_per_class
 def unpack_limits(cls: type) -> UnpackLimits:
     """Derive msgpack's structural limits from a message class's schema (and its nested messages)."""
     strs, bins, arrays, maps = [MAX_KEY_LEN], [0], [0], [len(schema(cls))]
@@ -141,7 +152,8 @@ def unpack_limits(cls: type) -> UnpackLimits:
             arrays.append(spec.max_len or 0)
             visit(spec.item)
         elif spec.kind == "message":
-            limits = unpack_limits(spec.message_cls)  # type: ignore[arg-type]
+            assert spec.message_cls is not None
+            limits = unpack_limits(spec.message_cls)
             strs.append(limits.max_str_len)
             bins.append(limits.max_bin_len)
             arrays.append(limits.max_array_len)

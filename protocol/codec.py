@@ -21,22 +21,22 @@ from typing import Any
 import msgpack
 
 from protocol._codec_fast import DECLINED, fast_decode, fast_encode
-from protocol._codec_schema import (  # noqa: F401 - re-exported: the schema language is part of this API
-    DEFAULT_MAX_ITEMS,
-    DEFAULT_MAX_LEN,
-    MAX_KEY_LEN,
-    U64_MAX,
-    FieldSpec,
-    M,
-    MaxLen,
-    Message,
-    Pattern,
-    Range,
-    Size,
-    UnpackLimits,
-    schema,
-    unpack_limits,
-)
+
+# re-exported (`X as X`): the schema language is part of this module's API
+from protocol._codec_schema import DEFAULT_MAX_ITEMS as DEFAULT_MAX_ITEMS
+from protocol._codec_schema import DEFAULT_MAX_LEN as DEFAULT_MAX_LEN
+from protocol._codec_schema import MAX_KEY_LEN as MAX_KEY_LEN
+from protocol._codec_schema import U64_MAX as U64_MAX
+from protocol._codec_schema import FieldSpec as FieldSpec
+from protocol._codec_schema import M as M
+from protocol._codec_schema import MaxLen as MaxLen
+from protocol._codec_schema import Message as Message
+from protocol._codec_schema import Pattern as Pattern
+from protocol._codec_schema import Range as Range
+from protocol._codec_schema import Size as Size
+from protocol._codec_schema import UnpackLimits as UnpackLimits
+from protocol._codec_schema import schema as schema
+from protocol._codec_schema import unpack_limits as unpack_limits
 from protocol.errors import Reason, Reject
 
 # --- encoding ------------------------------------------------------------------------------------
@@ -71,7 +71,8 @@ def encode(message: Any) -> bytes:
 def reference_encode(message: Any) -> bytes:
     """The straightforward encoder: the definition the fast path is held to (tests/test_codec_fast.py)."""
     validate(message)
-    return msgpack.packb(to_wire(message), use_bin_type=True)
+    data: bytes = msgpack.packb(to_wire(message), use_bin_type=True)
+    return data
 
 
 # --- validation ----------------------------------------------------------------------------------

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
+from crypto.hashing import keccak256, sha256
 from crypto.identity import NodeIdentity
 from crypto.signing import InvalidSignature, recover_address
-from crypto.hashing import keccak256, sha256
 from protocol.codec import MaxLen, Size, decode, encode
 from protocol.errors import Ignore, Reason, Reject
 from protocol.messages import MESSAGE_TYPES
@@ -83,7 +83,7 @@ def seal(identity: NodeIdentity, message: Any, *, run: str, seq: int, ts: int) -
 
 
 def envelope_digest(envelope_bytes: bytes) -> bytes:
-    """The name of a signed message: sha256 of its envelope bytes (used as submission digests, evidence ids)."""
+    """The name of a signed message: sha256 of its envelope bytes (the submission digest, the evidence id)."""
     return sha256(envelope_bytes)
 
 
@@ -115,8 +115,8 @@ class ReplayWindow:
     - Size. At most `max_senders` are tracked; past that the least recently accepted is evicted.
       If it was still fresh, its newest `ts` becomes the floor of its bucket (a keyed hash of the
       sender): a sender of that bucket admitted afterwards is refused for `ts <= floor` (the floor is
-      captured when it is admitted, so a later sybil eviction never touches a tracked sender). Safety is kept; under
-      an identity flood an honest newcomer may be refused until its bucket's floor is in the past
+      captured when it is admitted, so a later sybil eviction never touches a tracked sender). Safety is
+      kept; under an identity flood an honest newcomer may be refused until its bucket's floor is in the past
       (at most 2 x MAX_CLOCK_SKEW_MS), never a replay accepted.
     Memory: about 420 bytes per tracked sender (measured; the seen set is one window-bit integer)
     plus 8 bytes per bucket.
@@ -152,11 +152,15 @@ class ReplayWindow:
         state = self.senders.get(sender)
         floor = self.floors[self._bucket(sender)] if state is None else state.floor_ts
         if ts <= floor:
-            raise Ignore(Reason.REPLAYED_SEQ, f"ts {ts} is at or below a forgotten sender's newest ts {floor}")
+            raise Ignore(
+                Reason.REPLAYED_SEQ, f"ts {ts} is at or below a forgotten sender's newest ts {floor}"
+            )
         if state is None:
             return
         if seq <= state.highest - self.window:
-            raise Ignore(Reason.REPLAYED_SEQ, f"seq {seq} is older than the replay window (highest {state.highest})")
+            raise Ignore(
+                Reason.REPLAYED_SEQ, f"seq {seq} is older than the replay window (highest {state.highest})"
+            )
         if seq <= state.highest and state.bits >> (state.highest - seq) & 1:
             raise Ignore(Reason.REPLAYED_SEQ, f"seq {seq} from {sender.hex()} was already accepted")
 
@@ -237,7 +241,9 @@ def open_envelope(
     """
     envelope = decode(Envelope, data)
     if envelope.v != ENVELOPE_VERSION:
-        raise Reject(Reason.UNSUPPORTED_VERSION, f"envelope version {envelope.v}, this node speaks {ENVELOPE_VERSION}")
+        raise Reject(
+            Reason.UNSUPPORTED_VERSION, f"envelope version {envelope.v}, this node speaks {ENVELOPE_VERSION}"
+        )
     cls = types.get(envelope.type)
     if cls is None:
         raise Reject(Reason.UNKNOWN_TYPE, f"unknown message type {envelope.type!r}")
@@ -247,7 +253,9 @@ def open_envelope(
         raise Reject(Reason.OVERSIZED, f"{envelope.type} body of {len(envelope.body)} bytes exceeds its cap")
     if run is not None and envelope.run != run:
         raise Ignore(Reason.WRONG_RUN, f"message for run {envelope.run!r}, not {run!r}")
-    digest = signing_digest(envelope.type, envelope.run, envelope.sender, envelope.seq, envelope.ts, envelope.body)
+    digest = signing_digest(
+        envelope.type, envelope.run, envelope.sender, envelope.seq, envelope.ts, envelope.body
+    )
     try:
         signer = recover_address(digest, envelope.sig)
     except InvalidSignature as exc:
@@ -258,7 +266,7 @@ def open_envelope(
         raise Ignore(Reason.CLOCK_SKEW, f"timestamp {envelope.ts} is {now_ms - envelope.ts} ms from now")
     if replay is not None:
         replay.check(envelope.sender, envelope.seq, ts=envelope.ts, now_ms=now_ms)
-    message = decode(cls, envelope.body)
+    message: object = decode(cls, envelope.body)
     if replay is not None:
         replay.record(envelope.sender, envelope.seq, ts=envelope.ts, now_ms=now_ms)
     return Opened(envelope, message)

@@ -45,7 +45,7 @@ def assignment_step(checkpoint_version: int, counter: int) -> int:
 
 def step_counter(step: int) -> int:
     """The counter part of an assignment step (its low 32 bits)."""
-    return step & (2**ASSIGNMENT_STEP_BITS - 1)
+    return step & ((1 << ASSIGNMENT_STEP_BITS) - 1)
 
 
 def step_version(step: int) -> int:

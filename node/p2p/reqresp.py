@@ -241,7 +241,9 @@ class RequestResponse:
 
         self.host.set_stream_handler(TProtocol(spec.protocol), on_stream)
 
-    async def _serve_one(self, stream: INetStream, spec: ProtocolSpec, handler: Handler, inbound: _Inbound) -> None:
+    async def _serve_one(
+        self, stream: INetStream, spec: ProtocolSpec, handler: Handler, inbound: _Inbound
+    ) -> None:
         peer = stream.muxed_conn.peer_id
         key = spec.protocol
         if self.guard.is_banned(peer):

@@ -105,7 +105,8 @@ def check_group_request(info: ModelInfo, prompt_ids: Sequence[int], n: int, seed
         raise ValueError(f"need n >= 1 and one seed per completion, got n={n}, {len(seeds)} seeds")
     if not prompt_ids or max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > info.max_positions:
         raise ValueError(
-            f"prompt of {len(prompt_ids)} + {max_new_tokens} new tokens exceeds {info.max_positions} positions"
+            f"prompt of {len(prompt_ids)} + {max_new_tokens} new tokens"
+            f" exceeds {info.max_positions} positions"
         )
 
 
@@ -234,7 +235,7 @@ class TransformersEngine:
         return TokenLogprobs(values=values * mask, mask=mask)
 
     def load_weights(self, source: WeightsSource) -> None:
-        """Hot-swap the weights from a `save_weights` file or a state dict (strict: same tensors, same shapes)."""
+        """Hot-swap the weights from a `save_weights` file or a state dict (strict: same tensors, shapes)."""
         state = source if isinstance(source, Mapping) else load_weights(source, self._info.config_hash)
         self.model.load_state_dict(state, strict=True)
 

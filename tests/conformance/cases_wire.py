@@ -17,10 +17,10 @@ import msgpack
 from crypto.identity import NodeIdentity
 from crypto.signing import _SECP256K1_N
 from node.conformance import check_codec, check_envelope, check_identity, check_merkle
+from protocol import messages as m
 from protocol.codec import encode, to_wire
 from protocol.envelope import ENVELOPE_VERSION, REPLAY_WINDOW, Envelope, seal, signing_digest
 from protocol.errors import Reason
-from protocol import messages as m
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.conformance.samples import every_message
 
@@ -80,13 +80,16 @@ def codec_cases() -> Iterator[Vector]:
     yield _codec("invalid/empty", "verdict", b"", _reject(Reason.UNDECODABLE))
     yield _codec("invalid/trailing-bytes", "verdict", good + b"\x00", _reject(Reason.TRAILING_BYTES))
     yield _codec("invalid/not-a-map", "verdict", _pack(list(wire.values())), _reject(Reason.WRONG_FIELD_TYPE))
-    yield _codec("invalid/unknown-field", "verdict", _pack({**wire, "extra": 1}), _reject(Reason.UNKNOWN_FIELD))
+    yield _codec("invalid/unknown-field", "verdict", _pack({**wire, "extra": 1}),
+                 _reject(Reason.UNKNOWN_FIELD))
     missing = dict(items[:-1])
     yield _codec("invalid/missing-field", "verdict", _pack(missing), _reject(Reason.MISSING_FIELD))
     swapped = dict([items[1], items[0], *items[2:]])
     yield _codec("invalid/wrong-field-order", "verdict", _pack(swapped), _reject(Reason.FIELD_ORDER))
-    yield _codec("invalid/str-for-int", "verdict", _pack({**wire, "step": "7"}), _reject(Reason.WRONG_FIELD_TYPE))
-    yield _codec("invalid/bool-for-int", "verdict", _pack({**wire, "step": True}), _reject(Reason.WRONG_FIELD_TYPE))
+    yield _codec("invalid/str-for-int", "verdict", _pack({**wire, "step": "7"}),
+                 _reject(Reason.WRONG_FIELD_TYPE))
+    yield _codec("invalid/bool-for-int", "verdict", _pack({**wire, "step": True}),
+                 _reject(Reason.WRONG_FIELD_TYPE))
     yield _codec("invalid/int-for-float", "verdict", _pack({**wire, "mean_mant_err": 3}),
                  _reject(Reason.WRONG_FIELD_TYPE))
     yield _codec("invalid/str-for-bytes", "verdict", _pack({**wire, "worker": "0x" + "11" * 20}),
@@ -104,7 +107,8 @@ def codec_cases() -> Iterator[Vector]:
                  _reject(Reason.OVERSIZED))
     yield _codec("invalid/bad-run-id", "verdict", _pack({**wire, "run": "Run With Spaces"}),
                  _reject(Reason.OUT_OF_RANGE))
-    yield _codec("invalid/oversized-message", "ping", _pack({"nonce": b"\x00" * 200}), _reject(Reason.OVERSIZED))
+    yield _codec("invalid/oversized-message", "ping", _pack({"nonce": b"\x00" * 200}),
+                 _reject(Reason.OVERSIZED))
     yield _codec("invalid/duplicate-key", "ping",
                  b"\x82\xa5nonce\xc4\x08" + b"\x00" * 8 + b"\xa5nonce\xc4\x08" + b"\x01" * 8,
                  _reject(Reason.NON_CANONICAL))
@@ -119,7 +123,8 @@ def codec_cases() -> Iterator[Vector]:
     yield _codec("invalid/bad-utf8", "verdict", bad_utf8, _reject(Reason.UNDECODABLE))
     nested = to_wire(next(x for x in every_message() if isinstance(x, m.RunDescriptor)))
     nested["grpo"] = {**nested["grpo"], "surprise": 1}
-    yield _codec("invalid/unknown-nested-field", "run_descriptor", _pack(nested), _reject(Reason.UNKNOWN_FIELD))
+    yield _codec("invalid/unknown-nested-field", "run_descriptor", _pack(nested),
+                 _reject(Reason.UNKNOWN_FIELD))
     yield from _structure_cases(wire, good)
 
 
@@ -129,11 +134,14 @@ def _structure_cases(wire: dict[str, Any], good: bytes) -> Iterator[Vector]:
                  _reject(Reason.WRONG_FIELD_TYPE))
     yield _codec("invalid/declared-array-beyond-input", "verdict", b"\xdd\xff\xff\xff\xff\x80",
                  _reject(Reason.UNDECODABLE))
-    yield _codec("invalid/declared-bin-beyond-input", "verdict", b"\xc6\xff\xff\xff\xff", _reject(Reason.UNDECODABLE))
-    yield _codec("invalid/nesting-beyond-stack", "verdict", b"\x91" * 5000 + b"\xc0", _reject(Reason.UNDECODABLE))
+    yield _codec("invalid/declared-bin-beyond-input", "verdict", b"\xc6\xff\xff\xff\xff",
+                 _reject(Reason.UNDECODABLE))
+    yield _codec("invalid/nesting-beyond-stack", "verdict", b"\x91" * 5000 + b"\xc0",
+                 _reject(Reason.UNDECODABLE))
     yield _codec("invalid/container-for-int", "verdict", _pack({**wire, "step": [[]] * 16}),
                  _reject(Reason.WRONG_FIELD_TYPE))
-    yield _codec("invalid/map-for-str", "verdict", _pack({**wire, "detail": {"a": 1}}), _reject(Reason.WRONG_FIELD_TYPE))
+    yield _codec("invalid/map-for-str", "verdict", _pack({**wire, "detail": {"a": 1}}),
+                 _reject(Reason.WRONG_FIELD_TYPE))
     yield _codec("invalid/array-in-int-tuple", "verdict", _pack({**wire, "failing_chunks": [1, [2], 3]}),
                  _reject(Reason.WRONG_FIELD_TYPE))
     yield _codec("invalid/map-in-int-tuple", "verdict", _pack({**wire, "failing_chunks": [{}]}),
@@ -150,7 +158,8 @@ def _structure_cases(wire: dict[str, Any], good: bytes) -> Iterator[Vector]:
     yield _codec("invalid/map16-for-small-map", "verdict", map16, _reject(Reason.NON_CANONICAL))
     step_pos = good.index(b"\xa4step") + 5
     int16 = _pack({**wire, "step": 300})
-    int16 = int16[:step_pos] + b"\xd1" + int16[step_pos + 1 :]  # 300 as int16: the size of uint16, not canonical
+    # 300 as int16: the size of uint16, not canonical
+    int16 = int16[:step_pos] + b"\xd1" + int16[step_pos + 1 :]
     yield _codec("invalid/int16-for-uint16", "verdict", int16, _reject(Reason.NON_CANONICAL))
     float32 = good.replace(b"\xcb" + struct.pack(">d", 12.5), b"\xca" + struct.pack(">f", 12.5), 1)
     yield _codec("invalid/float32", "verdict", float32, _reject(Reason.NON_CANONICAL))
@@ -196,7 +205,8 @@ def envelope_cases() -> Iterator[Vector]:
                _reject(Reason.BAD_SIGNATURE))
     yield _env("invalid/replayed-seq", good, _reject(Reason.REPLAYED_SEQ), before=[good])
     yield _env("invalid/seq-below-window", seal(alice, verdict, run=RUN, seq=100, ts=NOW_MS),
-               _reject(Reason.REPLAYED_SEQ), before=[seal(alice, verdict, run=RUN, seq=100 + REPLAY_WINDOW, ts=NOW_MS)])
+               _reject(Reason.REPLAYED_SEQ),
+               before=[seal(alice, verdict, run=RUN, seq=100 + REPLAY_WINDOW, ts=NOW_MS)])
     yield _env("invalid/wrong-run", good, _reject(Reason.WRONG_RUN), run="another-run")
     yield _env("invalid/clock-skew", good, _reject(Reason.CLOCK_SKEW), now_ms=NOW_MS + 10 * 60 * 1000)
     yield _env("invalid/unknown-type", _sealed_with(alice, verdict, seq=100, label="mystery"),
@@ -213,7 +223,8 @@ def envelope_cases() -> Iterator[Vector]:
     r, s, v = env["sig"][:32], int.from_bytes(env["sig"][32:64], "big"), env["sig"][64]
     high_s = r + (_SECP256K1_N - s).to_bytes(32, "big") + bytes([55 - v])
     yield _env("invalid/high-s-signature", _pack({**env, "sig": high_s}), _reject(Reason.BAD_SIGNATURE))
-    yield _env("invalid/short-signature", _pack({**env, "sig": env["sig"][:64]}), _reject(Reason.OUT_OF_RANGE))
+    yield _env("invalid/short-signature", _pack({**env, "sig": env["sig"][:64]}),
+               _reject(Reason.OUT_OF_RANGE))
     big_body = _pack({"nonce": b"\x00" * 200})
     digest = signing_digest("ping", RUN, alice.address, 5, NOW_MS, big_body)
     oversized = encode(Envelope(1, "ping", RUN, alice.address, 5, NOW_MS, big_body, alice.sign(digest)))
@@ -223,10 +234,12 @@ def envelope_cases() -> Iterator[Vector]:
     malformed = encode(Envelope(1, "ping", RUN, alice.address, 6, NOW_MS, bad_body, alice.sign(digest)))
     yield _env("invalid/signed-malformed-body", malformed, _reject(Reason.OUT_OF_RANGE))
     # the clock and the replay window are checked before the body is decoded
-    yield _env("invalid/stale-malformed-body", malformed, _reject(Reason.CLOCK_SKEW), now_ms=NOW_MS + 10 * 60 * 1000)
+    yield _env("invalid/stale-malformed-body", malformed, _reject(Reason.CLOCK_SKEW),
+               now_ms=NOW_MS + 10 * 60 * 1000)
     digest = signing_digest("ping", RUN, alice.address, 100, NOW_MS, bad_body)
     replayed_bad = encode(Envelope(1, "ping", RUN, alice.address, 100, NOW_MS, bad_body, alice.sign(digest)))
-    yield _env("invalid/replayed-seq-malformed-body", replayed_bad, _reject(Reason.REPLAYED_SEQ), before=[good])
+    yield _env("invalid/replayed-seq-malformed-body", replayed_bad, _reject(Reason.REPLAYED_SEQ),
+               before=[good])
     structure = _pack({"v": 1, "type": [{}] * 64})
     yield _env("invalid/container-for-header-field", structure, _reject(Reason.WRONG_FIELD_TYPE))
 

@@ -36,7 +36,8 @@ def completion(seed: int, tokens: int = 40) -> m.Completion:
     logprobs = struct.pack(f"<{tokens}f", *[-0.5 - 0.01 * i for i in range(tokens)])
     chunks = (tokens + 31) // 32
     proofs = tuple(bytes([0xFF, 0xD9]) + bytes(range(256)) for _ in range(chunks))
-    return m.Completion(token_ids, logprobs, 1.0 if seed % 2 else 0.0, 0.5 if seed % 2 else -0.5, seed, True, proofs)
+    return m.Completion(token_ids, logprobs, 1.0 if seed % 2 else 0.0, 0.5 if seed % 2 else -0.5, seed, True,
+                        proofs)
 
 
 def rollout_submission(groups: int = 2, group_size: int = 4) -> m.RolloutSubmission:
@@ -51,7 +52,9 @@ def rollout_submission(groups: int = 2, group_size: int = 4) -> m.RolloutSubmiss
 
 
 def manifest() -> m.CheckpointManifest:
-    shards = tuple(m.ShardInfo(f"shard-{i:05d}.safetensors", 50_000_000, _digest(f"shard-{i}")) for i in range(3))
+    shards = tuple(
+        m.ShardInfo(f"shard-{i:05d}.safetensors", 50_000_000, _digest(f"shard-{i}")) for i in range(3)
+    )
     from crypto.merkle import merkle_root
 
     return m.CheckpointManifest(RUN, 6, 5, _digest("config"), 150_000_000, shards,
@@ -69,12 +72,12 @@ def every_message() -> list[Any]:
     """One instance of each type in MESSAGE_TYPES, in registry order."""
     trainer = vector_identity(1)
     worker = vector_identity(2)
-    verdict = m.Verdict(RUN, _digest("submission"), worker.address, 7, 6, False, 605, "TOPLOC: 3 chunks failed",
-                        (1, 4, 9), 320, 12.5, 3.25)
+    verdict = m.Verdict(RUN, _digest("submission"), worker.address, 7, 6, False, 605,
+                        "TOPLOC: 3 chunks failed", (1, 4, 9), 320, 12.5, 3.25)
     samples: list[Any] = [
         m.RunDescriptor(RUN, trainer.address, _digest("config"),
-                        (m.FileDigest("tokenizer.json", _digest("tokenizer")),), _digest("base"), _digest("dataset"),
-                        "arithmetic",
+                        (m.FileDigest("tokenizer.json", _digest("tokenizer")),), _digest("base"),
+                        _digest("dataset"), "arithmetic",
                         grpo_params(), 2, validator_policy(), NOW_MS - 10_000,
                         co_trainers=(vector_identity(3).address, vector_identity(4).address)),
         manifest(),
@@ -88,8 +91,10 @@ def every_message() -> list[Any]:
         lm.RegisterRun(RUN, tuple(sorted((vector_identity(5).address, vector_identity(6).address))), 2, 8192,
                        1_000_000),
         lm.SetRunValidators(RUN, (vector_identity(5).address,)),
-        lm.CommitCredits(RUN, (lm.Credit(worker.address, (6 << 32) | 7, 320, 320_000_000, _digest("rollout")),
-                               lm.Credit(worker.address, (6 << 32) | 8, 256, 256_000_000, _digest("rollout-2")))),
+        lm.CommitCredits(RUN, (
+            lm.Credit(worker.address, (6 << 32) | 7, 320, 320_000_000, _digest("rollout")),
+            lm.Credit(worker.address, (6 << 32) | 8, 256, 256_000_000, _digest("rollout-2")),
+        )),
         lm.Slash(RUN, worker.address, 5 * 10**8, (1, 4, 9), 605, b"\x02" * 300),
         lm.VoidSlash(3),
         lm.FinalizeSlash(4),

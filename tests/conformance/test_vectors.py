@@ -27,7 +27,8 @@ def test_committed_vectors_match_generated():
     generated = {suite: render(suite, cases) for suite, cases in SUITES.items()}
     assert committed.keys() == generated.keys(), "run scripts/gen_vectors.py"
     for suite in generated:
-        assert committed[suite] == generated[suite], f"spec/vectors/{suite}.json is stale: run scripts/gen_vectors.py"
+        stale = f"spec/vectors/{suite}.json is stale: run scripts/gen_vectors.py"
+        assert committed[suite] == generated[suite], stale
 
 
 def test_committed_vectors_pass():

@@ -18,10 +18,11 @@ speak) plus raw TCP sockets on the HTTP data plane, and runs these attacks at on
   30 s long polls against every HTTP endpoint, from `source_ip` (127.0.0.2: loopback, but a different
   address from the honest nodes', so a per-address cap can tell them apart). A probe from 127.0.0.1
   fetches `/shards/1.0.0/stats` every second: its status codes are the honest client's view.
-- gossip: an unstaked key signs CheckpointHeads and near-cap CheckpointManifests (`checkpoints`), junk LedgerEntries
-  (`ledger`) and Verdicts accepting made-up submissions of honest workers (`verdicts`), published into the
-  target. An observer host (another key) connected to every *other* node records which forged messages
-  reach it and who forwarded them: a forwarded forgery is one the victims' gossip validation let through.
+- gossip: an unstaked key signs CheckpointHeads and near-cap CheckpointManifests (`checkpoints`), junk
+  LedgerEntries (`ledger`) and Verdicts accepting made-up submissions of honest workers (`verdicts`),
+  published into the target. An observer host (another key) connected to every *other* node records which
+  forged messages reach it and who forwarded them: a forwarded forgery is one the victims' gossip
+  validation let through.
 - meshsub: late in the window (0.9 x duration), one pubsub RPC frame of 16 bytes that is not protobuf,
   on a `/meshsub/1.1.0` stream from a fresh key. py-libp2p's pubsub read loop lets the DecodeError escape
   and it takes the whole host down; a node must contain it to a dropped stream (and a charge).
@@ -93,6 +94,8 @@ LEGACY_SEED_DOMAIN = b"swarmnode/sampling/seed/v1"  # the sampling seed rule the
 FRAME_PREFIX = struct.Struct(">I")
 MAX_GOSSIP_BYTES = 940 * KIB  # under the nodes' 960 KiB gossip envelope cap: near-cap, not over it
 ACK_CAP = 4 * KIB
+ACK_WAIT_S = 60.0  # how long `submit` waits for the ack
+MANIFEST_WAIT_S = 240.0  # how long `wait_manifest` waits for any endpoint to serve a manifest
 ASYNC_LEVEL = 2  # the devnet run's async level: version 0 is fresh until version 3 exists
 MULTIADDR_IP = "/ip4/{ip}/tcp/0"
 REOPEN_AFTER_REFUSAL_S = 2.0
@@ -167,7 +170,9 @@ class Swarm:
         return [n for n in self.nodes.values() if n.role == role]
 
     def http_ports(self) -> dict[str, int]:
-        return {n.name: n.http_port for n in self.nodes.values() if n.http_port and n.role in ("trainer", "relay")}
+        return {
+            n.name: n.http_port for n in self.nodes.values() if n.http_port and n.role in ("trainer", "relay")
+        }
 
     def status(self, name: str) -> dict[str, Any]:
         try:
@@ -180,7 +185,9 @@ def enroll_attackers(devnet_ledger: Any, folder: Path) -> dict[str, NodeIdentity
     """Register and stake the poisoner and the replayer as workers (before the nodes start); write their
     keys to `folder/KEYS_FILE`. `devnet_ledger` is the devnet's `DevnetLedger`."""
     keys = {name: NodeIdentity(secrets.token_bytes(32)) for name in ("poisoner", "replayer")}
-    devnet_ledger.enroll([("worker", k) for k in keys.values()], {k.checksum_address: k.peer_id for k in keys.values()})
+    devnet_ledger.enroll(
+        [("worker", k) for k in keys.values()], {k.checksum_address: k.peer_id for k in keys.values()}
+    )
     (folder / KEYS_FILE).write_text(json.dumps({name: k.private_key.hex() for name, k in keys.items()}))
     return keys
 
@@ -288,8 +295,9 @@ async def contained() -> AsyncIterator[None]:
         raise
 
 
-async def read_reply(stream: Any, timeout: float) -> bytes:
-    """One length-prefixed frame back, or b"" when the stream ends or is reset first."""
+async def read_reply(stream: Any, timeout: float) -> bytes:  # noqa: ASYNC109 - a timeout is an outcome here
+    """One length-prefixed frame back, or b"" when the stream ends, is reset or stays silent for `timeout`
+    seconds first (the scope sits inside the `except`: running out of time is an answer, not an error)."""
     from node.p2p.reqresp import FrameError, read_frame
 
     try:
@@ -306,12 +314,13 @@ async def reset(stream: Any) -> None:
         pass
 
 
-async def submit(host: Any, peer: Any, sealed: bytes, run: str, timeout: float = 60.0) -> SubmitAck | None:
-    """One SUBMIT exchange with an envelope sealed by the caller; the verified ack, or None."""
+async def submit(host: Any, peer: Any, sealed: bytes, run: str) -> SubmitAck | None:
+    """One SUBMIT exchange with an envelope sealed by the caller; the verified ack, or None. The ack is
+    awaited `ACK_WAIT_S` at most."""
     stream = await open_stream(host, peer, ids.SUBMIT)
     try:
         await stream.write(FRAME_PREFIX.pack(len(sealed)) + sealed)
-        data = await read_reply(stream, timeout)
+        data = await read_reply(stream, ACK_WAIT_S)
     finally:
         await reset(stream)
     if not data:
@@ -441,7 +450,9 @@ class Generator:
         trainer = swarm.by_role("trainer")[0]
         self.setup = devnet_run(trainer.address, DEVNET_MODEL, created_ms=0, info=self.engine.info)
         if self.setup.descriptor.run != swarm.run:
-            raise RuntimeError(f"the devnet runs {swarm.run!r}, the attacker knows {self.setup.descriptor.run!r}")
+            raise RuntimeError(
+                f"the devnet runs {swarm.run!r}, the attacker knows {self.setup.descriptor.run!r}"
+            )
         self.loaded = 0  # the version whose weights the engine holds (0: the base checkpoint)
 
     @property
@@ -465,17 +476,21 @@ class Generator:
         for task in self.setup.tasks[: limit or None]:
             prompt = list(task_prompt_ids(task, self.engine.tokenizer))
             seeds = [legacy_seed(descriptor.run, worker, task.task_id, i) for i in range(grpo.group_size)]
-            made = self.engine.generate_group(prompt, grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature)
+            made = self.engine.generate_group(
+                prompt, grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature
+            )
             rewards = [
-                length_target_reward(grade(task, self.engine.tokenizer.completion_text(c.tokens)).reward, len(c.tokens),
-                                     grpo.length_target, grpo.length_penalty)
+                length_target_reward(grade(task, self.engine.tokenizer.completion_text(c.tokens)).reward,
+                                     len(c.tokens), grpo.length_target, grpo.length_penalty)
                 for c in made
             ]
             advantages = group_advantages(torch.tensor(rewards)).tolist()
             completions = tuple(
                 Completion(
                     token_ids=tuple(c.tokens),
-                    logprobs=struct.pack(f"<{len(c.tokens)}f", *c.logprobs.detach().float().reshape(-1).tolist()),
+                    logprobs=struct.pack(
+                        f"<{len(c.tokens)}f", *c.logprobs.detach().float().reshape(-1).tolist()
+                    ),
                     reward=float(r),
                     advantage=float(a),
                     seed=c.seed,
@@ -493,10 +508,14 @@ class Generator:
         from node.rl.tasks import assign_tasks
 
         step = (version << 32) | counter
-        tasks = assign_tasks(self.setup.dataset_ids, worker, step, self.setup.descriptor.grpo.prompts_per_step)
+        tasks = assign_tasks(
+            self.setup.dataset_ids, worker, step, self.setup.descriptor.grpo.prompts_per_step
+        )
         if any(t not in cache for t in tasks):
             return None
-        return RolloutSubmission(self.setup.descriptor.run, step, version, root, tuple(cache[t] for t in tasks))
+        return RolloutSubmission(
+            self.setup.descriptor.run, step, version, root, tuple(cache[t] for t in tasks)
+        )
 
     def load(self, version: int, state: dict[str, Any]) -> None:
         self.engine.load_weights(state)
@@ -590,7 +609,9 @@ class Context:
     def fetch_ports(self) -> list[int]:
         """Data-plane endpoints to fetch checkpoints from: validators first (the flood spares them), then the
         trainer and relays (the flood may make them answer 503, to us as to anyone)."""
-        order = [*self.swarm.by_role("validator"), *self.swarm.by_role("trainer"), *self.swarm.by_role("relay")]
+        order = [
+            *self.swarm.by_role("validator"), *self.swarm.by_role("trainer"), *self.swarm.by_role("relay")
+        ]
         return [n.http_port for n in order if n.http_port]
 
 
@@ -697,7 +718,8 @@ async def flood(ctx: Context, duration: float) -> None:
                     await dial(host, ctx.target)
                     ctx.report.count("flood", "libp2p_connected")
                     peer_id = _libp2p().parse_peer_addr(ctx.target.addr).peer_id
-                    while trio.current_time() < deadline and peer_id in host.get_connected_peers():
+                    # polls libp2p's peer set, which has no event to wait on
+                    while trio.current_time() < deadline and peer_id in host.get_connected_peers():  # noqa: ASYNC110
                         await trio.sleep(1.0)
                     if trio.current_time() < deadline:
                         ctx.report.count("flood", "libp2p_dropped")
@@ -829,7 +851,8 @@ async def gossip(ctx: Context, duration: float) -> None:
                         ctx.report.error("gossip", exc)
             with trio.move_on_after(20):
                 await attacker_pubsub.wait_for_subscription(peer, topics["checkpoints"], timeout=20)
-            ctx.report.note("gossip", "target_subscribed", peer in attacker_pubsub.peer_topics.get(topics["checkpoints"], ()))
+            subscribed = peer in attacker_pubsub.peer_topics.get(topics["checkpoints"], ())
+            ctx.report.note("gossip", "target_subscribed", subscribed)
             await trio.sleep(2.0)  # a heartbeat or two: meshes form
             newest = await wait_manifest(ctx)
             deadline = trio.current_time() + duration
@@ -843,7 +866,9 @@ async def gossip(ctx: Context, duration: float) -> None:
                 ctx.report.count("gossip", "oversized_manifests_published")
                 messages = {
                     "checkpoints": manifest_head(forged),
-                    "verdicts": forged_verdict(ctx.swarm.run, secrets.choice(honest_workers or [forger.address]), 0),
+                    "verdicts": forged_verdict(
+                        ctx.swarm.run, secrets.choice(honest_workers or [forger.address]), 0
+                    ),
                     "ledger": junk_ledger_entry(),
                 }
                 for kind, message in messages.items():
@@ -886,14 +911,16 @@ def _pid_alive(pid: int) -> bool:
 
 def _proc_state(pid: int) -> str:
     try:
-        return next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State"))
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        return next(line for line in lines if line.startswith("State"))
     except (OSError, StopIteration):
         return "zombie"
 
 
-async def wait_manifest(ctx: Context, version: int | None = None, timeout: float = 240.0) -> CheckpointManifest:
-    """The newest (or `version`'s) manifest any endpoint serves; the newest of what they answer."""
-    with trio.fail_after(timeout):
+async def wait_manifest(ctx: Context, version: int | None = None) -> CheckpointManifest:
+    """The newest (or `version`'s) manifest any endpoint serves; the newest of what they answer. Fails after
+    `MANIFEST_WAIT_S` (a caller's own scope may be shorter)."""
+    with trio.fail_after(MANIFEST_WAIT_S):
         while True:
             found = []
             for port in ctx.fetch_ports():
@@ -912,7 +939,9 @@ async def newest_weights(ctx: Context) -> tuple[int, bytes]:
     assert ctx.generator is not None
     manifest = await wait_manifest(ctx)
     if ctx.generator.loaded != manifest.version:
-        state = await trio.to_thread.run_sync(fetch_weights, ctx.manifest_port, ctx.swarm.run, manifest, ctx.scratch)
+        state = await trio.to_thread.run_sync(
+            fetch_weights, ctx.manifest_port, ctx.swarm.run, manifest, ctx.scratch
+        )
         async with ctx.torch_lock:
             await trio.to_thread.run_sync(ctx.generator.load, manifest.version, state)
     return manifest.version, manifest.merkle_root
@@ -967,7 +996,8 @@ async def replay(ctx: Context) -> None:
     ctx.report.note("replay", "newest_when_cached", newest.version)
     sealer = Sealer(replayer, ctx.swarm.run)
     if newest.version <= ASYNC_LEVEL:  # version 0 is fresh, so every validator still holds it
-        base = await wait_manifest(ctx, version=0, timeout=60)
+        with trio.fail_after(60):
+            base = await wait_manifest(ctx, version=0)
         assembled = []
         for counter in range(1, ctx.knobs.replay_counters + 1):
             sub = generator.assemble(cache, replayer.address, 0, base.merkle_root, counter)
@@ -997,11 +1027,13 @@ async def poison(ctx: Context) -> None:
         for _ in range(POISON_ATTEMPTS):
             version, root = await newest_weights(ctx)
             async with ctx.torch_lock:
-                sub = await trio.to_thread.run_sync(generator.honest, poisoner.address, version, root, counter)
+                sub = await trio.to_thread.run_sync(
+                    generator.honest, poisoner.address, version, root, counter
+                )
             counter += 1
             ctx.report.note("poison", "version", version)
-            statuses = await send_staked(ctx, "poison", poisoner, [(kind, sealer(poisoned(sub, kind, generator.vocab_size)))],
-                                         [ctx.target])
+            sent = [(kind, sealer(poisoned(sub, kind, generator.vocab_size)))]
+            statuses = await send_staked(ctx, "poison", poisoner, sent, [ctx.target])
             if statuses != [int(Reason.STALE)]:
                 break
 
@@ -1013,16 +1045,17 @@ async def staked_generator(ctx: Context) -> Generator:
     return ctx.generator
 
 
-async def wait_ready(swarm: Swarm, names: Sequence[str], timeout: float) -> None:
-    with trio.fail_after(timeout):
-        while not all(swarm.status(n).get("ready") for n in names):
-            await trio.sleep(0.5)
+async def wait_ready(swarm: Swarm, names: Sequence[str]) -> None:
+    """Until every node named reports ready (the caller bounds the wait)."""
+    # polls other processes' status: there is no event to wait on
+    while not all(swarm.status(n).get("ready") for n in names):  # noqa: ASYNC110
+        await trio.sleep(0.5)
 
 
 STAKED_GRACE_S = 120.0  # the staked attacks may outlast the window by this much, then everything stops
-HEAD_START_MAX_S = 60.0
-POISON_ATTEMPTS = 3
-BOMB_TRIES = 20  # a bomb frame refused at once (every slot taken) is sent again, this many times at most  # a poison submission that arrives stale is rebuilt on the newest version  # the noisy attacks wait at most this long for the replays to be sent
+HEAD_START_MAX_S = 60.0  # the noisy attacks wait at most this long for the replays to be sent
+POISON_ATTEMPTS = 3  # a poison submission that arrives stale is rebuilt on the newest version
+BOMB_TRIES = 20  # a bomb frame refused at once (every slot taken) is sent again, this many times at most
 REPORT_EVERY_S = 2.0  # the report is rewritten this often: a killed attacker still leaves its counts
 
 
@@ -1083,7 +1116,8 @@ async def attack(swarm: Swarm, target: str, attacks: set[str], knobs: Knobs, dur
             outer.start_soon(until_signalled, outer.cancel_scope)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(replays_first)  # it loads its engine while the swarm boots
-                await wait_ready(swarm, [target], timeout=120)
+                with trio.fail_after(120):
+                    await wait_ready(swarm, [target])
                 if "bomb" in attacks:
                     nursery.start_soon(noisy, "bomb", lambda: bomb(ctx))
                 if "bloat" in attacks:
@@ -1109,10 +1143,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devnet", type=Path, required=True, help="the devnet folder (devnet.json)")
     parser.add_argument("--target", default="validator-1", help="the node attacked over libp2p")
-    parser.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated, of {', '.join(ATTACKS)}")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of slow streams, floods, gossip")
+    parser.add_argument("--attacks", default=",".join(ATTACKS),
+                        help=f"comma-separated, of {', '.join(ATTACKS)}")
+    parser.add_argument("--duration", type=float, default=60.0,
+                        help="seconds of slow streams, floods, gossip")
     parser.add_argument("--report", type=Path, help="where the JSON report goes")
-    parser.add_argument("--prepare", action="store_true", help="only build the replay cache (offline), then exit")
+    parser.add_argument("--prepare", action="store_true",
+                        help="only build the replay cache (offline), then exit")
     defaults = Knobs()
     for f in fields(Knobs):
         value = getattr(defaults, f.name)

@@ -364,7 +364,8 @@ def test_gas_per_credit_with_batching() -> None:
         assert gas <= commit_gas(op)
         used.append(gas / len(op.credits))
     steady = sum(used[1:]) / len(used[1:])
-    print(f"gas per credit: first batch {used[0]:.0f}, then {[round(u) for u in used[1:]]}, mean {steady:.0f}")
+    later = [round(u) for u in used[1:]]
+    print(f"gas per credit: first batch {used[0]:.0f}, then {later}, mean {steady:.0f}")
     assert used[1] == pytest.approx(used[3], rel=0.01) and used[2] == pytest.approx(used[4], rel=0.01)
     assert steady <= 5_000
     assert len(h.ledger.contributions()) == 5 * WORKLOAD_WORKERS * VERSIONS * COUNTERS

@@ -70,7 +70,8 @@ def test_a_peer_holding_slow_streams_does_not_starve_an_honest_peer() -> None:
                 nursery.start_soon(_stall, hostile_host, target.peer_id, streams)
             key = SPEC.protocol
             await wait_until(
-                lambda: server.statistics().get(f"{key}:refused_peer_busy", 0) >= HOSTILE_STREAMS - 2, timeout=10
+                lambda: server.statistics().get(f"{key}:refused_peer_busy", 0) >= HOSTILE_STREAMS - 2,
+                timeout=10,
             )
             assert server.statistics()[f"{key}:streams_in_use"] == 2  # the hostile peer's share, no more
 

@@ -3,8 +3,8 @@
 Peak heap is measured with tracemalloc around one decode (the frame itself is allocated before).
 Two bounds (spec/wire.md, "Decoding limits"):
 - a frame whose *structure* is hostile (containers where the schema has none, huge declared lengths,
-  deep nesting) peaks at K_STRUCTURE x its size: the decoder refuses at the first misplaced type byte (2 x: msgpack's own copy of the buffer
-  plus the body bytes of an envelope);
+  deep nesting) peaks at K_STRUCTURE x its size: the decoder refuses at the first misplaced type byte
+  (2 x: msgpack's own copy of the buffer plus the body bytes of an envelope);
 - a frame valid up to its last field costs what the decoded message costs, K_VALUE x its size at
   most (Python ints for token ids: ~36 bytes per 3-byte uint16).
 """
@@ -112,7 +112,9 @@ def test_a_signed_envelope_with_a_hostile_body_is_refused_cheaply() -> None:
     assert peak <= K_STRUCTURE * len(data) + SLACK, f"{peak / len(data):.1f} x the frame"
 
 
-_atoms = st.sampled_from([b"\x80", b"\x90", b"\x91\x90", b"\x81\xa0\x90", b"\xe0", b"\xc0", b"\xa0", b"\xc4\x00"])
+_atoms = st.sampled_from(
+    [b"\x80", b"\x90", b"\x91\x90", b"\x81\xa0\x90", b"\xe0", b"\xc0", b"\xa0", b"\xc4\x00"]
+)
 
 
 @settings(max_examples=15, deadline=None)
@@ -120,7 +122,8 @@ _atoms = st.sampled_from([b"\x80", b"\x90", b"\x91\x90", b"\x81\xa0\x90", b"\xe0
 def test_any_run_of_small_objects_is_refused_within_the_bound(pattern: list[bytes], cls: type) -> None:
     unit = b"".join(pattern)
     count = MIB // len(unit)
-    for data in (_array32(count) + unit * count, b"\xdf" + count.to_bytes(4, "big") + (b"\xa0" + unit) * count):
+    map32 = b"\xdf" + count.to_bytes(4, "big") + (b"\xa0" + unit) * count
+    for data in (_array32(count) + unit * count, map32):
         peak, error = _peak(lambda: decode(cls, data, max_size=len(data)))  # noqa: B023 - called at once
         assert isinstance(error, Reject), error
         assert peak <= K_STRUCTURE * len(data) + SLACK

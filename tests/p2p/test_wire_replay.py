@@ -1,4 +1,5 @@
-"""The replay window is bounded in senders and time, and never accepts a replay the clock check lets through."""
+"""The replay window is bounded in senders and time, and never accepts a replay the clock check lets
+through."""
 
 from __future__ import annotations
 

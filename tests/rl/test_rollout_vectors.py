@@ -80,7 +80,8 @@ def test_committed_vectors_are_current(suite: str, generated: dict[str, list[Cas
         (old_rest, old_logprobs), (new_rest, new_logprobs) = _without_logprobs(old), _without_logprobs(new)
         assert old_rest == new_rest, f"{old['name']}: {stale}"
         for a, b in zip(old_logprobs, new_logprobs, strict=True):
-            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5, equal_nan=True), f"{old['name']}: {stale}"
+            close = a.shape == b.shape and torch.allclose(a, b, atol=1e-5, equal_nan=True)
+            assert close, f"{old['name']}: {stale}"
 
 
 def test_vector_files_are_the_suites() -> None:

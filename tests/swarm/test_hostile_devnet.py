@@ -134,15 +134,21 @@ def violations(
         "flood": counts.get("flood", {}).get("http_silent_opened", 0),
         "gossip": counts.get("gossip", {}).get("checkpoints_published", 0)
         and facts.get("gossip", {}).get("target_subscribed"),
-        "poison": sum(n for k, n in counts.get("poison", {}).items() if "_ack_" in k and not k.endswith("_203")),
-        "replay cached": cached and sum(n for k, n in counts.get("replay", {}).items() if k.startswith("cached_ack")),
+        "poison": sum(
+            n for k, n in counts.get("poison", {}).items() if "_ack_" in k and not k.endswith("_203")
+        ),
+        "replay cached": cached and sum(
+            n for k, n in counts.get("replay", {}).items() if k.startswith("cached_ack")
+        ),
         "replay twice": sum(n for k, n in counts.get("replay", {}).items() if k.startswith("twice_ack")),
     }
     missing = sorted(name for name, done in exercised.items() if not done)
     if missing:
-        broken.append(f"attacker: not exercised {missing} {facts.get('replay', {}).get('cached_skipped', '')}")
+        skipped = facts.get("replay", {}).get("cached_skipped", "")
+        broken.append(f"attacker: not exercised {missing} {skipped}")
     if counts.get("failed"):
-        broken.append(f"attacker: attacks that failed to run {counts['failed']} {report.get('errors', [])[:5]}")
+        errors = report.get("errors", [])[:5]
+        broken.append(f"attacker: attacks that failed to run {counts['failed']} {errors}")
     return broken
 
 
@@ -150,7 +156,8 @@ def test_a_hostile_peer_cannot_stop_starve_or_bloat_the_devnet(tmp_path: Path) -
     # Two submissions' worth of signal groups per step (the default is one): the run's first versions, the
     # replayer's window, last long enough for an attacker that starts with the swarm.
     plan = DevnetPlan(
-        trainers=1, relays=1, workers=2, validators=VALIDATORS, steps=STEPS, ledger="signed", min_batch_groups=48
+        trainers=1, relays=1, workers=2, validators=VALIDATORS, steps=STEPS, ledger="signed",
+        min_batch_groups=48,
     )
     devnet = Devnet(plan, tmp_path / "run")
     devnet.prepare()
@@ -169,7 +176,8 @@ def test_a_hostile_peer_cannot_stop_starve_or_bloat_the_devnet(tmp_path: Path) -
         # first versions of the run
         with (tmp_path / "attacker.log").open("wb") as log:
             attacker = subprocess.Popen(
-                [*attacker_cmd, "--target", "validator-1", "--duration", str(ATTACK_S), "--report", str(report_path)],
+                [*attacker_cmd, "--target", "validator-1", "--duration", str(ATTACK_S),
+                 "--report", str(report_path)],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         attack_started = time.monotonic()
@@ -201,7 +209,9 @@ def test_a_hostile_peer_cannot_stop_starve_or_bloat_the_devnet(tmp_path: Path) -
         codes = devnet.stop_all()
     credits, slashes = _ledger_facts(devnet)
     report = json.loads(report_path.read_text()) if report_path.exists() else {"errors": ["no report"]}
-    honest = {n.name: bytes.fromhex(n.address[2:]) for n in devnet.nodes.values() if n.name.startswith("worker-")}
+    honest = {
+        n.name: bytes.fromhex(n.address[2:]) for n in devnet.nodes.values() if n.name.startswith("worker-")
+    }
     attackers = {name: key.address for name, key in keys.items()}
     broken = violations(
         outcome=outcome,

@@ -5,8 +5,8 @@ JSONL of math problems graded by their last \\boxed{}, and `swarmnode devnet --m
 The held-out reward must rise, every cheater be slashed (the Qwen2 run has one of each kind) and no honest
 node, the ledger verify, and the relay's copy of the final checkpoint load with transformers
 `from_pretrained`. Credits go through batches and slashes are finalized after the run's challenge window,
-within the run. The Llama run records on a local anvil chain, whose records the devnet audits. Slow (about 1.5 minutes per architecture
-on 2 cores).
+within the run. The Llama run records on a local anvil chain, whose records the devnet audits. Slow (about
+1.5 minutes per architecture on 2 cores).
 """
 
 from __future__ import annotations

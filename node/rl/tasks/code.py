@@ -79,11 +79,11 @@ if budget:  # count the program's lines only: everything above is the same for e
         if event == "line":
             lines += 1
             if lines > budget:
-                sys.stderr.write("line budget spent\n"); sys.stderr.flush(); os._exit(%d)
+                sys.stderr.write("line budget spent\n"); sys.stderr.flush(); os._exit(@BUDGET_EXIT@)
         return _count
     sys.settrace(_count); threading.settrace(_count)
 exec(program, namespace)
-""" % BUDGET_EXIT
+""".replace("@BUDGET_EXIT@", str(BUDGET_EXIT))
 
 
 @dataclass(frozen=True)
