@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
 . .venv/bin/activate
+echo "==> lint and types (ruff on the tree; mypy strict on protocol/, crypto/, ledger/)"
+ruff check .
+mypy protocol crypto ledger
 echo "==> fast tests"
 python -m pytest -q -p no:cacheprovider
 echo "==> slow multi-process tests"
