@@ -4,6 +4,8 @@
 [node]
 identity = "node.key"              # keystore v3 file, relative to this file
 listen = "/ip4/0.0.0.0/tcp/4001"
+announce = ["/ip4/203.0.113.7/tcp/4001"]   # optional: the addresses peers reach us at (default: listen)
+dialable = true                    # false behind NAT: announce nothing, DHT client, no Hello endpoint
 bootstrap = ["/ip4/10.0.0.1/tcp/4001/p2p/16Uiu2..."]
 run = "my-run"
 role = "worker"                    # trainer | relay | worker | validator | bootstrap
@@ -18,7 +20,8 @@ libp2p_log_level = "ERROR"
 record_deliveries = false          # append every delivered gossip message to data_dir/deliveries.jsonl
 
 [discovery]   # DiscoverySettings fields, seconds
-[gossip]      # degree, degree_low, degree_high, heartbeat_interval, seen_ttl, forward_cap_per_topic, max_pending
+[gossip]      # degree, degree_low, degree_high, heartbeat_interval, seen_ttl, forward_cap_per_topic,
+              # max_pending
 [liveness]    # interval, idle_after, max_strikes
 [scoring]     # ScoreParams fields
 [work]        # WorkSettings: what the role does with the network (training, generating, validating)
@@ -37,6 +40,7 @@ from typing import Any
 from crypto.identity import parse_address
 from node.p2p.dht import DiscoverySettings
 from node.p2p.gossip import GossipSettings
+from node.p2p.host import parse_announce
 from node.p2p.records import InvalidRecord, check_run
 from node.p2p.scoring import ScoreParams
 
@@ -105,6 +109,8 @@ class NodeConfig:
     role: str
     data_dir: Path
     listen: str = "/ip4/0.0.0.0/tcp/4001"
+    announce: tuple[str, ...] = ()  # () = the listen address (spec/discovery.md, Reachable addresses)
+    dialable: bool = True
     bootstrap: tuple[str, ...] = ()
     ledger_url: str = ""
     http_host: str = "127.0.0.1"
@@ -122,7 +128,10 @@ class NodeConfig:
 
     @property
     def http_endpoint(self) -> str:
-        return f"http://{self.http_host}:{self.http_port}" if self.http_port else ""
+        """The data-plane endpoint Hello announces; none for a node nobody can dial."""
+        if not self.dialable or not self.http_port:
+            return ""
+        return f"http://{self.http_host}:{self.http_port}"
 
     def discovery_settings(self) -> DiscoverySettings:
         return replace(self.discovery, bootstrap=self.bootstrap, trainer=self.trainer)
@@ -131,6 +140,8 @@ class NodeConfig:
 _NODE_KEYS = {
     "identity",
     "listen",
+    "announce",
+    "dialable",
     "bootstrap",
     "run",
     "role",
@@ -210,10 +221,15 @@ def parse_config(document: dict[str, Any], base_dir: Path) -> dict[str, Any]:
         kwargs["bootstrap"] = tuple(node["bootstrap"])
     if "trainer" in node:
         kwargs["trainer"] = _address(node["trainer"])
-    if "record_deliveries" in node:
-        if not isinstance(node["record_deliveries"], bool):
-            raise ConfigError("[node] record_deliveries must be true or false")
-        kwargs["record_deliveries"] = node["record_deliveries"]
+    for key in ("record_deliveries", "dialable"):
+        if key in node:
+            if not isinstance(node[key], bool):
+                raise ConfigError(f"[node] {key} must be true or false")
+            kwargs[key] = node[key]
+    if "announce" in node:
+        if not isinstance(node["announce"], list) or not all(isinstance(a, str) for a in node["announce"]):
+            raise ConfigError("[node] announce must be a list of multiaddr strings")
+        kwargs["announce"] = tuple(node["announce"])
     if "discovery" in document:
         kwargs["discovery"] = _section(DiscoverySettings, document["discovery"], "discovery")
     if "gossip" in document:
@@ -318,7 +334,18 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> N
         check_run(kwargs["run"])
     except InvalidRecord as exc:
         raise ConfigError(str(exc)) from None
+    check_reachability(kwargs.get("announce", ()), kwargs.get("dialable", True))
     return NodeConfig(**kwargs)
+
+
+def check_reachability(announce: tuple[str, ...], dialable: bool) -> None:
+    """`announce` must be multiaddrs; a node that cannot be dialed announces none."""
+    if announce and not dialable:
+        raise ConfigError("[node] announce must be empty when dialable = false (nobody can dial us)")
+    try:
+        parse_announce(announce)
+    except ValueError as exc:
+        raise ConfigError(f"[node] announce: {exc}") from None
 
 
 def render_config(config: NodeConfig, base_dir: Path) -> dict[str, Any]:
@@ -333,6 +360,8 @@ def render_config(config: NodeConfig, base_dir: Path) -> dict[str, Any]:
     node: dict[str, Any] = {
         "identity": rel(config.identity),
         "listen": config.listen,
+        "announce": list(config.announce),
+        "dialable": config.dialable,
         "bootstrap": list(config.bootstrap),
         "run": config.run,
         "role": config.role,

@@ -1,4 +1,8 @@
-"""`swarmnode devnet`: a whole swarm of separate processes on 127.0.0.1, with a live status view.
+"""`swarmnode devnet`: a whole swarm of separate processes, with a live status view.
+
+On 127.0.0.1 by default; with `--wan PROFILE` each node runs in its own network namespace on a WAN of
+that profile (`node.wan`), listens and announces its WAN address, and `--home-workers K` puts the first
+K workers behind NAT (the `home` profile: they dial out, nobody dials them).
 
 One bootstrap node starts first; every other node (trainer, relays, workers, validators) is given only
 the bootstrap address and finds the rest through the DHT. Each node gets its own key, config, data
@@ -11,6 +15,7 @@ of `--duration` / `--until-discovered` stops every node with SIGTERM (SIGKILL af
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -36,9 +41,16 @@ from crypto.keystore import PASSWORD_ENV, save_keystore
 from node.cli_inputs import eval_tasks_option, run_model_options
 from node.config import NodeConfig, render_config
 from node.devnet_rl import DEVNET_STAKE_GWEI, STAKED_ROLES, DevnetLedger, work_cell
+from node.wan import PROFILES, Wan, WanError, WanUnavailable, destroy_stale, draw_links
 
 KDF_ITERATIONS = 2  # devnet keys only: fast to open, useless to protect anything
-STOP_GRACE = 10.0
+# SIGTERM to SIGKILL. A node's clean exit ends with the interpreter's final garbage collection over torch's
+# objects: measured 7.6-8.1 s for every role, on loopback and on a WAN alike, on a loaded 2-core machine.
+STOP_GRACE = 30.0
+LOOPBACK = "127.0.0.1"
+WAN_P2P_PORT = 4001  # on a WAN every node has its own address, so every node uses the same ports
+WAN_HTTP_PORT = 8080
+HOME_PROFILE = "home"
 DILOCO_PLAN_FILE = "diloco-plan.bin"
 
 
@@ -73,6 +85,9 @@ class DevnetPlan:
     engine: str = "auto"
     max_new_tokens: int = 6
     trainer_nproc: int = 1  # ranks of each trainer's FSDP2 group
+    wan: str = ""  # a node.wan profile name: every node in its own namespace on a WAN of that kind
+    home_workers: int = 0  # with `wan`: the first K workers are behind NAT (the home profile)
+    wan_seed: int = 0
 
     @property
     def rounds(self) -> int:
@@ -90,6 +105,11 @@ class DevnetPlan:
             nodes += [(f"{role}-{i}", role) for i in range(1, count + 1)]
         nodes += [(f"cheater-{i}", "worker") for i in range(1, len(self.cheaters) + 1)]
         return nodes
+
+    def wan_profiles(self) -> dict[str, str]:
+        """Each node's WAN profile, bootstrap first: the plan's, the first `home_workers` workers home."""
+        homes = {f"worker-{i}" for i in range(1, self.home_workers + 1)}
+        return {name: HOME_PROFILE if name in homes else self.wan for name, _ in self.roles()}
 
     def cheat_of(self, name: str) -> str:
         if name.startswith("cheater-"):
@@ -132,6 +152,8 @@ class DevnetNode:
     cheat: str = ""
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    host: str = LOOPBACK  # the address it listens on and announces
+    dialable: bool = True  # False behind NAT: it announces no address at all
 
     @property
     def config_path(self) -> Path:
@@ -143,7 +165,7 @@ class DevnetNode:
 
     @property
     def addr(self) -> str:
-        return f"/ip4/127.0.0.1/tcp/{self.port}/p2p/{self.peer_id}"
+        return f"/ip4/{self.host}/tcp/{self.port}/p2p/{self.peer_id}"
 
     def status(self) -> dict[str, Any] | None:
         try:
@@ -176,6 +198,7 @@ class Devnet:
         self.nodes: dict[str, DevnetNode] = {}
         self.identities: dict[str, NodeIdentity] = {}
         self.ledger: DevnetLedger | None = None
+        self.wan: Wan | None = None
 
     def register_run(self) -> None:
         """The lead trainer's key puts the run on the ledger with every validator of the devnet in its set,
@@ -197,26 +220,34 @@ class Devnet:
             raise click.ClickException(
                 f"{self.folder} already exists; pass a new --out (runs are never overwritten)"
             )
+        if self.plan.wan:
+            self.open_wan()  # first: where namespaces cannot be made, nothing is left behind
         self.folder.mkdir(parents=True)
+        if self.wan is not None:
+            (self.folder / "wan.json").write_text(json.dumps(self.wan_facts(), indent=1))
         identities = {}
         for name, role in self.plan.roles():
             directory = self.folder / name
             identity = NodeIdentity(secrets.token_bytes(32))
             save_keystore(identity, directory / "node.key", self.password, kdf_iterations=KDF_ITERATIONS)
             identities[name] = identity
+            wan = self.wan
             self.nodes[name] = DevnetNode(
                 name,
                 role,
                 directory,
-                free_port(),
+                free_port() if wan is None else WAN_P2P_PORT,
                 identity.peer_id,
                 identity.checksum_address,
-                free_port() if self.plan.steps else 0,
+                0 if not self.plan.steps else free_port() if wan is None else WAN_HTTP_PORT,
                 self.plan.cheat_of(name),
+                host=LOOPBACK if wan is None else wan.address(name),
+                dialable=wan is None or not wan.links[name].nat,
             )
         self.identities = identities
         if self.plan.ledger:
-            self.ledger = DevnetLedger(self.plan.ledger, self.folder)
+            host = LOOPBACK if self.wan is None else self.wan.host_address
+            self.ledger = DevnetLedger(self.plan.ledger, self.folder, host=host)
             self.ledger.create()
             staked = [(n.role, identities[n.name]) for n in self.nodes.values() if n.role in STAKED_ROLES]
             self.ledger.enroll(staked, {n.address: n.peer_id for n in self.nodes.values()})
@@ -232,9 +263,12 @@ class Devnet:
                     "run": self.plan.run,
                     "bootstrap": bootstrap,
                     "ledger": self.ledger.url if self.ledger is not None else "",
+                    "wan": self.wan_facts(),
                     "nodes": {
                         n.name: {
                             "role": n.role,
+                            "host": n.host,
+                            "dialable": n.dialable,
                             "peer_id": n.peer_id,
                             "addr": n.addr,
                             "address": n.address,
@@ -248,6 +282,41 @@ class Devnet:
             )
         )
         return list(self.nodes.values())
+
+    def open_wan(self) -> None:
+        """Build the WAN every node runs on (what crashed runs left behind is removed first).
+
+        Raises `WanUnavailable` where namespaces cannot be made; `close()` takes it down again.
+        """
+        destroy_stale()
+        links = draw_links(self.plan.wan_profiles(), self.plan.wan_seed)
+        self.wan = Wan.create(links, seed=self.plan.wan_seed)
+
+    def wan_facts(self) -> dict[str, Any]:
+        """The WAN of the run (profile, each node's address and link), or {} on loopback."""
+        wan = self.wan
+        if wan is None:
+            return {}
+        return {
+            "profile": self.plan.wan,
+            "prefix": wan.prefix,
+            "home_workers": self.plan.home_workers,
+            "host_address": wan.host_address,
+            "links": {
+                name: {"address": wan.address(name), **dataclasses.asdict(link)}
+                for name, link in wan.links.items()
+            },
+        }
+
+    def close(self) -> None:
+        """Stop every node still running, the ledger's chain, and take the WAN down. Idempotent."""
+        self.stop_all()
+        if self.ledger is not None:
+            self.ledger.stop()
+        if self.wan is not None and not self.wan.closed:
+            # the emulator's counters (drops by reason: `dropped_nat` counts dials at a home worker)
+            (self.folder / "wan-stats.json").write_text(json.dumps(self.wan.statistics(), indent=1))
+            self.wan.close()
 
     @property
     def diloco_plan_path(self) -> Path:
@@ -291,8 +360,10 @@ class Devnet:
             run=self.plan.run,
             role=node.role,
             data_dir=node.data_dir,
-            listen=f"/ip4/127.0.0.1/tcp/{node.port}",
+            listen=f"/ip4/{node.host}/tcp/{node.port}",
+            dialable=node.dialable,
             bootstrap=bootstrap,
+            http_host=node.host,
             http_port=node.http_port,
             # every node, the bootstrap included: gossip authority (verdicts from eligible validators,
             # ledger entries from registered nodes) needs the ledger, or the bootstrap forwards forgeries
@@ -332,15 +403,12 @@ class Devnet:
         """Start a node process (non-blocking); its output goes to <node>/stdout.log."""
         node = self.nodes[name]
         argv = [sys.executable, "-m", "node.cli_run", command, "--config", str(node.config_path), *args]
+        options: dict[str, Any] = {"env": self.env(), "cwd": str(node.directory), "start_new_session": True}
         with (node.directory / "stdout.log").open("ab") as log:
-            node.process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env(),
-                cwd=str(node.directory),
-                start_new_session=True,
-            )
+            if self.wan is not None and name in self.wan.links:
+                node.process = self.wan.spawn(name, argv, stdout=log, stderr=subprocess.STDOUT, **options)
+            else:
+                node.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, **options)
         return node
 
     def start_others(self) -> None:
@@ -661,6 +729,22 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     show_default=True,
     help="Ranks of each trainer's FSDP2 process group (gloo on CPU, NCCL on GPUs).",
 )
+@click.option(
+    "--wan",
+    "wan_profile",
+    type=click.Choice(sorted(PROFILES)),
+    default=None,
+    help="Run every node in its own network namespace on an emulated WAN (needs root): "
+    "lan = 1 ms RTT, 1 Gbit/s; continental = 50 ms RTT, 1 Gbit/s; global = 150-300 ms RTT, "
+    "20-200 Mbit/s per node, 0.5% loss; home = 40 ms RTT, 10 Mbit/s up / 50 down, behind NAT.",
+)
+@click.option(
+    "--home-workers",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="With --wan: the first K honest workers are home workers behind NAT (dial out, never dialed).",
+)
 def devnet_command(
     steps: int,
     inner_steps: int,
@@ -687,8 +771,10 @@ def devnet_command(
     max_new_tokens: int,
     engine: str,
     trainer_nproc: int,
+    wan_profile: str | None,
+    home_workers: int,
 ) -> None:
-    """Run a swarm of separate node processes on 127.0.0.1 and show live status.
+    """Run a swarm of separate node processes on 127.0.0.1 (or an emulated WAN) and show live status.
 
     With --steps N it is the whole training run of DESIGN.md on loopback: bootstrap, trainer, relays,
     workers (--cheaters more that cheat), validators, a ledger every role is staked and registered in.
@@ -715,7 +801,13 @@ def devnet_command(
         engine=engine,
         max_new_tokens=max_new_tokens,
         trainer_nproc=trainer_nproc,
+        wan=wan_profile or "",
+        home_workers=home_workers,
     )
+    if home_workers and not wan_profile:
+        raise click.UsageError("--home-workers needs --wan (home workers are behind NAT on a WAN)")
+    if home_workers > workers:
+        raise click.UsageError(f"--home-workers {home_workers} exceeds --workers {workers}")
     if steps and not (1 <= trainers <= 16 and validators >= 1 and relays >= 1 and workers + cheaters >= 1):
         raise click.UsageError(
             "a training run needs 1 to 16 trainers, and at least 1 relay, worker and validator"
@@ -726,20 +818,26 @@ def devnet_command(
     console = Console()
     if not console.is_terminal:
         console = Console(width=150)  # logs and CI: the tables are wider than the 80-column default
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # set-up and teardown too end in `close()`
     try:
-        devnet.prepare()
-    except (RuntimeError, OSError) as exc:
-        raise click.ClickException(f"cannot set the devnet up: {exc}") from None
-    console.print(f"devnet folder: [bold]{devnet.folder}[/]  ({len(devnet.nodes)} nodes)")
-    if devnet.ledger is not None:
-        console.print(f"ledger: {devnet.ledger.url} (every role node registered and staked)")
-    try:
+        try:
+            devnet.prepare()
+        except WanUnavailable as exc:
+            raise click.ClickException(f"--wan needs network namespaces: {exc}") from None
+        except (RuntimeError, OSError, WanError) as exc:
+            raise click.ClickException(f"cannot set the devnet up: {exc}") from None
+        console.print(f"devnet folder: [bold]{devnet.folder}[/]  ({len(devnet.nodes)} nodes)")
+        if devnet.wan is not None:
+            homes = f", {home_workers} home worker(s) behind NAT" if home_workers else ""
+            console.print(f"WAN: {wan_profile} profile, subnet {devnet.wan.subnet}{homes}")
+        if devnet.ledger is not None:
+            console.print(f"ledger: {devnet.ledger.url} (every role node registered and staked)")
         summary = _run(devnet, console, duration, until_discovered, no_live, probe_rate)
         if steps:
             _report(devnet, summary, console, summary_path)
     finally:
-        if devnet.ledger is not None:
-            devnet.ledger.stop()
+        devnet.close()
+        signal.signal(signal.SIGTERM, previous)
     failed = {n: c for n, c in summary["exit_codes"].items() if c not in (0, None)}
     if failed:
         raise click.ClickException(f"nodes did not stop cleanly: {failed}")
@@ -747,6 +845,10 @@ def devnet_command(
         raise click.ClickException(f"discovery did not complete ({summary['reason']})")
     if steps and summary["reason"] != "trained":
         raise click.ClickException(f"the run did not finish its {steps} steps ({summary['reason']})")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _run(
@@ -817,6 +919,7 @@ def _report(devnet: Devnet, run_summary: dict[str, Any], console: Console, path:
         ledger_slashes=facts.slashes,
         ledger_contributions=facts.contributions,
         ledger_batches=facts.batches,
+        wan=devnet.wan_facts() or None,
     )
     summary = build_summary(inputs)
     write_json(devnet.folder / "devnet-summary.json", summary)

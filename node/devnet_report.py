@@ -58,6 +58,7 @@ class ReportInputs:
     ledger_slashes: list[dict[str, Any]]  # {worker, amount_gwei, reason_code, reason, status}
     ledger_contributions: dict[str, int]  # worker address -> contributions recorded
     ledger_batches: int = 0  # CommitCredits batches that carried them
+    wan: Mapping[str, Any] | None = None  # the WAN (`Devnet.wan_facts`: each node's link, `nat` = home)
 
 
 # --- tolerant readers -------------------------------------------------------------------------------
@@ -237,6 +238,7 @@ def build_summary(inputs: ReportInputs) -> dict[str, Any]:
         "run": inputs.run,
         "steps": inputs.steps,
         "elapsed_s": inputs.elapsed_s,
+        "wan": dict(inputs.wan) if inputs.wan else None,
         "base_reward": base,
         "final_reward": final,
         "reward_ratio": None if base is None or final is None else _ratio(final, base),

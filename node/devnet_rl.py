@@ -14,6 +14,8 @@ seeds (`node.rl.sync.eval_reward`).
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +43,13 @@ EVAL_SAMPLES = 8
 class DevnetLedger:
     """The ledger of one devnet: created, funded and populated before the nodes start."""
 
-    def __init__(self, kind: str, folder: Path) -> None:
+    def __init__(self, kind: str, folder: Path, *, host: str = "127.0.0.1") -> None:
+        """`host`: the address nodes reach this machine at (a WAN's host address; a signed log is a file)."""
         if kind not in ("signed", "evm"):
             raise ValueError(f"ledger kind must be signed or evm, not {kind!r}")
         self.kind = kind
         self.folder = folder
+        self.host = host
         self.anvil: Any = None
         self.harness: Any = None
         self.url = ""  # what nodes put in [node] ledger_url
@@ -63,7 +67,11 @@ class DevnetLedger:
         binary = find_anvil()
         if binary is None:
             raise RuntimeError("no anvil binary: run scripts/install_anvil.sh (make devnet does)")
-        self.anvil = AnvilProcess(binary, state=self.folder / "anvil-state.json")
+        state = self.folder / "anvil-state.json"
+        if self.host == "127.0.0.1":
+            self.anvil = AnvilProcess(binary, state=state)
+        else:
+            self.anvil = _wan_anvil(binary, state=state, host=self.host)
         self.harness = EvmHarness.anvil(self.anvil.url, DEVNET_PARAMS)
         contract = self.harness.ledger.address
         self.url = f"evm:{self.anvil.url}#{contract}"
@@ -120,6 +128,30 @@ class DevnetLedger:
         if self.anvil is not None:
             self.anvil.stop()
             self.anvil = None
+
+
+def _wan_anvil(binary: str, *, state: Path, host: str) -> Any:
+    """An anvil every WAN namespace reaches: bound on all of this machine's addresses, announced at `host`.
+
+    `AnvilProcess` binds 127.0.0.1 only, which inside a node's namespace is the node itself.
+    """
+    from ledger.testing import AnvilProcess
+
+    class WanAnvil(AnvilProcess):
+        def __init__(self) -> None:
+            self.port = _free_port()
+            self.url = f"http://{host}:{self.port}"
+            args = [binary, "--host", "0.0.0.0", "--port", str(self.port), "--silent", "--state", str(state)]
+            self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self._wait_ready()  # dials 127.0.0.1, which 0.0.0.0 covers
+
+    return WanAnvil()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        return int(sock.getsockname()[1])
 
 
 def model_parameters(folder: Path) -> int:

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 import trio
 from libp2p.abc import IHost
+from libp2p.kad_dht.kad_dht import DHTMode
 
 from crypto.identity import NodeIdentity
 from ledger import Ledger
@@ -56,6 +57,8 @@ class NodeRuntime:
         self.config = config
         self.identity = identity
         self.role = role
+        if not config.dialable:
+            role.ANNOUNCE = False  # a provider record nobody can dial serves nothing (spec/discovery.md)
         self.seq = SeqCounter()
         self.started_at = time.time()
         self.ready = False
@@ -122,10 +125,14 @@ class NodeRuntime:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        host = build_host(self.identity, [config.listen])
+        host = build_host(self.identity, [config.listen], announce=config.announce, dialable=config.dialable)
         async with host.run(listen_addrs([config.listen])):
             self.net, self.guard, self.liveness = net, guard, liveness = self._compose(host)
             gossip, discovery = net.gossip, net.discovery
+            if not config.dialable:
+                # Behind NAT: a DHT client queries but serves no KAD streams, so peers that learn of it
+                # (its identify lists no /ipfs/kad) do not put it in their routing tables and dial it.
+                await discovery.dht.switch_mode(DHTMode.CLIENT)
             if config.record_deliveries:
                 self._deliveries = (config.data_dir / DELIVERIES_FILE).open("a", buffering=1)
                 gossip.add_observer(self._record_delivery)

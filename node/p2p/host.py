@@ -8,6 +8,7 @@ way down to an unauthenticated, unencrypted session. We always pass both, so the
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,9 +69,68 @@ def libp2p_key_pair(identity: NodeIdentity) -> KeyPair:
     return create_new_key_pair(identity.private_key)
 
 
-def build_host(identity: NodeIdentity, listen: Sequence[str], settings: HostSettings | None = None) -> IHost:
-    """A host speaking only Noise over TCP with yamux, with our timeouts; `host.run(...)` listens."""
+def parse_announce(texts: Sequence[str]) -> list[multiaddr.Multiaddr]:
+    """Configured announce addresses: TCP multiaddrs of a concrete, non-loopback host (ValueError if not)."""
+    parsed = []
+    for text in texts:
+        try:
+            addr = multiaddr.Multiaddr(text)
+            addr.value_for_protocol("tcp")
+        except Exception as exc:  # multiaddr raises several unrelated types for bad text
+            raise ValueError(f"not a TCP multiaddr: {text!r}: {exc}") from None
+        if _is_unusable(addr):
+            raise ValueError(f"{text!r} cannot be dialed by a peer (unspecified or loopback host)")
+        parsed.append(addr)
+    return parsed
+
+
+def _host_part(addr: multiaddr.Multiaddr) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    for protocol in ("ip4", "ip6"):
+        try:
+            return ipaddress.ip_address(addr.value_for_protocol(protocol))
+        except Exception:  # the protocol is absent (ProtocolLookupError) or the value is not an IP
+            continue
+    return None  # dns names and the like: dialable as far as we can tell
+
+
+def _is_unusable(addr: multiaddr.Multiaddr) -> bool:
+    host = _host_part(addr)
+    return host is not None and (host.is_unspecified or host.is_loopback)
+
+
+def announced_addrs(
+    candidates: Sequence[multiaddr.Multiaddr], *, announce: Sequence[multiaddr.Multiaddr] = (), dialable: bool
+) -> list[multiaddr.Multiaddr]:
+    """What we tell peers (identify, DHT provider records, peer records) they can dial us at.
+
+    Nothing when we cannot be dialed (behind NAT); the configured addresses when there are any; else our
+    listen (and identify-observed) addresses less the unspecified ones, and less loopback unless loopback
+    is all we have (a swarm on 127.0.0.1): a peer on another host that dials our 127.0.0.1 dials itself.
+    """
+    if not dialable:
+        return []
+    if announce:
+        return list(announce)
+    usable = [a for a in candidates if not _is_unusable(a)]
+    if usable:
+        return usable
+    return [a for a in candidates if (host := _host_part(a)) is not None and host.is_loopback]
+
+
+def build_host(
+    identity: NodeIdentity,
+    listen: Sequence[str],
+    settings: HostSettings | None = None,
+    *,
+    announce: Sequence[str] = (),
+    dialable: bool = True,
+) -> IHost:
+    """A host speaking only Noise over TCP with yamux, with our timeouts; `host.run(...)` listens.
+
+    `announce`, `dialable`: what the host advertises (`announced_addrs`).
+    """
     settings = settings or HostSettings()
+    configured = parse_announce(announce)
     key_pair = libp2p_key_pair(identity)
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     connection_config = ConnectionConfig(
@@ -88,6 +148,7 @@ def build_host(identity: NodeIdentity, listen: Sequence[str], settings: HostSett
         listen_addrs=[multiaddr.Multiaddr(a) for a in listen],
         connection_config=connection_config,
         negotiate_timeout=int(settings.negotiate_timeout),
+        addrs_factory=lambda candidates: announced_addrs(candidates, announce=configured, dialable=dialable),
     )
     if str(host.get_id()) != identity.peer_id:  # the two derivations must agree, or nothing is attributable
         raise RuntimeError(f"libp2p derived peer id {host.get_id()} for identity {identity.peer_id}")
