@@ -1,6 +1,6 @@
 """The swarm's work: what each role does with the network once it is up (the `RoleWork` seam).
 
-- `trainer.py`  GRPO steps on accepted rollouts pulled from validators; checkpoints out through the origin.
+- `trainer/`    GRPO steps on accepted rollouts pulled from validators; checkpoints out through the origin.
 - `relay.py`    follows checkpoints, re-serves their shards, announces what it holds.
 - `worker.py`   follows the newest checkpoint, generates assigned groups with proofs, submits them.
 - `validator/` re-checks submissions on the claimed checkpoint, gossips verdicts, writes the ledger.

@@ -48,7 +48,7 @@ from node.roles.validator import Validator
 from node.runtime import NodeRuntime
 from node.swarm import trainer as trainer_module
 from node.swarm.common import ACCEPTED
-from node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord
+from node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
 from node.swarm.trainer import (
     MANIFEST_OK,
     SwarmTrainerWork,
@@ -59,6 +59,8 @@ from node.swarm.trainer import (
     plan_batch,
     verify_accepted,
 )
+from node.swarm.trainer import pull as pull_module
+from node.swarm.trainer import registration as registration_module
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, Opened, envelope_digest, seal
 from protocol.errors import Ignore, ProtocolError, Reason
@@ -683,8 +685,8 @@ def test_with_a_ledger_only_validators_in_good_standing_are_pulled_from(
     writer.deposit(worker, LEDGER_STAKE)
     writer.register(unstaked, "validator", T.compute())  # a validator without its stake yet
     reader = SignedLog.open(path)  # the trainer's own handle: it must read what the writer appends later
-    monkeypatch.setattr(trainer_module, "PEER_SCAN_S", 0.02)
-    monkeypatch.setattr(trainer_module, "TRUST_CHECK_S", 0.1)
+    monkeypatch.setattr(pull_module, "PEER_SCAN_S", 0.02)
+    monkeypatch.setattr(pull_module, "TRUST_CHECK_S", 0.1)
     work = trainer_work(work_config(tmp_path / "trainer"), ledger=reader)
     pulling: set[bytes] = set()
     stopped: list[bytes] = []
@@ -824,7 +826,7 @@ class OneValidatorNet:
 def test_a_batch_that_fails_unexpectedly_is_counted_and_reported_and_the_pull_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inbox: RolloutInbox
 ) -> None:
-    monkeypatch.setattr(trainer_module, "PULL_BACKOFF_S", (0.01, 0.05))
+    monkeypatch.setattr(pull_module, "PULL_BACKOFF_S", (0.01, 0.05))
     work = trainer_work(work_config(tmp_path / "trainer"))
     work.trainer, work.inbox, work.descriptor = object(), inbox, small_descriptor()  # type: ignore[assignment]
     work.validators[VALIDATOR.address] = trainer_module.ValidatorPull(PeersOnly([VALIDATOR]).records[0])
@@ -835,7 +837,7 @@ def test_a_batch_that_fails_unexpectedly_is_counted_and_reported_and_the_pull_go
         seen.append(batch)
         if len(seen) == 1:
             raise OverflowError("Python int too large to convert to SQLite INTEGER")
-        return trainer_module.Ingested(trainer_module.Stored(0, 0), 1, ())
+        return trainer_module.Ingested(Stored(0, 0), 1, ())
 
     monkeypatch.setattr(work, "ingest", ingest)
 
@@ -988,7 +990,7 @@ def test_a_full_table_of_untrusted_validators_gives_way_to_a_newcomer_only_after
 def test_a_validator_with_its_share_of_the_inbox_is_not_pulled_from_until_a_prune(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inbox: RolloutInbox
 ) -> None:
-    monkeypatch.setattr(trainer_module, "PULL_EMPTY_PAUSE_S", 0.01)
+    monkeypatch.setattr(pull_module, "PULL_EMPTY_PAUSE_S", 0.01)
     assert [trainer_module.pull_limit(n, cap=20) for n in (0, 4, 19, 20, 99)] == [16, 16, 1, 0, 0]
     inbox.store(VALIDATOR.address, [entry(1), entry(2, version=5)], cursor=2)
     inbox.store(OTHER_VALIDATOR.address, [entry(3)], cursor=3)
@@ -1007,7 +1009,7 @@ def test_a_validator_with_its_share_of_the_inbox_is_not_pulled_from_until_a_prun
 
     async def ingest(validator: bytes, batch: AcceptedBatch) -> trainer_module.Ingested:
         inbox.store(validator, [entry(4, version=5)], cursor=4)  # its third row: its share is full
-        return trainer_module.Ingested(trainer_module.Stored(1, 0), 4, ())
+        return trainer_module.Ingested(Stored(1, 0), 4, ())
 
     monkeypatch.setattr(work, "ingest", ingest)
 
@@ -1051,7 +1053,7 @@ def test_the_lead_registers_its_run_and_followers_refuse_another_owner(
     """The lead registers the run with the validators it names (bounds from the descriptor, a ledger outage
     waited out) and finds it its own after a restart; a lead naming none refuses an unregistered run; a
     trainer refuses a run another key owns (RunMismatch), whatever it names."""
-    monkeypatch.setattr(trainer_module, "RUN_WAIT_S", 0.01)
+    monkeypatch.setattr(registration_module, "RUN_WAIT_S", 0.01)
     other, validator = T.identity("another trainer"), T.identity("a validator")
     ledger = SignedLog.create(tmp_path / "ledger.db", LEDGER_PARAMS, ledger_id="devnet")
     for who in (TRAINER, other):
