@@ -235,6 +235,29 @@ class Verdict:
     mean_mant_err: float
 
 
+VERDICT_BATCH_MAX_ITEMS = 256  # verdicts in one VerdictBatch (spec/gossip.md, Verdict batches)
+# A batch's envelope must fit the 960 KiB gossip cap with the envelope's 512 bytes around the body; the
+# largest Verdict body is about 21 KiB (4096 failing chunks), so any single verdict fits a batch.
+VERDICT_BATCH_MAX_SIZE = 960 * KIB - 512
+
+
+@dataclass(frozen=True)
+class VerdictBatch:
+    """What the `verdicts` topic carries: one validator's verdicts of one run, gossiped at once.
+
+    Signed once: a receiver verifies one signature per batch instead of one per verdict. `validator` is the
+    signer and every verdict names `run` (`protocol.verdicts.check_verdict_batch`); a batch with one bad
+    verdict is refused whole. Not evidence: the accepted log and the ledger cite single sealed `Verdict`s.
+    """
+
+    TYPE: ClassVar[str] = "verdict_batch"
+    MAX_SIZE: ClassVar[int] = VERDICT_BATCH_MAX_SIZE
+
+    run: RunId
+    validator: Address
+    verdicts: Annotated[tuple[Verdict, ...], MaxLen(VERDICT_BATCH_MAX_ITEMS)]
+
+
 # --- request / response --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -454,4 +477,5 @@ MESSAGE_TYPES = registry(
     DilocoVote,
     DilocoOuterState,
     CheckpointHead,
+    VerdictBatch,
 )

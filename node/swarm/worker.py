@@ -31,7 +31,8 @@ Decisions:
   wakes when it next allows a counter), so a bad estimate of N or of the pace never stalls the run.
 - Verdicts naming this worker are counted once per submission digest, whoever gossips them: they feed
   this node's status display and the pacer's latency median, never a verdict of its own; a validator
-  gossiping them late or early can only move that median. Accepted verdicts naming any worker set the
+  gossiping them late or early can only move that median (they come in `VerdictBatch`es, at most one
+  flush interval after the judgement). Accepted verdicts naming any worker set the
   count N behind the share; verdicts naming workers that do not exist only lower this worker's share for
   a while, since the share grows while a version stands.
 """
@@ -74,7 +75,14 @@ from node.swarm.cheats import FORGED_REWARD, TAMPERED_PROMPT, build_dishonest_su
 from node.swarm.common import run_model_dir, run_tasks, set_threads, wait_run_owner
 from node.swarm.follow import SwarmFollower
 from protocol.errors import Reason
-from protocol.messages import CheckpointHead, RolloutSubmission, RunDescriptor, SubmitAck, Verdict
+from protocol.messages import (
+    CheckpointHead,
+    RolloutSubmission,
+    RunDescriptor,
+    SubmitAck,
+    Verdict,
+    VerdictBatch,
+)
 from protocol.pacing import (
     SAMPLE_HISTORY,
     SWARM_SUBMISSIONS_PER_VERSION,
@@ -699,11 +707,12 @@ class SwarmWorkerWork:
 
     async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
         message = delivery.opened.message
-        if isinstance(message, Verdict):
-            if message.accepted and message.run == self.config.run:
-                self.pacer.accepted(message.worker, message.checkpoint_version)
-            if self.stats.observe_verdict(message, self.address, self.config.run):
-                self.pacer.judged(message.step, now_ms())
+        if isinstance(message, VerdictBatch):  # checked whole by the topic (protocol.verdicts)
+            for verdict in message.verdicts:
+                if verdict.accepted and verdict.run == self.config.run:
+                    self.pacer.accepted(verdict.worker, verdict.checkpoint_version)
+                if self.stats.observe_verdict(verdict, self.address, self.config.run):
+                    self.pacer.judged(verdict.step, now_ms())
             return
         if (
             isinstance(message, CheckpointHead)

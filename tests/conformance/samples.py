@@ -111,6 +111,10 @@ def every_message() -> list[Any]:
         m.AcceptedBatch((m.AcceptedRollout(42, b"\x05" * 48, b"\x06" * 96),), 42),
         *diloco_messages(),
         checkpoint_head(),
+        m.VerdictBatch(RUN, trainer.address, (  # signed by vector key 1, as the envelope vectors are
+            verdict,
+            m.Verdict(RUN, _digest("submission-2"), worker.address, 8, 6, True, 0, "", (), 256, 0.5, 1.25),
+        )),
     ]
     assert [type(s).TYPE for s in samples] == list(m.MESSAGE_TYPES), "samples must cover every message type"
     return samples

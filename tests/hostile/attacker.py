@@ -83,6 +83,7 @@ from protocol.messages import (
     ShardInfo,
     SubmitAck,
     Verdict,
+    VerdictBatch,
 )
 from protocol.shards import PATH_PREFIX, STATS_PATH, manifest_head, manifest_path, shard_path
 from protocol.types import KIB, MIB
@@ -864,10 +865,13 @@ async def gossip(ctx: Context, duration: float) -> None:
                 forged = forged_manifest(ctx.swarm.run, version)
                 await attacker_pubsub.publish(topics["checkpoints"], sealer(forged))
                 ctx.report.count("gossip", "oversized_manifests_published")
+                victim_worker = secrets.choice(honest_workers or [forger.address])
                 messages = {
                     "checkpoints": manifest_head(forged),
-                    "verdicts": forged_verdict(
-                        ctx.swarm.run, secrets.choice(honest_workers or [forger.address]), 0
+                    "verdicts": VerdictBatch(  # one forged verdict, batched as validators gossip them
+                        ctx.swarm.run,
+                        forger.address,
+                        (forged_verdict(ctx.swarm.run, victim_worker, 0),),
                     ),
                     "ledger": junk_ledger_entry(),
                 }

@@ -26,7 +26,7 @@ from node.roles.trainer import dev_run_descriptor
 from protocol.codec import decode, encode
 from protocol.envelope import Envelope, seal
 from protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
-from protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, Verdict
+from protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, Verdict, VerdictBatch
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.vector_files import VectorFiles
 
@@ -172,7 +172,24 @@ def gossip_message_cases() -> Iterator[Vector]:
         mean_exp_mismatches=0.5,
         mean_mant_err=1.0,
     )
-    yield case("verdict", "verdicts", seal(sender, verdict, run=RUN, seq=11, ts=NOW_MS))
+    # `verdicts` carries batches, judged whole (spec/gossip.md, Verdict batches)
+    second = dataclasses.replace(verdict, submission_digest=bytes(range(32)), accepted=False, reason_code=605,
+                                 failing_chunks=(3, 7))
+    batch = VerdictBatch(RUN, sender.address, (verdict, second))
+    foreign = dataclasses.replace(second, run="other-run")
+    bad_batches = [
+        ("item-of-another-run", sender, dataclasses.replace(batch, verdicts=(verdict, foreign))),
+        ("repeated-submission", sender, dataclasses.replace(batch, verdicts=(verdict, verdict))),
+        ("empty", sender, dataclasses.replace(batch, verdicts=())),
+        ("of-another-validator", OTHER, batch),
+        ("names-another-run", sender, dataclasses.replace(batch, run="other-run")),
+    ]
+    yield case("verdict-batch", "verdicts", seal(sender, batch, run=RUN, seq=11, ts=NOW_MS))
+    for seq, (name, signer, bad) in enumerate(bad_batches, 17):
+        data = seal(signer, bad, run=RUN, seq=seq, ts=NOW_MS)
+        yield case(f"invalid-verdict-batch-{name}", "verdicts", data)
+    single = seal(sender, verdict, run=RUN, seq=22, ts=NOW_MS)
+    yield case("invalid-single-verdict-on-verdicts", "verdicts", single)
     manifest = CheckpointManifest(
         run=RUN,
         version=4,

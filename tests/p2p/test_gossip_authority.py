@@ -46,7 +46,7 @@ from protocol import ids
 from protocol.envelope import seal
 from protocol.errors import Ignore, Reject
 from protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
-from protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo, Verdict
+from protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo, Verdict, VerdictBatch
 from protocol.shards import manifest_head
 from tests.p2p.helpers import RUN, swarm, wait_until
 
@@ -230,8 +230,11 @@ def test_header_checks_keep_their_verdicts_before_authority() -> None:
 
 
 def test_verdicts_only_from_eligible_validators() -> None:
-    assert rule("verdicts", seal(VALIDATOR, verdict(), run=RUN, seq=1, ts=NOW)) == "accept"
-    assert rule("verdicts", seal(NODE, verdict(), run=RUN, seq=1, ts=NOW - 4 * 60_000)) == (
+    def batch(signer: NodeIdentity) -> VerdictBatch:  # `verdicts` carries batches (spec/gossip.md)
+        return VerdictBatch(RUN, signer.address, (verdict(),))
+
+    assert rule("verdicts", seal(VALIDATOR, batch(VALIDATOR), run=RUN, seq=1, ts=NOW)) == "accept"
+    assert rule("verdicts", seal(NODE, batch(NODE), run=RUN, seq=1, ts=NOW - 4 * 60_000)) == (
         "reject UNAUTHORISED"
     )
 

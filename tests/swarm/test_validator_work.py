@@ -33,7 +33,8 @@ from node.swarm.validator import judge as validator_module
 from protocol.codec import decode
 from protocol.envelope import Envelope, envelope_digest, open_envelope, seal
 from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import AcceptedRequest, RolloutSubmission, Verdict
+from protocol.messages import AcceptedRequest, RolloutSubmission, Verdict, VerdictBatch
+from protocol.verdicts import check_opened_verdicts
 from tests.tinymodel import copy_folder, tiny_engine, tiny_folder
 
 RUN = "devnet"
@@ -169,16 +170,23 @@ class GossipLog:
     """The verdict side of a RoleNet: real seals with the validator's key; gossip kept in a list."""
 
     def __init__(self) -> None:
+        self.identity = VALIDATOR
         self.sealer = Sealer(VALIDATOR, RUN)
-        self.published: list[Verdict] = []
+        self.batches: list[VerdictBatch] = []
+        self.published: list[Verdict] = []  # the verdicts of every batch, in order
 
     def seal(self, message) -> bytes:
         return self.sealer(message)
 
     async def publish(self, kind: str, message) -> bytes:
-        assert kind == "verdicts"
-        self.published.append(message)
-        return self.sealer(message)
+        assert kind == "verdicts" and isinstance(message, VerdictBatch)
+        data = self.sealer(message)
+        now = int(time.time() * 1000)
+        opened = open_envelope(data, run=RUN, now_ms=now, replay=None, expect=VerdictBatch)
+        check_opened_verdicts(opened)  # what every receiver checks
+        self.batches.append(message)
+        self.published.extend(message.verdicts)
+        return data
 
 
 async def wait_judged(work: SwarmValidatorWork, count: int) -> None:
@@ -419,6 +427,7 @@ def test_honest_work_is_credited_and_every_cheat_is_slashed(tmp_path, setup, che
                 replay=None,
             )
             batch = await work.serve_accepted(None, request)
+            await poll_until(lambda: len(out.published) == work.accepted + work.rejected)  # a flush away
             nursery.cancel_scope.cancel()
         return batch
 
@@ -652,7 +661,7 @@ def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
 
             ledger.fail = {"slash": DuplicateSlash("already slashed")}  # commits work; the slash is decided
             await wait_judged(work, 2)
-            await poll_until(lambda: work.contributions == 1)
+            await poll_until(lambda: work.contributions == 1 and len(out.published) == 2)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -891,7 +900,8 @@ def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base
             sub = honest_submission(base, p2p_setup, worker.identity, checkpoint=checkpoint)
             ack = (await worker.request(peer, SUBMIT, sub)).message
             assert ack.status == 100
-            await wait_until(lambda: nodes[2].role.work.received.get("verdicts/verdict") == 1, timeout=20)
+            received = nodes[2].role.work.received
+            await wait_until(lambda: received.get("verdicts/verdict_batch") == 1, timeout=20)
             batch = (await worker.request(peer, ACCEPTED, AcceptedRequest(P2P_RUN, 0, 16, 5000))).message
             assert [i.index for i in batch.items] == [1] and batch.newest == 1
             assert decode(RolloutSubmission, decode(Envelope, batch.items[0].submission).body) == sub
@@ -959,3 +969,57 @@ def test_a_validator_refuses_a_run_whose_model_is_not_its_folder(tmp_path, setup
     same = SwarmValidatorWork(config, VALIDATOR, None, model_dir=copy_folder("qwen2", tmp_path / "same"))
     trio.run(same.prepare, load_run_setup(setup.descriptor, same.model_dir, same.tasks))
     assert same.engines is not None and same.engines.model_info == tiny_engine().info
+
+
+# --- verdict gossip: batches -------------------------------------------------------------------------
+
+
+def _verdict(n: int, *, chunks: int = 0) -> Verdict:
+    return Verdict(RUN, sha256(b"%d" % n), HONEST.address, n, VERSION, chunks == 0, 0 if chunks == 0 else 605,
+                   "", tuple(range(2**31, 2**31 + chunks)), 10, 0.0, 0.0)
+
+
+def test_verdicts_are_gossiped_in_batches_at_the_interval_or_when_full(tmp_path):
+    """A pending batch goes `verdict_flush_s` after its first verdict, or at once when full (by bytes:
+    tests/test_verdict_batch.py); what is pending when the judge stops goes too. Every verdict is gossiped
+    once, in order, in batches every receiver accepts."""
+    from trio.testing import MockClock, wait_all_tasks_blocked
+
+    work = make_work(tmp_path, None, verdict_flush_s=1.0, verdict_batch_items=4)
+    out = GossipLog()
+    sent: list[Verdict] = []
+
+    def sizes() -> list[int]:
+        return [len(b.verdicts) for b in out.batches]
+
+    async def main() -> None:
+        clock = trio.lowlevel.current_clock()
+        send, receive = trio.open_memory_channel[Verdict](256)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work._gossip_verdicts, out, receive)
+
+            async def judged(*verdicts: Verdict) -> None:
+                for v in verdicts:
+                    sent.append(v)
+                    await send.send(v)
+                await wait_all_tasks_blocked()
+
+            await judged(*(_verdict(n) for n in range(3)))
+            clock.jump(0.99)
+            await wait_all_tasks_blocked()
+            assert sizes() == []  # the interval has not run out: the batch waits for more
+            clock.jump(0.02)
+            await wait_all_tasks_blocked()
+            assert sizes() == [3]
+            await judged(*(_verdict(n) for n in range(3, 9)))  # full at 4: one goes at once, 2 wait
+            assert sizes() == [3, 4]
+            clock.jump(1.01)
+            await wait_all_tasks_blocked()
+            assert sizes() == [3, 4, 2]
+            await judged(_verdict(9, chunks=8))  # a rejection, waiting in a batch of its own
+            send.close()  # the judge stopped: what is pending goes now
+            await wait_all_tasks_blocked()
+        assert out.published == sent and sizes() == [3, 4, 2, 1]
+        assert work.verdicts_gossiped == len(sent) and work.verdict_batches == len(out.batches)
+
+    trio.run(main, clock=MockClock())

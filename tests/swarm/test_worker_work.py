@@ -66,9 +66,10 @@ from node.swarm.worker import (
 )
 from protocol.envelope import Opened, open_envelope, seal
 from protocol.errors import Reason, Reject
-from protocol.messages import RolloutSubmission, SubmitAck, Verdict
+from protocol.messages import RolloutSubmission, SubmitAck, Verdict, VerdictBatch
 from protocol.pacing import WORKER_WINDOW_VERSIONS, share_budget, share_draw
 from protocol.runs import assignment_step
+from protocol.verdicts import VerdictBatcher, check_opened_verdicts
 from tests.p2p.helpers import swarm, wait_until
 from tests.swarm.models import eos_folder
 
@@ -633,24 +634,47 @@ def test_no_validator_known_yet_waits_then_gives_up():
 # --- verdicts ------------------------------------------------------------------------------------------
 
 
-def verdict_delivery(worker: bytes, digest: bytes, accepted: bool, reason: int = 0, seq: int = 1) -> Delivery:
-    validator = T.identity("worker-test-validator")
-    verdict = Verdict(RUN, digest, worker, assignment_step(3, 0), 3, accepted, reason, "", (), 10, 0.0, 0.0)
-    data = seal(validator, verdict, run=RUN, seq=seq, ts=1_000)
-    opened = open_envelope(data, run=RUN, now_ms=1_000, replay=None, expect=Verdict)
+VERDICT_VALIDATOR = T.identity("worker-test-validator")
+
+
+def a_verdict(worker: bytes, digest: bytes, accepted: bool, reason: int = 0) -> Verdict:
+    return Verdict(RUN, digest, worker, assignment_step(3, 0), 3, accepted, reason, "", (), 10, 0.0, 0.0)
+
+
+def batch_delivery(verdicts: list[Verdict], seq: int) -> Delivery:
+    """A validator's VerdictBatch as the topic delivers it: sealed, opened and checked whole."""
+    batch = VerdictBatch(RUN, VERDICT_VALIDATOR.address, tuple(verdicts))
+    data = seal(VERDICT_VALIDATOR, batch, run=RUN, seq=seq, ts=1_000)
+    opened = open_envelope(data, run=RUN, now_ms=1_000, replay=None, expect=VerdictBatch)
+    check_opened_verdicts(opened)
     return Delivery("verdicts", opened, "forwarder", 0.0, 0, len(data))
 
 
-def test_verdicts_naming_this_worker_are_counted_once(tmp_path):
+VERDICTS = [
+    a_verdict(WORKER.address, sha256(b"a"), True),
+    a_verdict(WORKER.address, sha256(b"a"), True),  # the same submission again
+    a_verdict(WORKER.address, sha256(b"b"), False, int(Reason.BAD_REWARD)),
+    a_verdict(WORKER.address, sha256(b"c"), False, int(Reason.BAD_PROOF)),
+    a_verdict(WORKER.address, sha256(b"d"), False, int(Reason.STALE)),
+    a_verdict(b"\x09" * 20, sha256(b"e"), False, int(Reason.BAD_PROOF)),  # someone else's
+    a_verdict(b"\x0a" * 20, sha256(b"f"), True),  # another worker accepted: the pacer's N
+]
+
+
+def batched(verdicts: list[Verdict], max_items: int) -> list[Delivery]:
+    """The deliveries a validator's batcher makes of `verdicts`, `max_items` at most per batch."""
+    batcher = VerdictBatcher(RUN, VERDICT_VALIDATOR.address, max_items=max_items)
+    batches = [b for v in verdicts for b in batcher.add(v)]
+    last = batcher.take()
+    batches += [last] if last is not None else []
+    return [batch_delivery(list(b.verdicts), seq) for seq, b in enumerate(batches, 1)]
+
+
+@pytest.mark.parametrize("max_items", [1, 3, 256])
+def test_verdicts_naming_this_worker_are_counted_once(tmp_path, max_items):
+    """One verdict per batch (as single verdicts were) or many: the worker counts the same."""
     work = worker_work(node_config(tmp_path, cheat=FORGED_REWARD), WORKER, None)
-    deliveries = [
-        verdict_delivery(WORKER.address, sha256(b"a"), True),
-        verdict_delivery(WORKER.address, sha256(b"a"), True, seq=2),  # the same submission again
-        verdict_delivery(WORKER.address, sha256(b"b"), False, int(Reason.BAD_REWARD)),
-        verdict_delivery(WORKER.address, sha256(b"c"), False, int(Reason.BAD_PROOF)),
-        verdict_delivery(WORKER.address, sha256(b"d"), False, int(Reason.STALE)),
-        verdict_delivery(b"\x09" * 20, sha256(b"e"), False, int(Reason.BAD_PROOF)),  # someone else's
-    ]
+    deliveries = batched(VERDICTS, max_items)
 
     async def main() -> None:
         for delivery in deliveries:
@@ -661,6 +685,7 @@ def test_verdicts_naming_this_worker_are_counted_once(tmp_path):
     assert (status["accepted"], status["rejected"], status["slashable"]) == (1, 3, 2)
     assert status["by_reason"] == {"BAD_PROOF": 1, "BAD_REWARD": 1, "STALE": 1}
     assert status["cheat"] == FORGED_REWARD and status["version"] is None
+    assert dict(work.pacer.seen) == {WORKER.address: 3, b"\x0a" * 20: 3}  # accepted workers: the pacer's N
     json.dumps(status)
 
 

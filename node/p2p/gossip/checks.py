@@ -42,7 +42,8 @@ def check_gossip_message(
     Size cap of the topic; then, given `authority`, the claimed signer's authority for the topic, read
     from the envelope header before any signature is verified or body decoded (a forged claim fails the
     signature next); then the signed envelope (version, type carried by the topic, body cap, run,
-    signature, canonical body, clock skew, replay); then, on `ledger`, the entry's own operation.
+    signature, canonical body, clock skew, replay); then the topic's body rule (`TopicPolicy.check`: a
+    `verdicts` batch is judged whole); then, on `ledger`, the entry's own operation.
     `authority=None` skips both authority checks (the message-rule vectors). Per-sender rates are applied
     after this, by the caller.
     """
@@ -53,6 +54,8 @@ def check_gossip_message(
         if _header_passes(header, policy, run):  # else open_envelope says why not, as it always did
             authorise(policy.kind, header.sender, header.ts, authority)
     opened = open_envelope(data, run=run, now_ms=now_ms, replay=replay, types=policy.type_map)
+    if policy.check is not None:
+        policy.check(opened)
     if authority is not None and isinstance(opened.message, LedgerEntry):
         check_ledger_entry(opened.message, authority)
     return opened

@@ -10,14 +10,15 @@ ourselves (`node.p2p.gossip.service`): per envelope sender and topic in the vali
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from protocol.envelope import ENVELOPE_OVERHEAD
+from protocol.envelope import ENVELOPE_OVERHEAD, Opened
 from protocol.ledger_messages import LedgerEntry
-from protocol.messages import CheckpointHead, ShardHave, Verdict
+from protocol.messages import CheckpointHead, ShardHave, VerdictBatch
 from protocol.types import KIB
+from protocol.verdicts import check_opened_verdicts
 
 MAX_GOSSIP_ENVELOPE = 960 * KIB  # py-libp2p splits outbound RPCs at 1 MiB and cannot split one message
 
@@ -33,6 +34,8 @@ class TopicPolicy:
     sender_burst: int
     publish_rate: float  # our own publications per second on this topic
     queue_size: int  # delivered messages waiting for the role
+    # the topic's body rule on a verified envelope (check 11b): raises Reject/Ignore; None: the codec's only
+    check: Callable[[Opened], object] | None = None
 
     @property
     def type_map(self) -> Mapping[str, type]:
@@ -47,7 +50,10 @@ DEFAULT_POLICIES: Mapping[str, TopicPolicy] = MappingProxyType(
     {
         "checkpoints": TopicPolicy("checkpoints", (CheckpointHead,), _cap(CheckpointHead), 2.0, 10, 2.0, 64),
         "shards": TopicPolicy("shards", (ShardHave,), _cap(ShardHave), 100.0, 200, 100.0, 1024),
-        "verdicts": TopicPolicy("verdicts", (Verdict,), _cap(Verdict), 100.0, 200, 100.0, 1024),
+        # one batch per validator per flush interval, or sooner when full (spec/gossip.md, Verdict batches)
+        "verdicts": TopicPolicy(
+            "verdicts", (VerdictBatch,), _cap(VerdictBatch), 10.0, 20, 10.0, 64, check_opened_verdicts
+        ),
         "ledger": TopicPolicy("ledger", (LedgerEntry,), _cap(LedgerEntry), 50.0, 100, 50.0, 1024),
     }
 )

@@ -32,7 +32,7 @@ from node.swarm.trainer.registration import Registration
 from node.swarm.trainer.state import Policy, count_verdict
 from node.swarm.trainer.steps import StepLoop
 from protocol.errors import Reason
-from protocol.messages import LATEST_VERSION, ManifestRequest, ManifestResponse, RunDescriptor, Verdict
+from protocol.messages import LATEST_VERSION, ManifestRequest, ManifestResponse, RunDescriptor, VerdictBatch
 from protocol.types import MIB
 
 log = logging.getLogger(__name__)
@@ -83,10 +83,11 @@ class SwarmTrainerWork(StepLoop, Pulling, Registration):
 
     async def on_gossip(self, net: RoleNet, delivery: Delivery) -> None:
         message = delivery.opened.message
-        if delivery.kind == "verdicts" and isinstance(message, Verdict):
-            outcome = "accepted" if message.accepted else "rejected"
-            worker = "0x" + message.worker.hex()
-            count_verdict(self.tallies.verdicts, worker, outcome, self.bounds.verdict_workers)
+        if delivery.kind == "verdicts" and isinstance(message, VerdictBatch):  # checked whole by the topic
+            for verdict in message.verdicts:
+                outcome = "accepted" if verdict.accepted else "rejected"
+                worker = "0x" + verdict.worker.hex()
+                count_verdict(self.tallies.verdicts, worker, outcome, self.bounds.verdict_workers)
         else:
             self.tallies.gossip[f"{delivery.kind}/{delivery.opened.envelope.type}"] += 1
 

@@ -9,6 +9,8 @@ Decisions:
   after any crash; one committed just before a crash, not yet marked, is found credited and dropped.
 - The gossip of verdicts runs in its own task behind a bounded channel, so a slow mesh never holds up the
   judge (a full channel drops the gossip copy and counts it; the ledger and the accepted log keep it).
+  That task gossips `VerdictBatch`es: full ones at once, the rest `verdict_flush_s` after their first
+  verdict (spec/gossip.md, Verdict batches).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Protocol
 
 import trio
 
+from crypto.identity import NodeIdentity
 from node.rl.validation import Accepted, ValidationContext, judge_fault
 from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
 from node.swarm.accepted import PendingItem, RunCredit
@@ -35,13 +38,18 @@ from node.swarm.validator.settlement import Settlement
 from protocol.codec import decode
 from protocol.envelope import Envelope
 from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import RolloutSubmission, Verdict
+from protocol.messages import RolloutSubmission, Verdict, VerdictBatch
+from protocol.verdicts import VerdictBatcher
 
 log = logging.getLogger(__name__)
 
 
 class VerdictOut(Protocol):
-    """Where verdicts go: sealed with the node key, gossiped on a topic (`RoleNet` is one)."""
+    """Where verdicts go: sealed with the node key, gossiped on a topic (`RoleNet` is one). Its
+    `identity` seals, so it is the validator a `VerdictBatch` names."""
+
+    @property
+    def identity(self) -> NodeIdentity: ...
 
     def seal(self, message: Any) -> bytes: ...
 
@@ -244,6 +252,35 @@ class Judge(Settlement):
         return bool(eligible)
 
     async def _gossip_verdicts(self, out: VerdictOut, receive: trio.MemoryReceiveChannel[Verdict]) -> None:
-        async for verdict in receive:
-            await out.publish("verdicts", verdict)
-            self.verdicts_gossiped += 1
+        """Gossip verdicts in batches: a batch goes when it is full, or `verdict_flush_s` after its first
+        verdict arrived, so a verdict waits at most one interval and a busy validator signs once per batch.
+        Publishing is outside the timer's cancel scope: a batch is never lost to its own deadline."""
+        batcher = VerdictBatcher(self.run_id, out.identity.address, max_items=self.verdict_batch_items)
+        deadline = float("inf")
+        closed = False
+        while not closed:
+            verdict: Verdict | None = None
+            with trio.move_on_at(deadline):
+                try:
+                    verdict = await receive.receive()
+                except trio.EndOfChannel:
+                    closed = True
+            if verdict is not None:
+                started = not batcher
+                done = batcher.add(verdict)
+                for batch in done:
+                    await self._publish_batch(out, batch)
+                if not batcher:
+                    deadline = float("inf")
+                elif started or done:  # a new pending batch: its interval starts now
+                    deadline = trio.current_time() + self.verdict_flush_s
+                continue
+            deadline = float("inf")  # the interval ran out (or the channel closed): flush what is pending
+            batch = batcher.take()
+            if batch is not None:
+                await self._publish_batch(out, batch)
+
+    async def _publish_batch(self, out: VerdictOut, batch: VerdictBatch) -> None:
+        await out.publish("verdicts", batch)
+        self.verdicts_gossiped += len(batch.verdicts)
+        self.verdict_batches += 1

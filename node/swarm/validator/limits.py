@@ -16,6 +16,7 @@ MAX_PENDING_PER_WORKER = 8  # submissions of one worker queued at once
 MAX_PENDING_BYTES = 1024 * MIB
 MAX_BATCH_BYTES = 8 * MIB  # an AcceptedBatch carries at least one item, more only up to this size
 VERDICT_BACKLOG = 256  # verdicts waiting for gossip before new ones are dropped from it
+VERDICT_FLUSH_S = 1.0  # a pending VerdictBatch is gossiped this long after its first verdict, or when full
 MAX_DETAIL_BYTES = 512
 MAX_VERDICT_CHUNKS = 4096
 UNSAMPLED = "cheap checks only: not drawn for the prefill checks"

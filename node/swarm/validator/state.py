@@ -43,10 +43,12 @@ from node.swarm.validator.limits import (
     PRUNE_EVERY_S,
     SLASH_CHECK_S,
     STORE_FILE,
+    VERDICT_FLUSH_S,
     WAIT_FOR_CHECKPOINT_S,
 )
 from protocol.errors import Ignore, ProtocolError
 from protocol.ledger_messages import MAX_CREDITS_PER_BATCH
+from protocol.messages import VERDICT_BATCH_MAX_ITEMS
 
 
 @dataclass
@@ -78,6 +80,8 @@ class ValidatorState:
         max_credits_per_batch: int = MAX_CREDITS_PER_BATCH,
         max_queued_credits: int = MAX_QUEUED_CREDITS,
         slash_check_s: float = SLASH_CHECK_S,
+        verdict_flush_s: float = VERDICT_FLUSH_S,
+        verdict_batch_items: int = VERDICT_BATCH_MAX_ITEMS,
     ) -> None:
         if retention_versions < 0 or max_accepted_bytes < 0 or not prune_every_s > 0:
             raise ValueError("retention_versions and max_accepted_bytes >= 0, prune_every_s > 0")
@@ -85,6 +89,10 @@ class ValidatorState:
             raise ValueError(f"max_credits_per_batch 1..{MAX_CREDITS_PER_BATCH}, max_queued_credits >= 1")
         if not credit_interval_s > 0 or not slash_check_s > 0:
             raise ValueError("credit_interval_s and slash_check_s > 0")
+        if not verdict_flush_s > 0 or not 1 <= verdict_batch_items <= VERDICT_BATCH_MAX_ITEMS:
+            raise ValueError(f"verdict_flush_s > 0, verdict_batch_items 1..{VERDICT_BATCH_MAX_ITEMS}")
+        self.verdict_flush_s = verdict_flush_s
+        self.verdict_batch_items = verdict_batch_items
         self.credit_interval_s = credit_interval_s
         self.max_credits_per_batch = max_credits_per_batch
         self.max_queued_credits = max_queued_credits
@@ -160,6 +168,7 @@ class ValidatorState:
         self.credit_blocked = ""  # why the last commit round could not commit (the run, our standing)
         self.cpu_s = self.cpu_full_s = 0.0
         self.verdicts_gossiped = self.verdicts_dropped = 0
+        self.verdict_batches = 0  # VerdictBatches gossiped (each carries 1..verdict_batch_items verdicts)
         self.ledger_retries = 0  # judgements put back in the queue by a ledger failure
         self.accepted_refused = 0  # ACCEPTED requests refused (not a trainer, a cursor out of range)
         self.quarantined = 0  # items the judge failed on, taken out of the queue as JUDGE_FAULT
@@ -222,6 +231,7 @@ class ValidatorState:
             },
             "verdicts_gossiped": self.verdicts_gossiped,
             "verdicts_dropped": self.verdicts_dropped,
+            "verdict_batches": self.verdict_batches,
             "data_plane": self.follower.statistics() if self.follower is not None else {},
         }
 
