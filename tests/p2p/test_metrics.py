@@ -27,10 +27,10 @@ def test_metrics_endpoint(tmp_path: Path) -> None:
         async with swarm(tmp_path, ["bootstrap", "relay", "worker"]) as nodes:
             relay, worker = nodes[1], nodes[2]
             assert relay.net is not None and worker.net is not None
-            await wait_until(lambda: relay.net.gossip.topic_peers("shards") >= 2, timeout=20)  # type: ignore[union-attr]
+            await wait_until(lambda: relay.net.gossip.topic_peers("shards") >= 2, timeout=60)  # type: ignore[union-attr]
             have = ShardHave(run=RUN, version=1, merkle_root=bytes(32), bitfield=b"", endpoint="x")
             await relay.net.publish("shards", have)
-            await wait_until(lambda: worker.net.gossip.stats["shards"].delivered == 1, timeout=10)  # type: ignore[union-attr]
+            await wait_until(lambda: worker.net.gossip.stats["shards"].delivered == 1, timeout=30)  # type: ignore[union-attr]
             async with trio.open_nursery() as nursery:
                 port = await nursery.start(serve_metrics, make_registry(worker.status), 0)
                 status, body = await http_get(port, "/metrics")
