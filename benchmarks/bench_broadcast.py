@@ -17,6 +17,17 @@ the topology's processes spent during the round (from /proc). The last line is o
 `--quick` is one round (about 40 s on 2 cores). `--uplink-mbps` caps every node's serving rate (a token
 bucket) to model real uplinks, where the relays take the load off the trainer; on bare loopback the limit
 is CPU (hashing, copying, and page-cache pages for the files written), not links.
+
+`--wan home` (issue #19) runs only the relayed topology on a WAN (`node.wan`, needs root; elsewhere it
+exits 2 with the reason): the workers are home nodes (50 Mbit/s down, 10 up, behind NAT, so they fetch
+only from the relays and never from each other), the origin and relays have `--relay-profile` links
+(continental: 1 Gbit/s, 25 ms round trip to a home node). Its baseline is bytes / bottleneck bandwidth:
+the bottleneck is the slowest rate at which a worker can be fed, min(each worker's downlink, the relays'
+summed uplink / workers), i.e. 50 Mbit/s with 1 Gbit/s relays; `wan_delivery_vs_bottleneck_ratio` is the
+last worker's delivery time over that (issue #19's goal: <= 1.5). The kernel's tbf counts Ethernet frames,
+so TCP goodput tops out near 1448/1514 of the rate: a perfect run reads about 1.05. After each round the
+same bytes go from the relays to the workers by plain TCP over the same WAN (`wan_bench.wan_tcp_fanout`): the
+floor the WAN itself allows, emulator included (`wan_delivery_vs_tcp_fanout_ratio`).
 """
 
 from __future__ import annotations
@@ -31,16 +42,22 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.wan_bench import open_wan, probe_rtt, wan_tcp_fanout  # noqa: E402
 from node.dataplane.sources import ScoringConfig  # noqa: E402
 from node.dataplane.testing import RoleProcess, role_key, spawn, stop_all  # noqa: E402
+from node.wan import PROFILES, Wan, draw_links  # noqa: E402
 
 MIB = 1 << 20
 RUN = "bench"
+WAN_PORT = 8000  # every WAN node has its own namespace, so every node serves on the same port
+GOAL_WAN_RATIO = 1.5  # issue #19: delivery within 1.5x bytes / bottleneck bandwidth
 
 
 def _free_port() -> int:
@@ -61,10 +78,47 @@ def _cpu_seconds(procs: list[RoleProcess]) -> float:
     return total
 
 
+def _spawn_in_wan(wan: Wan, node: str, name: str, role: str, args: list[str]) -> RoleProcess:
+    """`node.dataplane.testing.spawn`, inside WAN node `node`'s namespace."""
+    command = [sys.executable, "-m", "node.dataplane", role, *args]
+    popen = wan.spawn(node, command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    proc = RoleProcess(name, popen)
+    threading.Thread(target=proc._read, daemon=True).start()
+    proc.endpoint = proc.wait_event("listening", 120)["endpoint"]
+    return proc
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a topology's processes run: every one on 127.0.0.1 (free ports), or each on its WAN node."""
+
+    wan: Wan | None = None
+
+    def host(self, node: str) -> str:
+        return "127.0.0.1" if self.wan is None else self.wan.address(node)
+
+    def port(self) -> int:
+        return _free_port() if self.wan is None else WAN_PORT
+
+    def spawn(self, node: str, name: str, role: str, args: list[str]) -> RoleProcess:
+        where = ["--host", self.host(node)]
+        if self.wan is None:
+            return spawn(name, role, [*args, *where], timeout=120)
+        return _spawn_in_wan(self.wan, node, name, role, [*args, *where])
+
+
 class Topology:
     """An origin, optional relays and workers, as processes, publishing one version per round."""
 
-    def __init__(self, name: str, tmp: Path, args: argparse.Namespace, relays: int, key_base: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        tmp: Path,
+        args: argparse.Namespace,
+        relays: int,
+        key_base: int,
+        placement: Placement = Placement(),
+    ) -> None:
         rate = ["--upload-rate", str(args.uplink_mbps * 1e6 / 8)] if args.uplink_mbps else []
         trainer = role_key(key_base)
         follow = ["--trainer", trainer.checksum_address, "--run", RUN]
@@ -73,8 +127,10 @@ class Topology:
             return ["--root", str(tmp / name / label), "--key", role_key(key).private_key.hex(), "--run", RUN]
 
         self.name = name
+        self.placement = placement
         self.procs: list[RoleProcess] = []
         self.origin = self._spawn(
+            "origin",
             f"{name}-origin",
             "origin",
             [
@@ -86,13 +142,14 @@ class Topology:
                 str(args.shard_mb),
             ],
         )
-        ports = [_free_port() for _ in range(relays)]  # relays peer with each other, so fix ports first
-        relay_urls = [f"http://127.0.0.1:{port}" for port in ports]
+        ports = [placement.port() for _ in range(relays)]  # relays peer with each other: fix ports first
+        relay_urls = [f"http://{placement.host(f'relay{i}')}:{port}" for i, port in enumerate(ports)]
         self.relays = []
         for i in range(relays):
             mesh = [arg for url in relay_urls if url != relay_urls[i] for arg in ("--peer", url)]
             self.relays.append(
                 self._spawn(
+                    f"relay{i}",
                     f"{name}-relay{i}",
                     "relay",
                     [
@@ -115,6 +172,7 @@ class Topology:
         peers = [arg for s in sources for arg in ("--peer", s)]
         self.workers = [
             self._spawn(
+                f"worker{i}",
                 f"{name}-worker{i}",
                 "worker",
                 [
@@ -132,8 +190,8 @@ class Topology:
         self.version = 0
         self.dir = tmp / name
 
-    def _spawn(self, name: str, role: str, args: list[str]) -> RoleProcess:
-        proc = spawn(name, role, args, timeout=120)
+    def _spawn(self, node: str, name: str, role: str, args: list[str]) -> RoleProcess:
+        proc = self.placement.spawn(node, name, role, args)
         self.procs.append(proc)
         return proc
 
@@ -143,10 +201,11 @@ class Topology:
         self.origin.send("publish")
         published = self.origin.wait_event("published", 600, version=self.version)
         cpu_published = _cpu_seconds(self.procs)
-        done = [w.wait_event("checkpoint", 600, version=self.version)["t"] for w in self.workers]
+        done = [w.wait_event("checkpoint", 1800, version=self.version)["t"] for w in self.workers]
         relayed = [r.wait_event("complete", 600, version=self.version)["t"] for r in self.relays]
         return {
             "seconds": max(done) - published["t"],
+            "worker_s": [t - published["t"] for t in done],
             "last_relay_s": max(relayed, default=published["t"]) - published["t"],
             "first_worker_s": min(done) - published["t"],
             "total_size": published["total_size"],
@@ -156,16 +215,25 @@ class Topology:
             "publish_cpu_s": cpu_published - cpu_before,
         }
 
-    def finish(self) -> dict[str, object]:
-        """Stop every process; the origin's upload bytes and every downloader failure."""
+    def finish(self) -> dict[str, Any]:
+        """Stop every process: the origin's and each relay's upload bytes, every downloader failure, and
+        each process's final statistics (`finals`, by name: where a slow broadcast's time went)."""
         origin = self.origin.stop() or {}
         failures: dict[str, int] = {}
+        finals: dict[str, Any] = {self.origin.name: origin}
         for proc in self.relays + self.workers:
-            final = proc.stop() or {}
+            final = finals[proc.name] = proc.stop() or {}
             for kind, count in final.get("downloader", {}).get("failures", {}).items():
                 failures[kind] = failures.get(kind, 0) + count
         stop_all(self.procs)
-        return {"origin_upload_bytes": origin.get("server", {}).get("bytes_served", 0), "failures": failures}
+        return {
+            "origin_upload_bytes": origin.get("server", {}).get("bytes_served", 0),
+            "relay_upload_bytes": [
+                finals[r.name].get("server", {}).get("bytes_served", 0) for r in self.relays
+            ],
+            "failures": failures,
+            "finals": finals,
+        }
 
 
 _RECEIVER = """
@@ -241,6 +309,98 @@ def _median(rounds: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rounds)
 
 
+def bottleneck_mbit(wan: Wan, relays: list[str], workers: list[str]) -> float:
+    """The slowest rate a worker can be fed at: its own downlink, or its share of the relays' uplinks."""
+    supply = sum(wan.links[r].up_mbit for r in relays) / len(workers)
+    return min(min(wan.links[w].down_mbit for w in workers), supply)
+
+
+def run_wan(args: argparse.Namespace) -> None:
+    """The relayed topology on a WAN: home workers behind NAT, origin and relays on `--relay-profile`."""
+    relays = [f"relay{i}" for i in range(args.relays)]
+    workers = [f"worker{i}" for i in range(args.workers)]
+    profiles = {"origin": args.relay_profile, **dict.fromkeys(relays, args.relay_profile)}
+    links = draw_links({**profiles, **dict.fromkeys(workers, args.wan)}, args.wan_seed)
+    wan = open_wan(links, seed=args.wan_seed)
+    rounds: list[dict[str, Any]] = []
+    fanouts: list[float] = []
+    with wan, tempfile.TemporaryDirectory(prefix="bench-broadcast-wan-") as tmp_text:
+        rtts = sorted(probe_rtt(wan, relays[0], workers[0], 50))
+        print(
+            f"WAN {args.wan}: relay->worker TCP round trip p50 {rtts[len(rtts) // 2] * 1e3:.1f} ms",
+            flush=True,
+        )
+        relayed = Topology("relayed", Path(tmp_text), args, args.relays, 0, Placement(wan))
+        try:
+            for i in range(args.rounds):
+                result = relayed.round()
+                rounds.append(result)
+                print(
+                    f"round {i + 1} relayed {result['seconds']:7.2f} s (first worker "
+                    f"{result['first_worker_s']:.2f} s, relays complete {result['last_relay_s']:.2f} s, "
+                    f"cpu {result['cpu_s']:.1f} s)",
+                    flush=True,
+                )
+                fanouts.append(wan_tcp_fanout(wan, relays, workers, int(result["total_size"])))
+                print(f"round {i + 1} plain TCP relays->workers {fanouts[-1]:7.2f} s", flush=True)
+        finally:
+            final = relayed.finish()
+        statistics_ = wan.statistics()
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "finals.json").write_text(json.dumps(final["finals"], indent=1, default=str))
+        (args.out / "emulator.json").write_text(json.dumps(statistics_, indent=1))
+    size = rounds[0]["total_size"]
+    rate = bottleneck_mbit(wan, relays, workers)
+    ideal_s = size * 8 / (rate * 1e6)
+    seconds = statistics.median(r["seconds"] for r in rounds)
+    ratio = seconds / ideal_s
+    fanout_s = statistics.median(fanouts)
+    dropped = {k: v for k, v in statistics_.items() if k.startswith("dropped_") and v}
+    print(
+        f"{size / MIB:.0f} MiB to {args.workers} {args.wan} workers through {args.relays} relays: "
+        f"{seconds:.2f} s against {ideal_s:.2f} s at the {rate:.0f} Mbit/s bottleneck ({ratio:.2f}x; "
+        f"goal {GOAL_WAN_RATIO}x); plain TCP {fanout_s:.2f} s; emulator drops {dropped}",
+        flush=True,
+    )
+    print(
+        json.dumps(
+            {
+                "wan_profile": args.wan,
+                "relay_profile": args.relay_profile,
+                "checkpoint_bytes": size,
+                "shards": rounds[0]["shards"],
+                "workers": args.workers,
+                "relays": args.relays,
+                "rounds": args.rounds,
+                "cpu_count": os.cpu_count(),
+                "worker_down_mbit": min(wan.links[w].down_mbit for w in workers),
+                "worker_up_mbit": min(wan.links[w].up_mbit for w in workers),
+                "relay_up_mbit": min(wan.links[r].up_mbit for r in relays),
+                "bottleneck_mbit": rate,
+                "relay_worker_rtt_p50_ms": round(rtts[len(rtts) // 2] * 1e3, 2),
+                "ideal_s": round(ideal_s, 3),
+                "wan_delivery_s": round(seconds, 3),
+                "wan_first_worker_s": round(statistics.median(r["first_worker_s"] for r in rounds), 3),
+                "wan_relays_complete_s": round(statistics.median(r["last_relay_s"] for r in rounds), 3),
+                "wan_delivery_mbit_per_worker": round(size * 8 / seconds / 1e6, 2),
+                "wan_cpu_s": round(statistics.median(r["cpu_s"] for r in rounds), 2),
+                "wan_tcp_fanout_s": round(fanout_s, 3),
+                "wan_tcp_fanout_vs_bottleneck_ratio": round(fanout_s / ideal_s, 3),
+                "wan_delivery_vs_tcp_fanout_ratio": round(seconds / fanout_s, 3),
+                "wan_delivery_vs_bottleneck_ratio": round(ratio, 3),
+                "goal_ratio": GOAL_WAN_RATIO,
+                "goal_met": ratio <= GOAL_WAN_RATIO,
+                "origin_upload_bytes": final["origin_upload_bytes"] // args.rounds,
+                "relay_upload_bytes": [b // args.rounds for b in final["relay_upload_bytes"]],
+                "failures": final["failures"],
+                "emulator_drops": dropped,
+                "emulator_cpu_s": statistics_.get("cpu_s"),
+            }
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -261,9 +421,19 @@ def main() -> None:
         help="relays fetch only from the origin (SHARDCAST's shape) instead of also from each other",
     )
     parser.add_argument("--worker-parallel", type=int, default=8)
+    parser.add_argument(
+        "--wan", choices=sorted(PROFILES), help="the workers' WAN profile: relayed topology only (needs root)"
+    )
+    parser.add_argument("--relay-profile", choices=sorted(PROFILES), default="continental")
+    parser.add_argument("--wan-seed", type=int, default=0)
+    parser.add_argument("--size", dest="size_mb", type=float, help="alias of --size-mb")
+    parser.add_argument("--out", type=Path, help="with --wan: write each process's final stats here")
     args = parser.parse_args()
     if args.quick:
         args.rounds = 1
+    if args.wan:
+        run_wan(args)
+        return
 
     with tempfile.TemporaryDirectory(prefix="bench-broadcast-") as tmp_text:
         tmp = Path(tmp_text)
