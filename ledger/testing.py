@@ -144,19 +144,35 @@ def find_anvil() -> str | None:
     return shutil.which("anvil")
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
 class AnvilProcess:
-    """A real anvil node on 127.0.0.1 (optionally persisting to `state`), stopped on exit."""
+    """A real anvil node (optionally persisting to `state`), stopped on exit.
 
-    def __init__(self, binary: str, *, state: Path | None = None, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        args = [binary, "--host", "127.0.0.1", "--port", str(self.port), "--silent"]
+    `host`: the address clients reach it at (its `url`); `bind`: the address it listens on, `host` by
+    default. A WAN devnet binds 0.0.0.0 and names the host link's address, which every node namespace
+    routes to the machine (127.0.0.1 inside a namespace is the node itself).
+    """
+
+    def __init__(
+        self,
+        binary: str,
+        *,
+        state: Path | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        bind: str | None = None,
+    ) -> None:
+        bind = host if bind is None else bind
+        self.host = host
+        self._listening_at = "127.0.0.1" if bind == "0.0.0.0" else bind  # where readiness is checked
+        self.port = port or free_port(bind)
+        self.url = f"http://{host}:{self.port}"
+        args = [binary, "--host", bind, "--port", str(self.port), "--silent"]
         if state is not None:
             args += ["--state", str(state)]
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -169,7 +185,7 @@ class AnvilProcess:
                 err = self._proc.stderr.read().decode() if self._proc.stderr else ""
                 raise RuntimeError(f"anvil exited with {self._proc.returncode}: {err}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                with socket.create_connection((self._listening_at, self.port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.05)

@@ -14,8 +14,6 @@ seeds (`node.rl.sync.eval_reward`).
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +66,10 @@ class DevnetLedger:
         if binary is None:
             raise RuntimeError("no anvil binary: run scripts/install_anvil.sh (make devnet does)")
         state = self.folder / "anvil-state.json"
-        if self.host == "127.0.0.1":
-            self.anvil = AnvilProcess(binary, state=state)
-        else:
-            self.anvil = _wan_anvil(binary, state=state, host=self.host)
+        # on a WAN, bound on every address of this machine and named by the host link's
+        self.anvil = AnvilProcess(
+            binary, state=state, host=self.host, bind=None if self.host == "127.0.0.1" else "0.0.0.0"
+        )
         self.harness = EvmHarness.anvil(self.anvil.url, DEVNET_PARAMS)
         contract = self.harness.ledger.address
         self.url = f"evm:{self.anvil.url}#{contract}"
@@ -128,30 +126,6 @@ class DevnetLedger:
         if self.anvil is not None:
             self.anvil.stop()
             self.anvil = None
-
-
-def _wan_anvil(binary: str, *, state: Path, host: str) -> Any:
-    """An anvil every WAN namespace reaches: bound on all of this machine's addresses, announced at `host`.
-
-    `AnvilProcess` binds 127.0.0.1 only, which inside a node's namespace is the node itself.
-    """
-    from ledger.testing import AnvilProcess
-
-    class WanAnvil(AnvilProcess):
-        def __init__(self) -> None:
-            self.port = _free_port()
-            self.url = f"http://{host}:{self.port}"
-            args = [binary, "--host", "0.0.0.0", "--port", str(self.port), "--silent", "--state", str(state)]
-            self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            self._wait_ready()  # dials 127.0.0.1, which 0.0.0.0 covers
-
-    return WanAnvil()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return int(sock.getsockname()[1])
 
 
 def model_parameters(folder: Path) -> int:

@@ -21,7 +21,6 @@ from typing import Any, TextIO
 
 import trio
 from libp2p.abc import IHost
-from libp2p.kad_dht.kad_dht import DHTMode
 
 from crypto.identity import NodeIdentity
 from ledger import Ledger
@@ -57,8 +56,6 @@ class NodeRuntime:
         self.config = config
         self.identity = identity
         self.role = role
-        if not config.dialable:
-            role.ANNOUNCE = False  # a provider record nobody can dial serves nothing (spec/discovery.md)
         self.seq = SeqCounter()
         self.started_at = time.time()
         self.ready = False
@@ -89,7 +86,7 @@ class NodeRuntime:
             settings=config.gossip,
         )
         settings = config.discovery_settings()
-        discovery = Discovery(host, guard, settings)
+        discovery = Discovery(host, guard, settings, client=not config.dialable)  # NAT: a DHT client
         if settings.trainer is not None:
             gossip.set_trainer(settings.trainer)  # the operator's pin: manifests judged before the record
         directory = None
@@ -129,10 +126,6 @@ class NodeRuntime:
         async with host.run(listen_addrs([config.listen])):
             self.net, self.guard, self.liveness = net, guard, liveness = self._compose(host)
             gossip, discovery = net.gossip, net.discovery
-            if not config.dialable:
-                # Behind NAT: a DHT client queries but serves no KAD streams, so peers that learn of it
-                # (its identify lists no /ipfs/kad) do not put it in their routing tables and dial it.
-                await discovery.dht.switch_mode(DHTMode.CLIENT)
             if config.record_deliveries:
                 self._deliveries = (config.data_dir / DELIVERIES_FILE).open("a", buffering=1)
                 gossip.add_observer(self._record_delivery)

@@ -26,6 +26,15 @@ What py-libp2p's `KadDHT` does by default (file:line in site-packages/libp2p/kad
 - Nothing stops a banned peer from re-entering the routing table (any inbound query adds its sender,
   kad_dht.py:632). We wrap the table's `add_peer` to refuse banned peers, drop a peer when its ban lands,
   and leave banned peers out of lookups and their results (spec/discovery.md, Banned peers).
+- Any inbound query also adds its sender unchecked (`skip_server_mode_check=True`, kad_dht.py:632), so a
+  DHT client (a NATed worker) enters our table and we then send it queries it refuses. Our wrapper always
+  checks: the sender of a query is admitted only once identify lists `/ipfs/kad/1.0.0` for it; a peer
+  found by a lookup only if identify, where it has run, lists it (routing_table.py:531).
+- While its routing table holds fewer than 5 peers, a lookup starts from every connected peer and every
+  peer in the peerstore (peer_routing.py:194), DHT clients included, queries them, and returns them among
+  the closest (then ADD_PROVIDER and GET_PROVIDERS go to them too). We never query a peer whose identify
+  lists no KAD (for a connected peer identify has not finished with, we wait for it, `identify_wait`),
+  and drop such peers from lookup results.
 - The Kademlia protocol id is always `/ipfs/kad/1.0.0` whatever `protocol_prefix` says (kad_dht.py:340).
 """
 
@@ -37,10 +46,12 @@ from dataclasses import dataclass
 
 import trio
 from libp2p.abc import IHost
+from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.kad_dht.provider_store import ProviderStore
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.peer.peerstore import PeerStoreError
 from libp2p.records.validator import NamespacedValidator
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr  # type: ignore[import-untyped]
@@ -61,6 +72,7 @@ from node.p2p.scoring import PeerGuard
 log = logging.getLogger(__name__)
 
 PROVIDER_ADDR_TTL = 3600
+IDENTIFY_POLL = 0.05  # py-libp2p signals no event when identify completes, so its result is polled
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,7 @@ class DiscoverySettings:
     lookup_batch: int = 4  # GET_PROVIDERS sent in parallel per batch, closest peers first
     min_answers: int = 4  # stop after this many answers once a batch finds no new provider
     max_provider_keys: int = 10_000
+    identify_wait: float = 3.0  # a lookup waits this long for identify of a connected peer (~2 RTTs)
     trainer: bytes | None = None  # pin the run to this trainer address
 
 
@@ -103,19 +116,31 @@ class BoundedProviderStore(ProviderStore):
 
 
 class Discovery:
-    """The node's Kademlia DHT (server mode) and everything we do with it."""
+    """The node's Kademlia DHT and everything we do with it.
+
+    `client`: the node cannot be dialed (behind NAT, spec/discovery.md "Reachable addresses"): the DHT runs
+    in client mode (it queries, serves no KAD streams, so identify does not list the protocol and peers
+    keep it out of their routing tables) and `provide` announces nothing, since nobody could dial the
+    provider it names.
+    """
 
     def __init__(
-        self, host: IHost, guard: PeerGuard, settings: DiscoverySettings, *, clock: Clock = trio.current_time
+        self,
+        host: IHost,
+        guard: PeerGuard,
+        settings: DiscoverySettings,
+        *,
+        client: bool = False,
+        clock: Clock = trio.current_time,
     ) -> None:
         self.host = host
         self.settings = settings
+        self.client = client
         self.clock = clock
         self.record_validator = RunRecordValidator(settings.trainer)
         validator = NamespacedValidator({NAMESPACE: self.record_validator}, strict_validation=True)
-        self.dht = KadDHT(
-            host, DHTMode.SERVER, validator=validator, validator_changed=True, strict_validation=True
-        )
+        mode = DHTMode.CLIENT if client else DHTMode.SERVER
+        self.dht = KadDHT(host, mode, validator=validator, validator_changed=True, strict_validation=True)
         # KadDHT takes no provider store argument; its handlers use this attribute, so we set it here.
         self.providers = BoundedProviderStore(
             host, self.dht.peer_routing, max_keys=settings.max_provider_keys
@@ -133,13 +158,18 @@ class Discovery:
         self._wake = trio.Event()
         self.guard = guard
         self._gate_routing_table()
+        self._skip_dht_clients()
         guard.on_ban(self._forget_peer)
 
     def _gate_routing_table(self) -> None:
-        """No banned peer enters the routing table, by whichever path (inbound query, lookup, refresh).
+        """Only DHT servers that are not banned enter the routing table, by whichever path.
 
         The table object is shared by the DHT, its peer routing and its refresh task, so its own
-        `add_peer` is wrapped (py-libp2p offers no admission hook).
+        `add_peer` is wrapped (py-libp2p offers no admission hook). `skip_server_mode_check=True` marks
+        the inbound-query path (kad_dht.py:632): a query proves only that its sender is a DHT client, so
+        we admit it only once identify has listed `/ipfs/kad/1.0.0` (a server that queries us before
+        identify finishes gets in on its next query, or through our own lookups). Every other path
+        keeps py-libp2p's check: refused when identify lists protocols without KAD.
         """
         table = self.dht.routing_table
         add_peer = table.add_peer
@@ -149,9 +179,60 @@ class Discovery:
             if self.guard.is_banned(peer):
                 self.stats["routing_banned_refused"] += 1
                 return False
-            return await add_peer(peer_obj, skip_server_mode_check=skip_server_mode_check)
+            if skip_server_mode_check and not self._serves_kad(peer):
+                self.stats["routing_client_refused"] += 1
+                return False
+            return await add_peer(peer_obj, skip_server_mode_check=False)
 
         table.add_peer = gated_add_peer  # type: ignore[method-assign]
+
+    def _skip_dht_clients(self) -> None:
+        """Lookups neither query nor return peers known to be DHT clients (the small-table fallback).
+
+        Both are instance attributes the lookup reaches through `self.`, so wrapping them here covers
+        every caller (refresh, provide, find_providers, get/put_value).
+        """
+        routing = self.dht.peer_routing
+        query_peer = routing._query_peer_for_closest
+        find_closest = routing.find_closest_peers_network
+
+        async def query_servers_only(peer: ID, target_key: bytes) -> list[ID]:
+            await self._await_identify(peer)
+            if self._is_dht_client(peer):
+                self.stats["dht_client_queries_skipped"] += 1
+                return []
+            return await query_peer(peer, target_key)
+
+        async def closest_servers(target_key: bytes, count: int = 20) -> list[ID]:
+            return [p for p in await find_closest(target_key, count) if not self._is_dht_client(p)]
+
+        routing._query_peer_for_closest = query_servers_only  # type: ignore[method-assign]
+        routing.find_closest_peers_network = closest_servers  # type: ignore[method-assign]
+
+    def _protocols(self, peer: ID) -> list[str]:
+        """The protocols identify recorded for `peer` (only identify writes them); [] before it ran."""
+        try:
+            return self.host.get_peerstore().get_protocols(peer)
+        except PeerStoreError:
+            return []
+
+    async def _await_identify(self, peer: ID) -> None:
+        """Give identify of a connected peer time to finish (it starts on every new connection).
+
+        The small-table fallback picks connected peers the moment they connect, before we know whether
+        they serve KAD; a peer we are not connected to came from a server's answer or our peerstore.
+        """
+        with trio.move_on_after(self.settings.identify_wait):
+            while not self._protocols(peer) and peer in self.host.get_connected_peers():  # noqa: ASYNC110
+                await trio.sleep(IDENTIFY_POLL)
+
+    def _serves_kad(self, peer: ID) -> bool:
+        return str(KAD_PROTOCOL) in self._protocols(peer)
+
+    def _is_dht_client(self, peer: ID) -> bool:
+        """Identify ran and did not list KAD: the peer serves no DHT queries."""
+        protocols = self._protocols(peer)
+        return bool(protocols) and str(KAD_PROTOCOL) not in protocols
 
     def _forget_peer(self, peer: ID) -> None:
         """A ban drops the peer from the routing table (and the gate keeps it out while banned)."""
@@ -242,7 +323,13 @@ class Discovery:
         return self.settings.reprovide_interval if key in self.announced else self.settings.retry_interval
 
     async def provide(self, key: bytes, name: str) -> None:
-        """Announce that we provide `key` now, and keep re-announcing it for the life of the node."""
+        """Announce that we provide `key` now, and keep re-announcing it for the life of the node.
+
+        A DHT client announces nothing: its provider record would name a peer nobody can dial.
+        """
+        if self.client:
+            self.stats["provides_skipped_client"] += 1
+            return
         self.provided[key] = name
         await self._announce(key)
 

@@ -265,7 +265,7 @@ class RoleService:
         self, net: RoleNet, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         self.register(net)
-        if self.ANNOUNCE:
+        if self.ANNOUNCE and not net.discovery.client:  # behind NAT nobody could dial the provider
             await net.discovery.provide(role_key(net.run, self.ROLE), role_name(net.run, self.ROLE))
         await self.start(net)
         async with trio.open_nursery() as nursery:

@@ -5,8 +5,8 @@ Each node gets its own network namespace and address, its access link shaped by 
 kinds of link. Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN); elsewhere `WanUnavailable` says so.
 """
 
-from node.wan.harness import Wan
-from node.wan.netns import WanError, WanUnavailable, check_available, destroy, destroy_stale, spawn_in
+from node.wan.harness import Wan, destroy_stale
+from node.wan.netns import WanError, WanUnavailable, check_available, destroy, spawn_in
 from node.wan.profiles import (
     PROFILES,
     Link,

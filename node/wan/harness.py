@@ -20,11 +20,13 @@ import ipaddress
 import itertools
 import json
 import os
+import re
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
@@ -42,6 +44,8 @@ from node.wan.netns import (
     stop_pids,
     valid_node_name,
 )
+from node.wan.netns import _exists as pid_exists  # package-internal: a run is stale when its pid is gone
+from node.wan.netns import destroy_stale as destroy_stale_namespaces
 from node.wan.profiles import Link
 from node.wan.shaping import shape
 
@@ -53,6 +57,7 @@ TUN = "emu0"
 BRIDGE = "br0"
 
 _counter = itertools.count(1)
+_WORKDIR = re.compile(r"^swan(\d+)-\d+-[A-Za-z0-9_]+$")  # tempfile.mkdtemp(prefix="swan<pid>-<n>-")
 _ROUTE_TYPES = frozenset(
     {
         "local",
@@ -101,6 +106,32 @@ def free_subnet(used_routes: str) -> int:
     raise WanError("no free 10.S.0.0/16 subnet left for a WAN on this machine")
 
 
+def remove_stale_workdirs(
+    root: Path | None = None, *, alive: Callable[[int], bool] = pid_exists
+) -> list[Path]:
+    """Delete the work folders (emulator config, stats, log) of WAN runs whose process is gone.
+
+    A run's folder is `<tmp>/swan<pid>-<n>-*`, named from the pid of the process that built it, the
+    same way its namespaces are, so a folder of a live run (another test, another devnet) is kept.
+    """
+    root = Path(tempfile.gettempdir()) if root is None else root
+    removed = []
+    for entry in sorted(root.iterdir()):
+        match = _WORKDIR.match(entry.name)
+        if match is None or not entry.is_dir() or entry.is_symlink() or alive(int(match.group(1))):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def destroy_stale() -> list[str]:
+    """What crashed WAN runs left behind: their namespaces (the names removed are returned) and folders."""
+    removed = destroy_stale_namespaces()
+    remove_stale_workdirs()
+    return removed
+
+
 def node_address(second: int, index: int) -> str:
     """Node `index` (0-based) gets 10.S.0.2 upward, .2-.254 of each /24 (10.S.255.x is the host link)."""
     per_block = 253
@@ -126,6 +157,7 @@ class Wan:
         self._processes: list[subprocess.Popen[Any]] = []
         self._emulator: subprocess.Popen[Any] | None = None
         self._workdir = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
+        self._final_statistics: dict[str, Any] | None = None
         self.closed = False
 
     @classmethod
@@ -178,14 +210,20 @@ class Wan:
         return process
 
     def statistics(self) -> dict[str, Any]:
-        """The emulator's counters (packets, bytes, drops by reason, CPU seconds), as of its last second."""
+        """The emulator's counters (packets, bytes, drops by reason, CPU seconds), as of its last second.
+
+        After `close()`, the last counters it wrote (its folder is gone by then).
+        """
+        if self._final_statistics is not None:
+            return dict(self._final_statistics)
         try:
             return dict(json.loads((self._workdir / "emu-stats.json").read_text()))
         except (OSError, ValueError):
             return {}
 
     def close(self) -> None:
-        """Stop every process started here, the emulator, and remove everything the WAN made. Idempotent."""
+        """Stop every process started here, the emulator, and remove everything the WAN made (its
+        namespaces and its work folder). Idempotent."""
         if self.closed:
             return
         stop_pids([p.pid for p in self._processes if p.poll() is None])
@@ -195,6 +233,8 @@ class Wan:
             stop_pids([self._emulator.pid])
             _reap(self._emulator)
         destroy(self.prefix)
+        self._final_statistics = self.statistics()  # the emulator has stopped: these are its last
+        shutil.rmtree(self._workdir, ignore_errors=True)
         self.closed = True
 
     def __enter__(self) -> Wan:
@@ -326,4 +366,12 @@ def _reap(process: subprocess.Popen[Any]) -> None:
         pass
 
 
-__all__ = ["Wan", "WanError", "WanUnavailable", "free_subnet", "node_address"]
+__all__ = [
+    "Wan",
+    "WanError",
+    "WanUnavailable",
+    "destroy_stale",
+    "free_subnet",
+    "node_address",
+    "remove_stale_workdirs",
+]

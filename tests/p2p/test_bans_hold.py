@@ -15,6 +15,7 @@ import pytest
 import trio
 from libp2p.abc import INetStream
 from libp2p.custom_types import TProtocol
+from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
@@ -58,9 +59,16 @@ def test_a_banned_peer_that_redials_keeps_no_connection_and_reaches_no_handler(t
                     await stream.close()
 
                 relay.host.set_stream_handler(PROBE, probe_handler)
+
+                async def kad_handler(stream: INetStream) -> None:
+                    await stream.close()
+
+                host.set_stream_handler(KAD_PROTOCOL, kad_handler)  # identify lists KAD: a DHT server
                 target = parse_peer_addr(str(relay.host.get_addrs()[0]))
                 await host.connect(target)
                 await wait_until(lambda: bool(network.get_connections(attacker_id)), timeout=5)
+                protocols = relay.host.get_peerstore().get_protocols
+                await wait_until(lambda: str(KAD_PROTOCOL) in protocols(attacker_id), timeout=10)
                 await host.new_stream(target.peer_id, [PROBE])
                 await wait_until(lambda: handled == [attacker_id], timeout=5)  # served before the ban
                 # it is a DHT server like any peer: in the routing table before the ban
