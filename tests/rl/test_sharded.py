@@ -108,6 +108,7 @@ def test_an_idle_group_outlives_its_collective_timeout(tmp_path):
     assert report["step"] == 1 and report["infos"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("late", [0, 1])
 def test_a_restarted_group_meets_again_whichever_rank_is_late(tmp_path, late):
     """torchrun's agent keeps its store across restarts: a restarted rank must not read the address its
