@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 PACE_HISTORY = 16  # versions whose created_ms are kept: enough for a median, short enough to follow drift
 SAMPLE_HISTORY = 16  # durations kept per measure (generation, submit latency)
 MIN_STEP_INTERVAL_MS = 10
+OVERDUE_MIN_MS = 30_000  # a trainer is overdue after async_level + 1 intervals, and never sooner than this
 MAX_STEP_INTERVAL_MS = 86_400_000  # one day: beyond it, time stops limiting anything a worker does
 SWARM_SUBMISSIONS_PER_VERSION = 3  # the swarm's target per version: ~1 feeds a step, the trainer takes <= ~4
 WORKER_WINDOW_VERSIONS = 32  # versions over which accepted workers are counted (a 3/N share shows in 32)
@@ -148,6 +149,11 @@ def plan_budget(
     cap alone until the step interval and the worker's generation time have been measured."""
     interval = step_interval_ms(stamps)
     if interval is None or generate_ms is None or newest < version:
+        return version_budget(used, cap, None)
+    if version == newest and now_ms - newest_heard_ms > max((async_level + 1) * interval, OVERDUE_MIN_MS):
+        # The trainer is overdue: no newer version for that long means it lacks rows (a DiLoCo trainer
+        # whose co-trainer died gets half of each version's), so time limits nothing on the newest
+        # version; the share still bounds it.
         return version_budget(used, cap, None)
     deadline = version_deadline_ms(version, newest, newest_heard_ms, interval, async_level, latency_ms or 0)
     return version_budget(used, cap, useful_submissions(now_ms, deadline, generate_ms))
