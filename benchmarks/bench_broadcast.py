@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Weight broadcast on loopback: a checkpoint from the trainer to 4 workers through 2 relays.
 
-Measured in one run, every party a real process (`python -m node.dataplane ...`):
+Measured in one run, every party a real process (`python -m swarmnode.node.dataplane ...`):
   relayed  origin → 2 relays → 4 workers (the workers know only the relays)
   direct   origin → 4 workers (the trainer serves everyone)
   tcp      one plain TCP copy of the same bytes (sendfile → recv_into a buffer): the floor for one copy
@@ -49,10 +49,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from swarmnode.node.dataplane.sources import ScoringConfig  # noqa: E402
+from swarmnode.node.dataplane.testing import RoleProcess, role_key, spawn, stop_all  # noqa: E402
+from swarmnode.node.wan import PROFILES, Wan, draw_links  # noqa: E402
+
 from benchmarks.wan_bench import open_wan, probe_rtt, wan_tcp_fanout  # noqa: E402
-from node.dataplane.sources import ScoringConfig  # noqa: E402
-from node.dataplane.testing import RoleProcess, role_key, spawn, stop_all  # noqa: E402
-from node.wan import PROFILES, Wan, draw_links  # noqa: E402
 
 MIB = 1 << 20
 RUN = "bench"
@@ -80,7 +81,7 @@ def _cpu_seconds(procs: list[RoleProcess]) -> float:
 
 def _spawn_in_wan(wan: Wan, node: str, name: str, role: str, args: list[str]) -> RoleProcess:
     """`node.dataplane.testing.spawn`, inside WAN node `node`'s namespace."""
-    command = [sys.executable, "-m", "node.dataplane", role, *args]
+    command = [sys.executable, "-m", "swarmnode.node.dataplane", role, *args]
     popen = wan.spawn(node, command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
     proc = RoleProcess(name, popen)
     threading.Thread(target=proc._read, daemon=True).start()

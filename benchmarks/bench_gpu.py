@@ -39,8 +39,7 @@ from pathlib import Path
 
 import torch
 from bench_toploc import _best_seconds
-
-from crypto.toploc import (
+from swarmnode.crypto.toploc import (
     CalibratedPolicy,
     ToplocAggregate,
     aggregate,
@@ -49,15 +48,22 @@ from crypto.toploc import (
     judge,
     verify_proofs,
 )
-from node.rl.engine import Completion, InferenceEngine, TransformersEngine
-from node.rl.model import ModelRecipe, build_model, hf_config, load_model, save_model_folder, state_dict_of
-from node.rl.modelinit import chat_texts
-from node.rl.rollouts import GeneratedGroup, assigned_tasks, task_prompt_ids, to_wire_group
-from node.rl.run import RunSetup, devnet_dataset, devnet_grpo, devnet_run
-from node.rl.sampling import check_sampling, derive_seed
-from node.rl.tokenizer import load_tokenizer, train_tokenizer
-from protocol.messages import RolloutSubmission
-from protocol.runs import assignment_step
+from swarmnode.node.rl.engine import Completion, InferenceEngine, TransformersEngine
+from swarmnode.node.rl.model import (
+    ModelRecipe,
+    build_model,
+    hf_config,
+    load_model,
+    save_model_folder,
+    state_dict_of,
+)
+from swarmnode.node.rl.modelinit import chat_texts
+from swarmnode.node.rl.rollouts import GeneratedGroup, assigned_tasks, task_prompt_ids, to_wire_group
+from swarmnode.node.rl.run import RunSetup, devnet_dataset, devnet_grpo, devnet_run
+from swarmnode.node.rl.sampling import check_sampling, derive_seed
+from swarmnode.node.rl.tokenizer import load_tokenizer, train_tokenizer
+from swarmnode.protocol.messages import RolloutSubmission
+from swarmnode.protocol.runs import assignment_step
 
 QWEN25_15B = ModelRecipe(arch="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
                          num_layers=28, num_heads=12, num_kv_heads=2, max_positions=32768, rope_theta=1e6,
@@ -219,10 +225,9 @@ def plain_section(folder: Path, setup: RunSetup, args: argparse.Namespace) -> Re
 def plain_child(requests_file: str, folder: Path) -> None:
     """The child of `plain_section`: vLLM as a user runs it (its own sampler, no per-request seeds, async
     scheduling, its default model runner), with the same prompts, lengths and memory share as our engine."""
+    from swarmnode.node.rl.vllm_engine import GPU_MEMORY_UTILIZATION
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
-
-    from node.rl.vllm_engine import GPU_MEMORY_UTILIZATION
 
     spec = json.loads(Path(requests_file).read_text())
     info = load_tokenizer(folder)[1]
@@ -353,7 +358,7 @@ def main() -> None:
     if args.plain_child:
         plain_child(args.plain_child, args.model)
         return
-    from node.rl.engines import open_engine, vllm_installed
+    from swarmnode.node.rl.engines import open_engine, vllm_installed
 
     missing = "no CUDA" if not torch.cuda.is_available() else "no vllm" if not vllm_installed() else None
     if missing:

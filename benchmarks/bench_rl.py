@@ -46,12 +46,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from crypto.hashing import sha256
-from crypto.identity import NodeIdentity
-from node.rl.engine import TransformersEngine
-from node.rl.run import DEVNET_MODEL, devnet_eval_tasks, devnet_optimizer, devnet_run
-from node.rl.sync import SyncStep, eval_reward, run_sync
+from swarmnode.crypto.hashing import sha256
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.run import DEVNET_MODEL, devnet_eval_tasks, devnet_optimizer, devnet_run
+from swarmnode.node.rl.sync import SyncStep, eval_reward, run_sync
 
 Section = Callable[[argparse.Namespace], dict[str, float | int]]
 TRAINER_KEY = sha256(b"swarmnode-sync-trainer")
@@ -167,7 +166,7 @@ def run_devnet(steps: int, *extra: str) -> tuple[dict[str, Any], float]:
     with tempfile.TemporaryDirectory(prefix="bench-rl-devnet-") as tmp:
         summary_path = Path(tmp) / "summary.json"
         command = [
-            sys.executable, "-m", "node.cli_run", "devnet", "--steps", str(steps), "--no-live",
+            sys.executable, "-m", "swarmnode.node.cli_run", "devnet", "--steps", str(steps), "--no-live",
             "--out", str(Path(tmp) / "run"), "--summary", str(summary_path), *extra,
         ]  # fmt: skip
         _log(f"devnet: {' '.join(command[2:])}")

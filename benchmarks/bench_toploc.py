@@ -17,8 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-from crypto.toploc import DEFAULT_CHUNK, DEFAULT_K, build_proofs, verify_proofs
+from swarmnode.crypto.toploc import DEFAULT_CHUNK, DEFAULT_K, build_proofs, verify_proofs
 
 Section = Callable[[argparse.Namespace], dict[str, float | int]]
 
@@ -75,7 +74,7 @@ def proofs_section(args: argparse.Namespace) -> dict[str, float | int]:
 
 def _cheat_engines(base: Path) -> dict[str, object]:
     """Engines a cheating worker might run instead of the claimed checkpoint."""
-    from node.rl.engine import TransformersEngine
+    from swarmnode.node.rl.engine import TransformersEngine
 
     noisy = TransformersEngine.from_folder(base)
     gen = torch.Generator().manual_seed(11)
@@ -96,12 +95,12 @@ def tiny_model_section(args: argparse.Namespace) -> dict[str, float | int]:
     the worker's proofs (one batched pass), and the validator's model checks (`check_model_outputs`:
     one batched prefill, then TOPLOC, termination, logprobs and sampling); then false positives and
     detection at the devnet's bounds."""
-    from crypto.toploc import CalibratedPolicy, build_proofs_batch, judge
-    from node.rl.calibration import submission_aggregate
-    from node.rl.engine import TransformersEngine
-    from node.rl.rollouts import assigned_tasks, build_submission, generate_groups
-    from node.rl.run import DEVNET_MODEL, devnet_policy, devnet_run
-    from node.rl.validation import ValidationContext, check_model_outputs
+    from swarmnode.crypto.toploc import CalibratedPolicy, build_proofs_batch, judge
+    from swarmnode.node.rl.calibration import submission_aggregate
+    from swarmnode.node.rl.engine import TransformersEngine
+    from swarmnode.node.rl.rollouts import assigned_tasks, build_submission, generate_groups
+    from swarmnode.node.rl.run import DEVNET_MODEL, devnet_policy, devnet_run
+    from swarmnode.node.rl.validation import ValidationContext, check_model_outputs
 
     engine = TransformersEngine.from_folder(DEVNET_MODEL)
     setup = devnet_run(b"\x01" * 20, DEVNET_MODEL, 0, info=engine.info)

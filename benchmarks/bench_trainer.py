@@ -35,10 +35,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from node.rl.grpo import group_advantages  # noqa: E402
-from node.rl.rollouts import pack_logprobs  # noqa: E402
-from protocol.codec import decode, encode  # noqa: E402
-from protocol.messages import Completion, GrpoParams, RolloutGroup  # noqa: E402
+from swarmnode.node.rl.grpo import group_advantages  # noqa: E402
+from swarmnode.node.rl.rollouts import pack_logprobs  # noqa: E402
+from swarmnode.protocol.codec import decode, encode  # noqa: E402
+from swarmnode.protocol.messages import Completion, GrpoParams, RolloutGroup  # noqa: E402
 
 GROUP = 8
 
@@ -70,7 +70,7 @@ def peak_rss_mb() -> float:
 
 
 def grpo_for(info, completions: int, tokens: int) -> GrpoParams:
-    from node.rl.run import devnet_grpo
+    from swarmnode.node.rl.run import devnet_grpo
 
     base = devnet_grpo(info)
     return GrpoParams(
@@ -81,8 +81,8 @@ def grpo_for(info, completions: int, tokens: int) -> GrpoParams:
 
 def job(args: argparse.Namespace) -> None:
     """One measuring process: the one-process trainer, or one rank of the group (rank 0 reports)."""
-    from node.rl.sharded import ShardedGrpoTrainer, launched_rank, serve_rank
-    from node.rl.tokenizer import load_tokenizer
+    from swarmnode.node.rl.sharded import ShardedGrpoTrainer, launched_rank, serve_rank
+    from swarmnode.node.rl.tokenizer import load_tokenizer
 
     torch.set_num_threads(args.threads)
     if launched_rank() not in (None, 0):
@@ -93,8 +93,8 @@ def job(args: argparse.Namespace) -> None:
     grpo = grpo_for(info, args.completions, args.tokens)
     times = []
     if launched_rank() is None:
-        from node.rl.engine import TransformersEngine
-        from node.rl.trainer import GrpoTrainer
+        from swarmnode.node.rl.engine import TransformersEngine
+        from swarmnode.node.rl.trainer import GrpoTrainer
 
         trainer = GrpoTrainer(TransformersEngine.from_folder(args.model), grpo)
         for _ in range(args.steps + 1):
@@ -140,9 +140,9 @@ def main() -> None:
     if args.job:
         job(args)
         return
-    from node.rl.modelinit import chat_texts, init_model_folder
-    from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
-    from node.rl.tokenizer import load_tokenizer
+    from swarmnode.node.rl.modelinit import chat_texts, init_model_folder
+    from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+    from swarmnode.node.rl.tokenizer import load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as scratch:
         out = Path(scratch)
@@ -195,6 +195,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    from node.rl.sharded import exit_rank
+    from swarmnode.node.rl.sharded import exit_rank
 
     exit_rank(0)  # skip torch's racy C++ teardown at exit

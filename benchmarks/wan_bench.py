@@ -1,10 +1,11 @@
-"""What the benchmarks need of a WAN (`node.wan`): build one or exit 2 with why, and measure its paths.
+"""What the benchmarks need of a WAN (`swarmnode.node.wan`): build one or exit 2 with why; measure it.
 
 `open_wan` turns `WanUnavailable` (no root, no `ip`) into exit status 2 with the reason on stderr, so a
 `--wan` run on a machine without namespaces says why instead of failing half way. `probe_rtt` runs
-`python -m node.wan.probe` in two nodes' namespaces: the TCP round trip the links give; `wan_tcp_fanout` moves
-bytes from senders to receivers with plain TCP the way a broadcast moves them. Both use plain blocking
-sockets: they measure the WAN (links and emulator), which the benchmarks' figures are held against.
+`python -m swarmnode.node.wan.probe` in two nodes' namespaces: the TCP round trip the links give;
+`wan_tcp_fanout` moves bytes from senders to receivers with plain TCP the way a broadcast moves them.
+Both use plain blocking sockets: they measure the WAN (links and emulator), which the benchmarks'
+figures are held against.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from node.wan import Link, Wan, WanUnavailable, check_available, destroy_stale  # noqa: E402
+from swarmnode.node.wan import Link, Wan, WanUnavailable, check_available, destroy_stale  # noqa: E402
 
 PROBE_PORT = 7999  # inside a node's namespace every port is free; the node roles use others
 PROBE_TIMEOUT_S = 300.0
@@ -53,7 +54,7 @@ def _probe(wan: Wan, server: str, client: str, *command: str) -> dict[str, Any]:
     """Run one probe client command in `client`'s namespace against a probe server in `server`'s."""
     serving = wan.spawn(
         server,
-        [sys.executable, "-m", "node.wan.probe", "serve", str(PROBE_PORT)],
+        [sys.executable, "-m", "swarmnode.node.wan.probe", "serve", str(PROBE_PORT)],
         stdout=subprocess.PIPE,
         cwd=str(ROOT),
     )
@@ -61,7 +62,8 @@ def _probe(wan: Wan, server: str, client: str, *command: str) -> dict[str, Any]:
         assert serving.stdout is not None
         if serving.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"the probe server in {server} did not start")
-        argv = [sys.executable, "-m", "node.wan.probe", command[0], wan.address(server), str(PROBE_PORT)]
+        module = "swarmnode.node.wan.probe"
+        argv = [sys.executable, "-m", module, command[0], wan.address(server), str(PROBE_PORT)]
         client_process = wan.spawn(client, [*argv, *command[1:]], stdout=subprocess.PIPE, cwd=str(ROOT))
         out, _ = client_process.communicate(timeout=PROBE_TIMEOUT_S)
         if client_process.returncode != 0:

@@ -11,8 +11,7 @@ import os
 from pathlib import Path
 
 from eth_account import Account
-
-from crypto.identity import NodeIdentity
+from swarmnode.crypto.identity import NodeIdentity
 
 PASSWORD_ENV = "SWARMNODE_PASSWORD"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from crypto.hashing import sha256
+from swarmnode.crypto.hashing import sha256
 
 LEAF_PREFIX = b"\x00"
 NODE_PREFIX = b"\x01"

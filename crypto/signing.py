@@ -9,8 +9,7 @@ valid one and would let a third party mint a second "distinct" signature.
 from __future__ import annotations
 
 import coincurve
-
-from crypto.hashing import keccak256
+from swarmnode.crypto.hashing import keccak256
 
 SIGNATURE_SIZE = 65
 _SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141

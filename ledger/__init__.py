@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ledger.batches import CreditProof
-from ledger.errors import LedgerError
-from ledger.interface import Ledger
-from ledger.signedlog import SignedLog, verify_log
-from ledger.types import (
+from swarmnode.ledger.batches import CreditProof
+from swarmnode.ledger.errors import LedgerError
+from swarmnode.ledger.interface import Ledger
+from swarmnode.ledger.signedlog import SignedLog, verify_log
+from swarmnode.ledger.types import (
     BatchRecord,
     ContributionRecord,
     NodeInfo,
@@ -29,7 +29,7 @@ from ledger.types import (
 )
 
 if TYPE_CHECKING:
-    from ledger.evm import EvmLedger
+    from swarmnode.ledger.evm import EvmLedger
 
 __all__ = [
     "BatchRecord",
@@ -55,7 +55,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "EvmLedger":
-        from ledger.evm import EvmLedger
+        from swarmnode.ledger.evm import EvmLedger
 
         return EvmLedger
     raise AttributeError(name)
@@ -76,6 +76,6 @@ def open_ledger(spec: str, *, contract: str | None = None) -> Ledger:
         return SignedLog.open(Path(target))
     if contract is None:
         raise ValueError("an evm: ledger needs the contract address (--contract or SWARMNODE_CONTRACT)")
-    from ledger.evm import EvmLedger
+    from swarmnode.ledger.evm import EvmLedger
 
     return EvmLedger.connect(target, contract)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from crypto.hashing import sha256
-from crypto.merkle import leaf_hash, node_hash
+from swarmnode.crypto.hashing import sha256
+from swarmnode.crypto.merkle import leaf_hash, node_hash
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The compiled SwarmLedger contract: build it, load the committed artifact, check they agree.
 
 The artifact (ledger/contracts/SwarmLedger.json) is committed so a node never needs a compiler at run
-time; `python -m ledger.artifact` rebuilds it, and a test recompiles and demands identical bytes.
+time; `python -m swarmnode.ledger.artifact` rebuilds it, and a test recompiles and demands identical bytes.
 Vyper is pinned and the EVM version is explicit (also in the source pragma), so the output is
 reproducible: anyone can check that the deployed bytecode came from this source.
 """
@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from crypto.hashing import sha256
+from swarmnode.crypto.hashing import sha256
 
 CONTRACTS = Path(__file__).resolve().parent / "contracts"
 SOURCE = CONTRACTS / "SwarmLedger.vy"

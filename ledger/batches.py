@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crypto.hashing import keccak256
-from ledger.types import BatchRecord, ContributionRecord
-from protocol.ledger_messages import Credit
+from swarmnode.crypto.hashing import keccak256
+from swarmnode.ledger.types import BatchRecord, ContributionRecord
+from swarmnode.protocol.ledger_messages import Credit
 
 MAX_PROOF_DEPTH = 16  # 2^16 leaves, far above MAX_CREDITS_PER_BATCH; the contract's loop bound
 LOW_COUNTERS = 32  # counters below this share a slot across 8 versions (workers rarely go higher)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from crypto.hashing import keccak256
-from crypto.signing import InvalidSignature, recover_address
-from ledger.errors import InvalidEvidence
-from protocol.codec import decode
-from protocol.envelope import Envelope, signing_digest, signing_digest_of_body_hash
-from protocol.errors import Reason, Reject
-from protocol.ledger_messages import Slash
-from protocol.messages import RolloutSubmission
+from swarmnode.crypto.hashing import keccak256
+from swarmnode.crypto.signing import InvalidSignature, recover_address
+from swarmnode.ledger.errors import InvalidEvidence
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.envelope import Envelope, signing_digest, signing_digest_of_body_hash
+from swarmnode.protocol.errors import Reason, Reject
+from swarmnode.protocol.ledger_messages import Slash
+from swarmnode.protocol.messages import RolloutSubmission
 
 # Rejections whose verdict anyone holding the checkpoint and the run descriptor can recompute. A malformed
 # rollout (a field outside what the run allows, e.g. a token id beyond the vocabulary) is read off the

@@ -27,13 +27,9 @@ from eth_abi.abi import encode as abi_encode
 from eth_account import Account
 from eth_typing import ChecksumAddress, HexAddress, HexStr
 from eth_utils.abi import function_abi_to_4byte_selector, get_abi_input_types
-from web3 import Web3
-from web3.exceptions import TransactionNotFound
-from web3.types import Wei
-
-from crypto.identity import NodeIdentity, base58btc, format_address
-from ledger.artifact import load_artifact
-from ledger.batches import (
+from swarmnode.crypto.identity import NodeIdentity, base58btc, format_address
+from swarmnode.ledger.artifact import load_artifact
+from swarmnode.ledger.batches import (
     MAX_PROOF_DEPTH,
     CreditProof,
     batch_contributions,
@@ -43,7 +39,7 @@ from ledger.batches import (
     credits_root,
     run_key,
 )
-from ledger.errors import (
+from swarmnode.ledger.errors import (
     AlreadyRegistered,
     AlreadyVoted,
     BackendError,
@@ -71,9 +67,9 @@ from ledger.errors import (
     UnknownRun,
     WrongRole,
 )
-from ledger.evidence import SubmissionCitation, check_slash_evidence, cite_submission
-from ledger.state import describe_assignment, filter_contributions, filter_slashes, worker_totals
-from ledger.types import (
+from swarmnode.ledger.evidence import SubmissionCitation, check_slash_evidence, cite_submission
+from swarmnode.ledger.state import describe_assignment, filter_contributions, filter_slashes, worker_totals
+from swarmnode.ledger.types import (
     ROLES,
     SLASH_FINAL,
     SLASH_PENDING,
@@ -90,9 +86,9 @@ from ledger.types import (
     StakeInfo,
     WorkerTotal,
 )
-from protocol.codec import validate
-from protocol.errors import Reject
-from protocol.ledger_messages import (
+from swarmnode.protocol.codec import validate
+from swarmnode.protocol.errors import Reject
+from swarmnode.protocol.ledger_messages import (
     CommitCredits,
     ComputeSpec,
     Credit,
@@ -105,6 +101,9 @@ from protocol.ledger_messages import (
     StakeUnbond,
     VoidSlash,
 )
+from web3 import Web3
+from web3.exceptions import TransactionNotFound
+from web3.types import Wei
 
 ROLE_CODES = {role: i + 1 for i, role in enumerate(ROLES)}  # 0 = unregistered
 SLASH_STATUSES = {1: SLASH_PENDING, 2: SLASH_FINAL, 3: SLASH_VOIDED}

@@ -20,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from crypto.identity import format_address
-from crypto.signing import InvalidSignature, recover_address
-from ledger.batches import credit_leaf, credits_root, run_key
-from ledger.errors import InvalidEvidence, LedgerError
-from ledger.evidence import SubmissionCitation, check_slash_form
-from ledger.types import (
+from swarmnode.crypto.identity import format_address
+from swarmnode.crypto.signing import InvalidSignature, recover_address
+from swarmnode.ledger.batches import credit_leaf, credits_root, run_key
+from swarmnode.ledger.errors import InvalidEvidence, LedgerError
+from swarmnode.ledger.evidence import SubmissionCitation, check_slash_form
+from swarmnode.ledger.types import (
     SLASH_FINAL,
     SLASH_PENDING,
     SLASH_VOIDED,
@@ -37,12 +37,12 @@ from ledger.types import (
     StakeInfo,
     WorkerTotal,
 )
-from protocol.envelope import signing_digest_of_body_hash
-from protocol.ledger_messages import Credit, Slash
-from protocol.messages import RolloutSubmission
+from swarmnode.protocol.envelope import signing_digest_of_body_hash
+from swarmnode.protocol.ledger_messages import Credit, Slash
+from swarmnode.protocol.messages import RolloutSubmission
 
 if TYPE_CHECKING:
-    from ledger.evm import EvmLedger
+    from swarmnode.ledger.evm import EvmLedger
 
 VALIDATORS_EVENT = "RunValidatorsSet"  # (run_key indexed, validators, epoch): the set history, if emitted
 SetHistory = Sequence[tuple[int, tuple[bytes, ...]]]  # (epoch it took effect, the set), oldest first
@@ -394,7 +394,7 @@ def audit_records(records: ChainRecords) -> tuple[list[str], list[str]]:
 
 
 def expected_runtime() -> bytes:
-    from ledger.artifact import load_artifact
+    from swarmnode.ledger.artifact import load_artifact
 
     return bytes.fromhex(load_artifact()["bytecode_runtime"].removeprefix("0x"))
 

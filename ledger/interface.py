@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from crypto.identity import NodeIdentity
-from ledger.batches import CreditProof
-from ledger.types import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.ledger.batches import CreditProof
+from swarmnode.ledger.types import (
     BatchRecord,
     ContributionRecord,
     NodeInfo,
@@ -23,7 +23,13 @@ from ledger.types import (
     StakeInfo,
     WorkerTotal,
 )
-from protocol.ledger_messages import CommitCredits, ComputeSpec, RegisterRun, SetRunValidators, Slash
+from swarmnode.protocol.ledger_messages import (
+    CommitCredits,
+    ComputeSpec,
+    RegisterRun,
+    SetRunValidators,
+    Slash,
+)
 
 
 @runtime_checkable

@@ -16,11 +16,11 @@ import struct
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
-from crypto.hashing import keccak256, sha256
-from crypto.identity import NodeIdentity, format_address
-from crypto.signing import InvalidSignature, recover_address
-from ledger.accumulator import MerkleAccumulator
-from ledger.errors import (
+from swarmnode.crypto.hashing import keccak256, sha256
+from swarmnode.crypto.identity import NodeIdentity, format_address
+from swarmnode.crypto.signing import InvalidSignature, recover_address
+from swarmnode.ledger.accumulator import MerkleAccumulator
+from swarmnode.ledger.errors import (
     BadSignature,
     CorruptLog,
     MalformedOperation,
@@ -28,12 +28,12 @@ from ledger.errors import (
     TruncatedLog,
     WrongLedger,
 )
-from ledger.state import LedgerState, Operation, process_operation
-from ledger.types import Params
-from protocol.codec import Size, decode, encode, registry
-from protocol.envelope import ENVELOPE_VERSION, Envelope, seal, signing_digest
-from protocol.errors import Reject
-from protocol.ledger_messages import LEDGER_OPERATIONS, LedgerEntry, LedgerGenesis
+from swarmnode.ledger.state import LedgerState, Operation, process_operation
+from swarmnode.ledger.types import Params
+from swarmnode.protocol.codec import Size, decode, encode, registry
+from swarmnode.protocol.envelope import ENVELOPE_VERSION, Envelope, seal, signing_digest
+from swarmnode.protocol.errors import Reject
+from swarmnode.protocol.ledger_messages import LEDGER_OPERATIONS, LedgerEntry, LedgerGenesis
 
 OPERATION_TYPES = registry(*LEDGER_OPERATIONS)
 SEAL_DOMAIN = b"swarmnode/ledger-entry-seal/v1"

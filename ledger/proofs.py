@@ -13,11 +13,11 @@ import re
 import typing
 from typing import Any
 
-from crypto.identity import format_address, parse_address
-from ledger.batches import MAX_PROOF_DEPTH, CreditProof
-from protocol.codec import Pattern
-from protocol.ledger_messages import MAX_CREDITS_PER_BATCH, U64_MAX, Credit
-from protocol.types import RunId
+from swarmnode.crypto.identity import format_address, parse_address
+from swarmnode.ledger.batches import MAX_PROOF_DEPTH, CreditProof
+from swarmnode.protocol.codec import Pattern
+from swarmnode.protocol.ledger_messages import MAX_CREDITS_PER_BATCH, U64_MAX, Credit
+from swarmnode.protocol.types import RunId
 
 PROOF_FORMAT = "swarmnode/credit_proof/v1"
 _RUN_ID = re.compile(next(m.regex for m in typing.get_args(RunId)[1:] if isinstance(m, Pattern)))

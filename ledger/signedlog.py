@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from crypto.hashing import sha256
-from crypto.identity import NodeIdentity
-from crypto.merkle import inclusion_proof, is_included, merkle_root
-from ledger.batches import CreditProof, credit_proof, credits_of
-from ledger.errors import BackendError, CorruptLog, LedgerError, MalformedOperation, TruncatedLog
-from ledger.log import (
+from swarmnode.crypto.hashing import sha256
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.merkle import inclusion_proof, is_included, merkle_root
+from swarmnode.ledger.batches import CreditProof, credit_proof, credits_of
+from swarmnode.ledger.errors import BackendError, CorruptLog, LedgerError, MalformedOperation, TruncatedLog
+from swarmnode.ledger.log import (
     AppliedEntry,
     Checkpoint,
     LogState,
@@ -40,7 +40,7 @@ from ledger.log import (
     sign_head,
     sign_operation,
 )
-from ledger.state import (
+from swarmnode.ledger.state import (
     Operation,
     filter_contributions,
     filter_slashes,
@@ -49,7 +49,7 @@ from ledger.state import (
     snapshot,
     stake_info,
 )
-from ledger.types import (
+from swarmnode.ledger.types import (
     BatchRecord,
     ContributionRecord,
     NodeInfo,
@@ -61,9 +61,9 @@ from ledger.types import (
     StakeInfo,
     WorkerTotal,
 )
-from protocol.codec import decode, encode
-from protocol.errors import Reject
-from protocol.ledger_messages import (
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.errors import Reject
+from swarmnode.protocol.ledger_messages import (
     CommitCredits,
     ComputeSpec,
     FinalizeSlash,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field, replace
 
-from crypto.identity import address_of_peer_id_text
-from ledger.batches import batch_contributions, credit_leaf, credits_root
-from ledger.errors import (
+from swarmnode.crypto.identity import address_of_peer_id_text
+from swarmnode.ledger.batches import batch_contributions, credit_leaf, credits_root
+from swarmnode.ledger.errors import (
     AlreadyRegistered,
     AlreadyVoted,
     ChallengeWindowClosed,
@@ -38,8 +38,8 @@ from ledger.errors import (
     UnknownRun,
     WrongRole,
 )
-from ledger.evidence import check_slash_evidence, check_slash_form, slash_digest
-from ledger.types import (
+from swarmnode.ledger.evidence import check_slash_evidence, check_slash_form, slash_digest
+from swarmnode.ledger.types import (
     SLASH_FINAL,
     SLASH_PENDING,
     SLASH_VOIDED,
@@ -53,7 +53,7 @@ from ledger.types import (
     StakeInfo,
     WorkerTotal,
 )
-from protocol.ledger_messages import (
+from swarmnode.protocol.ledger_messages import (
     CommitCredits,
     Credit,
     FinalizeSlash,
@@ -66,7 +66,7 @@ from protocol.ledger_messages import (
     StakeWithdraw,
     VoidSlash,
 )
-from protocol.runs import step_counter, step_version
+from swarmnode.protocol.runs import step_counter, step_version
 
 Operation = (
     RegisterNode

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from crypto.hashing import keccak256, sha256
-from crypto.identity import NodeIdentity
-from ledger.signedlog import SignedLog
-from ledger.types import Params
-from protocol.envelope import seal
-from protocol.errors import Reason
-from protocol.ledger_messages import CommitCredits, ComputeSpec, Credit, RegisterRun, Slash
-from protocol.messages import Completion, RolloutGroup, RolloutSubmission
-from protocol.runs import assignment_step
+from swarmnode.crypto.hashing import keccak256, sha256
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.ledger.signedlog import SignedLog
+from swarmnode.ledger.types import Params
+from swarmnode.protocol.envelope import seal
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.ledger_messages import CommitCredits, ComputeSpec, Credit, RegisterRun, Slash
+from swarmnode.protocol.messages import Completion, RolloutGroup, RolloutSubmission
+from swarmnode.protocol.runs import assignment_step
 
 if TYPE_CHECKING:
     from web3 import Web3
@@ -257,7 +257,7 @@ class EvmHarness:
     """A fresh SwarmLedger deployment on an in-process EthereumTesterProvider or an anvil URL."""
 
     def __init__(self, w3: Web3, params: Params, *, name: str) -> None:
-        from ledger.evm import EvmLedger  # web3 is heavy: only EVM tests pay for importing it
+        from swarmnode.ledger.evm import EvmLedger  # web3 is heavy: only EVM tests pay for importing it
 
         self.w3 = w3
         self.name = name

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.ledger_messages import ComputeSpec
+from swarmnode.protocol.ledger_messages import ComputeSpec
 
 ROLES = ("trainer", "relay", "worker", "validator")
 GWEI_PER_NATIVE = 10**9  # gwei per unit of the chain's native currency

@@ -15,10 +15,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
-
-from crypto.identity import NodeIdentity
-from crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore, save_keystore
-from node.cli_inputs import eval_tasks_option, load_run_inputs, run_model_options
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore, save_keystore
+from swarmnode.node.cli_inputs import eval_tasks_option, load_run_inputs, run_model_options
 
 DEFAULT_KEY = Path(os.environ.get("SWARMNODE_KEY", Path.home() / ".swarmnode" / "node.key"))
 console = Console()
@@ -61,7 +60,7 @@ def main() -> None:
 @main.command()
 def version() -> None:
     """Print the swarmnode version and the protocol version it speaks."""
-    from protocol.ids import PROTOCOL_VERSION
+    from swarmnode.protocol.ids import PROTOCOL_VERSION
 
     click.echo(f"swarmnode {package_version('swarmnode')} (protocol {PROTOCOL_VERSION})")
 
@@ -113,7 +112,7 @@ def default_vectors_dir() -> Path:
 @click.option("--verbose", "-v", is_flag=True, help="List every case, not only the failing ones.")
 def conformance(vectors: Path | None, verbose: bool) -> None:
     """Replay protocol conformance vectors through the real decoder and verifiers."""
-    from node.conformance import load_suites, run_suites
+    from swarmnode.node.conformance import load_suites, run_suites
 
     directory = vectors or default_vectors_dir()
     if not directory.is_dir():
@@ -155,11 +154,11 @@ def train(sync_mode: bool, steps: int, model: Path | None, tasks: Path | None, m
     import time
     from dataclasses import asdict
 
-    from crypto.hashing import sha256
-    from node.rl.engine import TransformersEngine
-    from node.rl.model import ModelFolderError
-    from node.rl.run import devnet_run
-    from node.rl.sync import SyncStep, eval_reward, run_sync
+    from swarmnode.crypto.hashing import sha256
+    from swarmnode.node.rl.engine import TransformersEngine
+    from swarmnode.node.rl.model import ModelFolderError
+    from swarmnode.node.rl.run import devnet_run
+    from swarmnode.node.rl.sync import SyncStep, eval_reward, run_sync
 
     folder, train_tasks, held_out = load_run_inputs(model, tasks, eval_tasks)
     trainer = NodeIdentity(sha256(b"swarmnode-sync-trainer"))
@@ -209,7 +208,7 @@ def diloco(args: tuple[str, ...]) -> None:
     over the data plane and apply an outer Nesterov step (spec/diloco.md). `swarmnode diloco --help` and
     `swarmnode diloco trainer --help` list the options.
     """
-    from node.diloco.__main__ import main as diloco_main
+    from swarmnode.node.diloco.__main__ import main as diloco_main
 
     diloco_main(list(args))
 
@@ -236,10 +235,10 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
     """
     import time
 
-    from crypto.hashing import sha256
-    from node.rl.calibration import calibrate_run
-    from node.rl.engines import EngineUnavailable, choose_engine, open_engine
-    from node.rl.run import devnet_run
+    from swarmnode.crypto.hashing import sha256
+    from swarmnode.node.rl.calibration import calibrate_run
+    from swarmnode.node.rl.engines import EngineUnavailable, choose_engine, open_engine
+    from swarmnode.node.rl.run import devnet_run
 
     folder, train_tasks, _ = load_run_inputs(model, tasks, None)
     try:
@@ -270,7 +269,7 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
 
 def _register_groups() -> None:
     """Command groups that live beside their subsystems, added explicitly (no import-time registration)."""
-    from node import cli_ledger, cli_model, cli_plan, cli_run, cli_tasks
+    from swarmnode.node import cli_ledger, cli_model, cli_plan, cli_run, cli_tasks
 
     cli_ledger.register_commands(main)
     cli_model.register_commands(main)

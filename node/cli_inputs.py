@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from node.rl.tasks import Task
+    from swarmnode.node.rl.tasks import Task
 
 DEFAULT_MAX_NEW_TOKENS = 6  # node.rl.run.DEVNET_MAX_NEW_TOKENS, without importing torch
 
@@ -57,9 +57,9 @@ def load_run_inputs(
     model: Path | None, tasks: Path | None, eval_tasks: Path | None
 ) -> tuple[Path, list[Task], list[Task]]:
     """(model folder, training tasks, evaluation tasks) from the options, with clear errors."""
-    from node.devnet_rl import eval_tasks_of
-    from node.rl.run import DEVNET_MODEL, devnet_dataset
-    from node.rl.tasks.files import TaskFileError, read_tasks
+    from swarmnode.node.devnet_rl import eval_tasks_of
+    from swarmnode.node.rl.run import DEVNET_MODEL, devnet_dataset
+    from swarmnode.node.rl.tasks.files import TaskFileError, read_tasks
 
     folder = model or DEVNET_MODEL
     try:

@@ -23,10 +23,9 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
-
-from crypto.identity import NodeIdentity, format_address, parse_address
-from crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
-from ledger import (
+from swarmnode.crypto.identity import NodeIdentity, format_address, parse_address
+from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
+from swarmnode.ledger import (
     Ledger,
     LedgerError,
     Params,
@@ -36,11 +35,11 @@ from ledger import (
     parse_ledger_url,
     verify_log,
 )
-from ledger.proofs import ProofFormatError, dump_proof, load_proof, proof_to_json
-from ledger.types import GWEI_PER_NATIVE, ROLES, SLASH_PENDING, SLASH_VOIDED
-from protocol.codec import Pattern
-from protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, U32_MAX
-from protocol.types import RunId
+from swarmnode.ledger.proofs import ProofFormatError, dump_proof, load_proof, proof_to_json
+from swarmnode.ledger.types import GWEI_PER_NATIVE, ROLES, SLASH_PENDING, SLASH_VOIDED
+from swarmnode.protocol.codec import Pattern
+from swarmnode.protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, U32_MAX
+from swarmnode.protocol.types import RunId
 
 LEDGER_ENV = "SWARMNODE_LEDGER"
 CONTRACT_ENV = "SWARMNODE_CONTRACT"
@@ -283,7 +282,7 @@ def register_command(
     only register its own peer id. Stake the required amount next (`swarmnode stake deposit`): the minimum
     per compute unit times --count.
     """
-    from protocol.ledger_messages import ComputeSpec
+    from swarmnode.protocol.ledger_messages import ComputeSpec
 
     identity = load_identity(key)
     spec = ComputeSpec(
@@ -694,7 +693,7 @@ def run_register(
     as_json: bool,
 ) -> None:
     """Register RUN with the --key's trainer as its owner (first come; a run id is registered once)."""
-    from protocol.ledger_messages import RegisterRun
+    from swarmnode.protocol.ledger_messages import RegisterRun
 
     identity = load_identity(key)
     op = RegisterRun(run, validators, window, max_tokens, max_flops_per_token)
@@ -718,7 +717,7 @@ def run_set_validators(
     as_json: bool,
 ) -> None:
     """Replace RUN's validator set (the run's owner signs with --key). Pending slashes keep their votes."""
-    from protocol.ledger_messages import SetRunValidators
+    from swarmnode.protocol.ledger_messages import SetRunValidators
 
     identity = load_identity(key)
     with opened(ledger_spec, contract) as ledger:
@@ -902,8 +901,8 @@ def ledger_verify(ledger_spec: str, contract: str | None, as_json: bool) -> None
 
 
 def _verify_contract(url: str, contract: str | None, as_json: bool) -> None:
-    from ledger.evm import EvmLedger
-    from ledger.evm_audit import audit_chain
+    from swarmnode.ledger.evm import EvmLedger
+    from swarmnode.ledger.evm_audit import audit_chain
 
     if contract is None:
         raise click.ClickException(f"pass --contract (or set {CONTRACT_ENV})")
@@ -987,9 +986,8 @@ def ledger_deploy(
 
 
 def _deploy_contract(url: str, deployer: NodeIdentity, params: Params) -> str:
+    from swarmnode.ledger.evm import deploy_contract
     from web3 import Web3
-
-    from ledger.evm import deploy_contract
 
     w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
     if not w3.is_connected():
@@ -1009,7 +1007,7 @@ def register_commands(group: click.Group) -> None:
 
 @click.group()
 def standalone() -> None:
-    """swarmnode ledger commands (standalone entry point: python -m node.cli_ledger)."""
+    """swarmnode ledger commands (standalone entry point: python -m swarmnode.node.cli_ledger)."""
 
 
 register_commands(standalone)

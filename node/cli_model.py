@@ -21,12 +21,11 @@ from typing import Any
 
 import click
 from safetensors import safe_open
-
-from node.rl.model import SUPPORTED_MODEL_TYPES, model_commitment, weight_files
-from node.rl.modelinit import DEFAULT_VOCAB_SIZE, SIZES, chat_texts, init_model_folder
-from node.rl.tasks import Task, TaskFileError, read_tasks
-from node.rl.tokenizer import SPECIAL_TOKENS, load_tokenizer
-from node.rl.warmstart import EvalPoint, WarmStartRecipe, warm_start
+from swarmnode.node.rl.model import SUPPORTED_MODEL_TYPES, model_commitment, weight_files
+from swarmnode.node.rl.modelinit import DEFAULT_VOCAB_SIZE, SIZES, chat_texts, init_model_folder
+from swarmnode.node.rl.tasks import Task, TaskFileError, read_tasks
+from swarmnode.node.rl.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from swarmnode.node.rl.warmstart import EvalPoint, WarmStartRecipe, warm_start
 
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # the byte alphabet and the special tokens: no merges at all
 WARM_EVAL_TASKS = 128  # tasks held out of warm-start training to judge when to stop (at most a quarter)
@@ -40,7 +39,7 @@ def _fail(exc: Exception) -> click.ClickException:
 
 def default_tasks() -> list[Task]:
     """The devnet's arithmetic dataset: what `init` trains the tokenizer on without --tasks."""
-    from node.rl.run import devnet_dataset
+    from swarmnode.node.rl.run import devnet_dataset
 
     return devnet_dataset()
 
@@ -216,7 +215,7 @@ def register_commands(group: click.Group) -> None:
 
 @click.group()
 def standalone() -> None:
-    """swarmnode model commands (standalone entry point: python -m node.cli_model)."""
+    """swarmnode model commands (standalone entry point: python -m swarmnode.node.cli_model)."""
 
 
 register_commands(standalone)

@@ -14,9 +14,8 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
-
-from node.rl import memory_plan
-from node.rl.memory_plan import (
+from swarmnode.node.rl import memory_plan
+from swarmnode.node.rl.memory_plan import (
     PARAM_DTYPES,
     MemoryPlan,
     ParameterCounts,
@@ -24,7 +23,7 @@ from node.rl.memory_plan import (
     count_parameters,
     min_ranks,
 )
-from node.rl.model import ModelFolderError, read_config
+from swarmnode.node.rl.model import ModelFolderError, read_config
 
 DEFAULT_MICRO_BATCH_TOKENS = 4096
 DEFAULT_DEVICE_GIB = 80.0

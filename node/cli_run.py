@@ -1,6 +1,6 @@
 """`swarmnode run`, `swarmnode devnet` and `swarmnode probe`: the networked commands.
 
-`register_commands(group)` adds them to the main CLI group; `python -m node.cli_run ...` runs them
+`register_commands(group)` adds them to the main CLI group; `python -m swarmnode.node.cli_run ...` runs them
 standalone (the devnet starts its nodes that way, so it does not depend on the installed entry point).
 """
 
@@ -18,13 +18,12 @@ from typing import Any
 
 import click
 import trio
-
-from crypto.identity import NodeIdentity
-from crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
-from ledger.errors import LedgerError
-from node.config import CHEATS, ROLE_NAMES, ConfigError, NodeConfig, load_config
-from node.p2p.host import apply_yamux_tuning
-from node.runtime import NodeRuntime, cancel_on_signal, configure_logging, run_until_signalled
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
+from swarmnode.ledger.errors import LedgerError
+from swarmnode.node.config import CHEATS, ROLE_NAMES, ConfigError, NodeConfig, load_config
+from swarmnode.node.p2p.host import apply_yamux_tuning
+from swarmnode.node.runtime import NodeRuntime, cancel_on_signal, configure_logging, run_until_signalled
 
 
 def _password() -> str:
@@ -128,7 +127,7 @@ def run_command(
     work = {k: v for k, v in overrides if v is not None}
     if work:
         kwargs["work"] = work
-    from node.rl.sharded import launched_rank
+    from swarmnode.node.rl.sharded import launched_rank
 
     config = _config(config_path, {"role": role, **_overrides(kwargs)})
     rank = launched_rank()
@@ -141,12 +140,12 @@ def run_command(
     if config.role == "trainer" and config.work.nproc > 1 and rank is None:
         _launch_trainer_group(config)
         return
-    from node.swarm.factory import make_role
+    from swarmnode.node.swarm.factory import make_role
 
     identity = _identity(config)
     configure_logging(config)
     if rank == 0:  # join the group before the node starts, so every rank of a restarted group meets
-        from node.rl.sharded import lead_group
+        from swarmnode.node.rl.sharded import lead_group
 
         lead_group()
     apply_yamux_tuning()
@@ -158,7 +157,7 @@ def run_command(
     trio.run(run_until_signalled, runtime)
     skip_final_collection()
     if rank == 0:  # rank 0 of a trainer group: stopped cleanly; skip torch's racy C++ teardown
-        from node.rl.sharded import exit_rank
+        from swarmnode.node.rl.sharded import exit_rank
 
         exit_rank(0)
 
@@ -184,8 +183,8 @@ def _write_rank_pid(config: NodeConfig, rank: int) -> None:
 
 
 def _serve_rank(config: NodeConfig) -> None:
-    from node.rl.sharded import serve_rank
-    from node.swarm.common import set_threads
+    from swarmnode.node.rl.sharded import serve_rank
+    from swarmnode.node.swarm.common import set_threads
 
     configure_logging(config)
     set_threads(config.work.threads)
@@ -194,10 +193,9 @@ def _serve_rank(config: NodeConfig) -> None:
 
 def _launch_trainer_group(config: NodeConfig) -> None:
     """Start this same command as [work] nproc ranks (the key password checked once, here)."""
+    from swarmnode.node.rl.sharded import launch_group
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    from node.rl.sharded import launch_group
 
     os.environ[PASSWORD_ENV] = _password()
     _identity(config)  # a wrong password fails here, not in rank 0 after the group formed
@@ -240,7 +238,7 @@ def probe_command(
     **kwargs: Any,
 ) -> None:
     """Join the swarm as a role-less node, publish numbered probes and time DHT lookups, then leave."""
-    from node.roles.probe import Probe, ProbePlan
+    from swarmnode.node.roles.probe import Probe, ProbePlan
 
     config = _config(config_path, {"role": "bootstrap", **_overrides(kwargs)})
     config = dataclasses.replace(config, role="probe")
@@ -270,7 +268,7 @@ def probe_command(
 
 def register_commands(group: click.Group) -> None:
     """Add `run`, `devnet` and `probe` to the swarmnode CLI group."""
-    from node.devnet import devnet_command
+    from swarmnode.node.devnet import devnet_command
 
     group.add_command(run_command)
     group.add_command(devnet_command)

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from node.rl.tasks import Task, TaskFileError, dataset_hash, read_tasks, write_tasks
-from node.rl.tasks.files import JSON_SUFFIXES, PARQUET_SUFFIXES
+from swarmnode.node.rl.tasks import Task, TaskFileError, dataset_hash, read_tasks, write_tasks
+from swarmnode.node.rl.tasks.files import JSON_SUFFIXES, PARQUET_SUFFIXES
 
 PROGRESS_LINES = 100  # at most this many progress lines per filter run (plus the last)
 SHOW_CHARS = 60  # prompt and target characters `tasks show` prints per task
@@ -115,9 +114,9 @@ def filter_command(model_dir: Path, tasks_file: Path, out: Path, samples: int, m
     if out.suffix.lower() not in TASK_SUFFIXES:
         raise click.BadParameter(f"--out must end in {', '.join(TASK_SUFFIXES)}")
     tasks = _read(tasks_file)
-    from node.rl.engine import TransformersEngine
-    from node.rl.model import ModelFolderError
-    from node.rl.tasks.filter import filter_tasks, pass_rates
+    from swarmnode.node.rl.engine import TransformersEngine
+    from swarmnode.node.rl.model import ModelFolderError
+    from swarmnode.node.rl.tasks.filter import filter_tasks, pass_rates
 
     try:
         engine = TransformersEngine.from_folder(model_dir, device=device)

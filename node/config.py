@@ -37,12 +37,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from crypto.identity import parse_address
-from node.p2p.dht import DiscoverySettings
-from node.p2p.gossip import GossipSettings
-from node.p2p.host import parse_announce
-from node.p2p.records import InvalidRecord, check_run
-from node.p2p.scoring import ScoreParams
+from swarmnode.crypto.identity import parse_address
+from swarmnode.node.p2p.dht import DiscoverySettings
+from swarmnode.node.p2p.gossip import GossipSettings
+from swarmnode.node.p2p.host import parse_announce
+from swarmnode.node.p2p.records import InvalidRecord, check_run
+from swarmnode.node.p2p.scoring import ScoreParams
 
 ROLE_NAMES = ("trainer", "relay", "worker", "validator", "bootstrap")
 

@@ -21,17 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crypto.identity import NodeIdentity, base58btc, peer_id_bytes
-from crypto.merkle import inclusion_proof, merkle_root, root_from_inclusion_proof
-from node.diloco.conformance import DILOCO_HANDLERS
-from protocol.codec import decode, encode, to_json
-from protocol.envelope import ReplayWindow, open_envelope, signing_digest
-from protocol.errors import ProtocolError, Reason
-from protocol.messages import MESSAGE_TYPES, RolloutSubmission, RunDescriptor
+from swarmnode.crypto.identity import NodeIdentity, base58btc, peer_id_bytes
+from swarmnode.crypto.merkle import inclusion_proof, merkle_root, root_from_inclusion_proof
+from swarmnode.node.diloco.conformance import DILOCO_HANDLERS
+from swarmnode.protocol.codec import decode, encode, to_json
+from swarmnode.protocol.envelope import ReplayWindow, open_envelope, signing_digest
+from swarmnode.protocol.errors import ProtocolError, Reason
+from swarmnode.protocol.messages import MESSAGE_TYPES, RolloutSubmission, RunDescriptor
 
 if TYPE_CHECKING:
-    from node.rl.engine import TransformersEngine
-    from node.rl.tasks import Task
+    from swarmnode.node.rl.engine import TransformersEngine
+    from swarmnode.node.rl.tasks import Task
 
 SUBDIRECTORIES = ("rollouts", "diloco")
 OUT_OF_RANGE = "out-of-range"  # `expect.error` of an input outside a function's domain: it MUST be refused
@@ -113,14 +113,14 @@ def _rows(inp: dict[str, Any]) -> Any:
 
 
 def check_toploc_build(inp: dict[str, Any]) -> dict[str, Any]:
-    from crypto.toploc import build_proofs
+    from swarmnode.crypto.toploc import build_proofs
 
     proofs = build_proofs(_rows(inp), k=inp["k"], chunk=inp["chunk"])
     return {"proofs": ["0x" + p.hex() for p in proofs]}
 
 
 def check_toploc_verify(inp: dict[str, Any]) -> dict[str, Any]:
-    from crypto.toploc import ToplocError, verify_proofs
+    from swarmnode.crypto.toploc import ToplocError, verify_proofs
 
     try:
         checks = verify_proofs(_rows(inp), [_hex(p) for p in inp["proofs"]], k=inp["k"], chunk=inp["chunk"])
@@ -144,20 +144,20 @@ def check_toploc_verify(inp: dict[str, Any]) -> dict[str, Any]:
 
 
 def _task(obj: dict[str, Any]) -> Task:
-    from node.rl.tasks import Task
+    from swarmnode.node.rl.tasks import Task
 
     return Task(obj["kind"], obj["prompt"], obj["target"], obj.get("target_length", 0))
 
 
 def check_task_id(inp: dict[str, Any]) -> dict[str, Any]:
-    from node.rl.tasks import canonical_json, task_id
+    from swarmnode.node.rl.tasks import canonical_json, task_id
 
     task = _task(inp)
     return {"canonical_json": canonical_json(task), "task_id": "0x" + task_id(task).hex()}
 
 
 def check_dataset_hash(inp: dict[str, Any]) -> dict[str, Any]:
-    from node.rl.tasks import dataset_hash
+    from swarmnode.node.rl.tasks import dataset_hash
 
     tasks = [_task(t) for t in inp["tasks"]]
     return {
@@ -167,8 +167,8 @@ def check_dataset_hash(inp: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_assignment(inp: dict[str, Any]) -> dict[str, Any]:
-    from node.rl.tasks import assign_tasks
-    from protocol.runs import assignment_step
+    from swarmnode.node.rl.tasks import assign_tasks
+    from swarmnode.protocol.runs import assignment_step
 
     ids = [_hex(x) for x in inp["dataset_ids"]]
     try:
@@ -184,7 +184,7 @@ def check_assignment(inp: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_seed(inp: dict[str, Any]) -> dict[str, Any]:
-    from node.rl.sampling import derive_seed
+    from swarmnode.node.rl.sampling import derive_seed
 
     try:
         seed = derive_seed(inp["run"], _hex(inp["worker"]), inp["step"], _hex(inp["task_id"]), inp["index"])
@@ -197,8 +197,7 @@ def check_sampling(inp: dict[str, Any]) -> dict[str, Any]:
     """Tokens of the seeded Gumbel-max sampler, row p of `logits` being generated position p; with the
     position keys and the 32-bit noise hashes (exact integers) when the temperature is positive."""
     import torch
-
-    from node.rl.sampling import noise_bits, position_key, sample_tokens
+    from swarmnode.node.rl.sampling import noise_bits, position_key, sample_tokens
 
     logits = torch.tensor(inp["logits"], dtype=torch.float32)
     seed, temperature = inp["seed"], inp["temperature"]
@@ -213,8 +212,7 @@ def check_sampling(inp: dict[str, Any]) -> dict[str, Any]:
 def check_sampling_rule(inp: dict[str, Any]) -> dict[str, Any]:
     """The validator's sampling check (6d): positions whose claimed token is not within the tolerance."""
     import torch
-
-    from node.rl.sampling import check_sampling as sampling_check
+    from swarmnode.node.rl.sampling import check_sampling as sampling_check
 
     logits = torch.tensor(inp["logits"], dtype=torch.float32).reshape(len(inp["tokens"]), -1)
     result = sampling_check(logits, inp["tokens"], inp["seed"], inp["temperature"], inp["tolerance"])
@@ -225,7 +223,7 @@ def _rewards_descriptor(task_kind: str, length_target: int, length_penalty: floa
     """A descriptor that only fixes what scoring reads (the length-target term); the rest is placeholder."""
     import dataclasses
 
-    from node.rl.run import devnet_grpo, devnet_policy
+    from swarmnode.node.rl.run import devnet_grpo, devnet_policy
 
     grpo = dataclasses.replace(
         devnet_grpo(_model_engine(_devnet_root()).info), length_target=length_target,
@@ -237,9 +235,8 @@ def _rewards_descriptor(task_kind: str, length_target: int, length_penalty: floa
 
 def check_rewards(inp: dict[str, Any]) -> dict[str, Any]:
     import torch
-
-    from node.rl.grpo import group_advantages
-    from node.rl.rollouts import completion_rewards
+    from swarmnode.node.rl.grpo import group_advantages
+    from swarmnode.node.rl.rollouts import completion_rewards
 
     task = _task(inp["task"])
     completions = [list(c) for c in inp["completions"]]
@@ -256,8 +253,8 @@ def check_rewards(inp: dict[str, Any]) -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def _devnet_root() -> str:
     """The base weights root (hex) of the devnet's committed model folder."""
-    from node.rl.model import model_commitment
-    from node.rl.run import DEVNET_MODEL
+    from swarmnode.node.rl.model import model_commitment
+    from swarmnode.node.rl.run import DEVNET_MODEL
 
     return model_commitment(DEVNET_MODEL).weights_root.hex()
 
@@ -265,8 +262,8 @@ def _devnet_root() -> str:
 @functools.lru_cache(maxsize=2)
 def _model_engine(weights_root_hex: str) -> TransformersEngine:
     """The engine of a model folder named by its base weights root; vectors may only name the devnet's."""
-    from node.rl.engine import TransformersEngine
-    from node.rl.run import DEVNET_MODEL
+    from swarmnode.node.rl.engine import TransformersEngine
+    from swarmnode.node.rl.run import DEVNET_MODEL
 
     if _devnet_root() != weights_root_hex:
         raise ValueError(f"model {weights_root_hex} is not held here (only the devnet's committed model is)")
@@ -276,9 +273,9 @@ def _model_engine(weights_root_hex: str) -> TransformersEngine:
 def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
     """A validator's verdict on one signed RolloutSubmission, checks 1-6 of spec/validation.md, through the
     total judge (`judge_total`): the model config is the held checkpoint's, which the descriptor names."""
-    from node.rl.engine import InferenceEngine
-    from node.rl.tasks import dataset_hash
-    from node.rl.validation import Accepted, BadProof, ValidationContext, judge_total
+    from swarmnode.node.rl.engine import InferenceEngine
+    from swarmnode.node.rl.tasks import dataset_hash
+    from swarmnode.node.rl.validation import Accepted, BadProof, ValidationContext, judge_total
 
     descriptor = decode(RunDescriptor, _hex(inp["descriptor"]))
     tasks = [_task(t) for t in inp["dataset"]]

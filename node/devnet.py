@@ -35,13 +35,12 @@ import trio
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-
-from crypto.identity import NodeIdentity
-from crypto.keystore import PASSWORD_ENV, save_keystore
-from node.cli_inputs import eval_tasks_option, run_model_options
-from node.config import NodeConfig, render_config
-from node.devnet_rl import DEVNET_STAKE_GWEI, STAKED_ROLES, DevnetLedger, work_cell
-from node.wan import PROFILES, Wan, WanError, WanUnavailable, destroy_stale, draw_links
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.keystore import PASSWORD_ENV, save_keystore
+from swarmnode.node.cli_inputs import eval_tasks_option, run_model_options
+from swarmnode.node.config import NodeConfig, render_config
+from swarmnode.node.devnet_rl import DEVNET_STAKE_GWEI, STAKED_ROLES, DevnetLedger, work_cell
+from swarmnode.node.wan import PROFILES, Wan, WanError, WanUnavailable, destroy_stale, draw_links
 
 KDF_ITERATIONS = 2  # devnet keys only: fast to open, useless to protect anything
 # SIGTERM to SIGKILL. A node's clean exit ends with the interpreter's final garbage collection over torch's
@@ -324,9 +323,9 @@ class Devnet:
 
     def write_diloco_plan(self) -> None:
         """The run's DilocoRun, signed by the lead (trainer-1), naming every trainer (spec/diloco.md)."""
-        from node.diloco.plan import build_plan, checkpoint_digest, sign_plan
-        from node.rl.run import DEVNET_MODEL, devnet_grpo
-        from node.rl.tokenizer import load_tokenizer
+        from swarmnode.node.diloco.plan import build_plan, checkpoint_digest, sign_plan
+        from swarmnode.node.rl.run import DEVNET_MODEL, devnet_grpo
+        from swarmnode.node.rl.tokenizer import load_tokenizer
 
         plan = self.plan
         model_dir = Path(plan.model) if plan.model else DEVNET_MODEL
@@ -402,7 +401,8 @@ class Devnet:
     def start(self, name: str, *args: str, command: str = "run") -> DevnetNode:
         """Start a node process (non-blocking); its output goes to <node>/stdout.log."""
         node = self.nodes[name]
-        argv = [sys.executable, "-m", "node.cli_run", command, "--config", str(node.config_path), *args]
+        module = "swarmnode.node.cli_run"
+        argv = [sys.executable, "-m", module, command, "--config", str(node.config_path), *args]
         options: dict[str, Any] = {"env": self.env(), "cwd": str(node.directory), "start_new_session": True}
         with (node.directory / "stdout.log").open("ab") as log:
             if self.wan is not None and name in self.wan.links:
@@ -878,8 +878,20 @@ def _run(
 
 def _report(devnet: Devnet, run_summary: dict[str, Any], console: Console, path: Path | None) -> None:
     """Held-out reward before and after, the final ledger, the tables, the plot and the JSON."""
-    from node.devnet_report import NodeFacts, ReportInputs, build_summary, plot_summary, summary_tables
-    from node.devnet_rl import eval_tasks_of, final_checkpoint, held_out_rewards, ledger_facts, write_json
+    from swarmnode.node.devnet_report import (
+        NodeFacts,
+        ReportInputs,
+        build_summary,
+        plot_summary,
+        summary_tables,
+    )
+    from swarmnode.node.devnet_rl import (
+        eval_tasks_of,
+        final_checkpoint,
+        held_out_rewards,
+        ledger_facts,
+        write_json,
+    )
 
     assert devnet.ledger is not None
     console.print("measuring the held-out reward of the base and the final checkpoint ...")

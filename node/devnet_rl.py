@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crypto.identity import NodeIdentity
-from ledger import Ledger
-from ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params, RunInfo
-from node.rl.tasks import Task
-from protocol.ledger_messages import MAX_RUN_VALIDATORS, ComputeSpec
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.ledger import Ledger
+from swarmnode.ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params, RunInfo
+from swarmnode.node.rl.tasks import Task
+from swarmnode.protocol.ledger_messages import MAX_RUN_VALIDATORS, ComputeSpec
 
 DEVNET_STAKE_GWEI = 2 * 10**9  # twice the devnet's minimum: one slash leaves a node eligible, three eject it
 DEVNET_PARAMS = Params(
@@ -54,13 +54,13 @@ class DevnetLedger:
 
     def create(self) -> None:
         if self.kind == "signed":
-            from ledger.signedlog import SignedLog
+            from swarmnode.ledger.signedlog import SignedLog
 
             path = self.folder / "ledger.db"
             SignedLog.create(path, DEVNET_PARAMS, ledger_id="devnet").close()
             self.url = f"signed:{path}"
             return
-        from ledger.testing import AnvilProcess, EvmHarness, find_anvil
+        from swarmnode.ledger.testing import AnvilProcess, EvmHarness, find_anvil
 
         binary = find_anvil()
         if binary is None:
@@ -76,7 +76,7 @@ class DevnetLedger:
         (self.folder / "contract.txt").write_text(contract + "\n")
 
     def open(self) -> Ledger:
-        from node.swarm.common import open_work_ledger
+        from swarmnode.node.swarm.common import open_work_ledger
 
         ledger = open_work_ledger(self.url)
         assert ledger is not None
@@ -107,9 +107,9 @@ class DevnetLedger:
         """The lead trainer's key registers the run with (the first 16 of) the devnet's validators and the
         bounds of the run the trainer will describe: the devnet's GRPO recipe for `model` (a folder, ""
         for the built-in one) and the parameters its weights files hold."""
-        from node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, devnet_grpo
-        from node.rl.tokenizer import load_tokenizer
-        from node.swarm.common import ensure_run, run_registration
+        from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, devnet_grpo
+        from swarmnode.node.rl.tokenizer import load_tokenizer
+        from swarmnode.node.swarm.common import ensure_run, run_registration
 
         folder = Path(model) if model else DEVNET_MODEL
         tokens = DEVNET_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
@@ -131,8 +131,7 @@ class DevnetLedger:
 def model_parameters(folder: Path) -> int:
     """The parameters a model folder's weights files hold, read from their headers (nothing loaded)."""
     from safetensors import safe_open
-
-    from node.rl.model import weight_files
+    from swarmnode.node.rl.model import weight_files
 
     total = 0
     for name in weight_files(folder):
@@ -159,7 +158,7 @@ class LedgerFacts:
 
 def ledger_facts(devnet_ledger: DevnetLedger) -> LedgerFacts:
     """Stakes, slashes, batches and credits now; for a signed log, the full audit too."""
-    from protocol.errors import Reason
+    from swarmnode.protocol.errors import Reason
 
     ledger = devnet_ledger.open()
     try:
@@ -191,13 +190,13 @@ def ledger_facts(devnet_ledger: DevnetLedger) -> LedgerFacts:
             by_status[slash["status"]] = by_status.get(slash["status"], 0) + 1
         verified = None
         if devnet_ledger.kind == "evm":  # what `swarmnode ledger verify --ledger evm:` checks
-            from ledger.evm_audit import audit_chain
+            from swarmnode.ledger.evm_audit import audit_chain
 
             verified = audit_chain(ledger).ok  # type: ignore[arg-type]
     finally:
         ledger.close()
     if devnet_ledger.kind == "signed":
-        from ledger.signedlog import verify_log
+        from swarmnode.ledger.signedlog import verify_log
 
         verified = verify_log(devnet_ledger.folder / "ledger.db").ok
     return LedgerFacts(
@@ -246,11 +245,11 @@ def work_cell(role: str, work: dict[str, Any], steps: int) -> str:
 
 def final_checkpoint(trainer_data: Path, run: str) -> tuple[int, dict[str, Any]] | None:
     """The newest complete checkpoint the trainer published: (version, state dict)."""
-    from node.dataplane.checkpoint import load_checkpoint
-    from node.dataplane.store import ShardStore
-    from protocol.codec import decode
-    from protocol.envelope import Envelope
-    from protocol.messages import CheckpointManifest
+    from swarmnode.node.dataplane.checkpoint import load_checkpoint
+    from swarmnode.node.dataplane.store import ShardStore
+    from swarmnode.protocol.codec import decode
+    from swarmnode.protocol.envelope import Envelope
+    from swarmnode.protocol.messages import CheckpointManifest
 
     store = ShardStore(trainer_data / "checkpoints", run)
     complete = sorted(v for v, whole in store.versions_on_disk().items() if whole)
@@ -266,8 +265,8 @@ def final_checkpoint(trainer_data: Path, run: str) -> tuple[int, dict[str, Any]]
 def eval_tasks_of(tasks: str, eval_tasks: str) -> list[Task]:
     """The tasks the report measures on: `eval_tasks`, else the first 128 of `tasks` (not held out),
     else the devnet's held-out additions."""
-    from node.rl.run import DEVNET_EVAL_SIZE, devnet_eval_tasks
-    from node.rl.tasks.files import read_tasks
+    from swarmnode.node.rl.run import DEVNET_EVAL_SIZE, devnet_eval_tasks
+    from swarmnode.node.rl.tasks.files import read_tasks
 
     if eval_tasks:
         return read_tasks(Path(eval_tasks))
@@ -281,9 +280,9 @@ def held_out_rewards(
 ) -> tuple[float, float | None]:
     """Mean reward of the base model (`model`: a folder, "" for the devnet's) and of `final_state` on
     `tasks` (same tasks, same seeds both times)."""
-    from node.rl.engine import TransformersEngine
-    from node.rl.run import DEVNET_MODEL, devnet_grpo
-    from node.rl.sync import eval_reward
+    from swarmnode.node.rl.engine import TransformersEngine
+    from swarmnode.node.rl.run import DEVNET_MODEL, devnet_grpo
+    from swarmnode.node.rl.sync import eval_reward
 
     engine = TransformersEngine.from_folder(Path(model) if model else DEVNET_MODEL)
     grpo = devnet_grpo(engine.info, max_new_tokens)

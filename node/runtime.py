@@ -21,23 +21,22 @@ from typing import Any, TextIO
 
 import trio
 from libp2p.abc import IHost
-
-from crypto.identity import NodeIdentity
-from ledger import Ledger
-from ledger.errors import LedgerError
-from ledger.signedlog import SignedLog
-from node.config import NodeConfig
-from node.metrics import make_registry, serve_metrics
-from node.p2p.clock import SeqCounter, wall_ms
-from node.p2p.dht import Discovery
-from node.p2p.gossip import Delivery, Gossip, LedgerView, advance_ledger_view
-from node.p2p.host import build_host, dialable_addrs, listen_addrs
-from node.p2p.peers import AGENT, Liveness, PeerActivity, PeerDirectory
-from node.p2p.records import ROLES
-from node.p2p.reqresp import RequestResponse
-from node.p2p.scoring import PeerGuard
-from node.roles.base import RoleNet, RoleService
-from protocol.messages import Hello
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.ledger import Ledger
+from swarmnode.ledger.errors import LedgerError
+from swarmnode.ledger.signedlog import SignedLog
+from swarmnode.node.config import NodeConfig
+from swarmnode.node.metrics import make_registry, serve_metrics
+from swarmnode.node.p2p.clock import SeqCounter, wall_ms
+from swarmnode.node.p2p.dht import Discovery
+from swarmnode.node.p2p.gossip import Delivery, Gossip, LedgerView, advance_ledger_view
+from swarmnode.node.p2p.host import build_host, dialable_addrs, listen_addrs
+from swarmnode.node.p2p.peers import AGENT, Liveness, PeerActivity, PeerDirectory
+from swarmnode.node.p2p.records import ROLES
+from swarmnode.node.p2p.reqresp import RequestResponse
+from swarmnode.node.p2p.scoring import PeerGuard
+from swarmnode.node.roles.base import RoleNet, RoleService
+from swarmnode.protocol.messages import Hello
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +166,9 @@ class NodeRuntime:
         A read that fails keeps the last view (counted); until the first read succeeds the node judges
         ledger-backed topics in open mode, like a node without a ledger.
         """
-        from node.swarm.common import open_work_ledger  # imports torch: only nodes with a ledger pay
+        from swarmnode.node.swarm.common import (
+            open_work_ledger,  # imports torch: only nodes with a ledger pay
+        )
 
         ledger = await trio.to_thread.run_sync(open_work_ledger, self.config.ledger_url)
         assert ledger is not None

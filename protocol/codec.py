@@ -19,25 +19,24 @@ import types
 from typing import Any
 
 import msgpack
-
-from protocol._codec_fast import DECLINED, fast_decode, fast_encode
+from swarmnode.protocol._codec_fast import DECLINED, fast_decode, fast_encode
 
 # re-exported (`X as X`): the schema language is part of this module's API
-from protocol._codec_schema import DEFAULT_MAX_ITEMS as DEFAULT_MAX_ITEMS
-from protocol._codec_schema import DEFAULT_MAX_LEN as DEFAULT_MAX_LEN
-from protocol._codec_schema import MAX_KEY_LEN as MAX_KEY_LEN
-from protocol._codec_schema import U64_MAX as U64_MAX
-from protocol._codec_schema import FieldSpec as FieldSpec
-from protocol._codec_schema import M as M
-from protocol._codec_schema import MaxLen as MaxLen
-from protocol._codec_schema import Message as Message
-from protocol._codec_schema import Pattern as Pattern
-from protocol._codec_schema import Range as Range
-from protocol._codec_schema import Size as Size
-from protocol._codec_schema import UnpackLimits as UnpackLimits
-from protocol._codec_schema import schema as schema
-from protocol._codec_schema import unpack_limits as unpack_limits
-from protocol.errors import Reason, Reject
+from swarmnode.protocol._codec_schema import DEFAULT_MAX_ITEMS as DEFAULT_MAX_ITEMS
+from swarmnode.protocol._codec_schema import DEFAULT_MAX_LEN as DEFAULT_MAX_LEN
+from swarmnode.protocol._codec_schema import MAX_KEY_LEN as MAX_KEY_LEN
+from swarmnode.protocol._codec_schema import U64_MAX as U64_MAX
+from swarmnode.protocol._codec_schema import FieldSpec as FieldSpec
+from swarmnode.protocol._codec_schema import M as M
+from swarmnode.protocol._codec_schema import MaxLen as MaxLen
+from swarmnode.protocol._codec_schema import Message as Message
+from swarmnode.protocol._codec_schema import Pattern as Pattern
+from swarmnode.protocol._codec_schema import Range as Range
+from swarmnode.protocol._codec_schema import Size as Size
+from swarmnode.protocol._codec_schema import UnpackLimits as UnpackLimits
+from swarmnode.protocol._codec_schema import schema as schema
+from swarmnode.protocol._codec_schema import unpack_limits as unpack_limits
+from swarmnode.protocol.errors import Reason, Reject
 
 # --- encoding ------------------------------------------------------------------------------------
 

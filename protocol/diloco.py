@@ -13,11 +13,11 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from crypto.hashing import sha256
-from protocol.codec import decode, encode
-from protocol.envelope import Envelope, envelope_digest, open_envelope
-from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import (
+from swarmnode.crypto.hashing import sha256
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.messages import (
     CheckpointManifest,
     DilocoContribution,
     DilocoEntry,
@@ -26,8 +26,8 @@ from protocol.messages import (
     DilocoVote,
     RunDescriptor,
 )
-from protocol.runs import run_trainers
-from protocol.shards import verify_manifest
+from swarmnode.protocol.runs import run_trainers
+from swarmnode.protocol.shards import verify_manifest
 
 # --- parameters (spec/diloco.md, Parameters) -----------------------------------------------------
 

@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar
 
-from crypto.hashing import keccak256, sha256
-from crypto.identity import NodeIdentity
-from crypto.signing import InvalidSignature, recover_address
-from protocol.codec import MaxLen, Size, decode, encode
-from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import MESSAGE_TYPES
-from protocol.types import MIB, Address
+from swarmnode.crypto.hashing import keccak256, sha256
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.signing import InvalidSignature, recover_address
+from swarmnode.protocol.codec import MaxLen, Size, decode, encode
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.messages import MESSAGE_TYPES
+from swarmnode.protocol.types import MIB, Address
 
 ENVELOPE_VERSION = 1
 ENVELOPE_OVERHEAD = 512  # bytes an envelope adds around its body, generously

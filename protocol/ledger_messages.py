@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from protocol.codec import MaxLen, Pattern, Range
-from protocol.types import KIB, MIB, Address, Digest, Role, RunId
+from swarmnode.protocol.codec import MaxLen, Pattern, Range
+from swarmnode.protocol.types import KIB, MIB, Address, Digest, Role, RunId
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1

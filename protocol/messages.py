@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from protocol.codec import MaxLen, Pattern, Range, Size, registry  # noqa: F401
-from protocol.ledger_messages import (
+from swarmnode.protocol.codec import MaxLen, Pattern, Range, Size, registry  # noqa: F401
+from swarmnode.protocol.ledger_messages import (
     CommitCredits,
     FinalizeSlash,
     LedgerEntry,
@@ -24,7 +24,7 @@ from protocol.ledger_messages import (
     StakeWithdraw,
     VoidSlash,
 )
-from protocol.types import KIB, MIB, Address, Digest, Role, RunId, Url  # noqa: F401
+from swarmnode.protocol.types import KIB, MIB, Address, Digest, Role, RunId, Url  # noqa: F401
 
 # --- run ----------------------------------------------------------------------------------------
 

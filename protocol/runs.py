@@ -9,8 +9,8 @@ the worker's counter on it (`assignment_step`); credit is per (run, worker, step
 
 from __future__ import annotations
 
-from protocol.errors import Reason, Reject
-from protocol.messages import RunDescriptor
+from swarmnode.protocol.errors import Reason, Reject
+from swarmnode.protocol.messages import RunDescriptor
 
 
 def run_trainers(descriptor: RunDescriptor) -> tuple[bytes, ...]:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from crypto.hashing import sha256
-from crypto.merkle import merkle_root
-from protocol.codec import decode, encode
-from protocol.envelope import ENVELOPE_OVERHEAD, Envelope, open_envelope
-from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import MANIFEST_MAX_SHARDS, CheckpointHead, CheckpointManifest, ShardHave
-from protocol.types import MIB
+from swarmnode.crypto.hashing import sha256
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import ENVELOPE_OVERHEAD, Envelope, open_envelope
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.messages import MANIFEST_MAX_SHARDS, CheckpointHead, CheckpointManifest, ShardHave
+from swarmnode.protocol.types import MIB
 
 M = TypeVar("M", CheckpointManifest, CheckpointHead)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from protocol.codec import MaxLen, Pattern, Size
+from swarmnode.protocol.codec import MaxLen, Pattern, Size
 
 Digest = Annotated[bytes, Size(32)]
 Address = Annotated[bytes, Size(20)]

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.codec import encode
-from protocol.envelope import Opened
-from protocol.errors import Reason, Reject
-from protocol.messages import VERDICT_BATCH_MAX_ITEMS, VERDICT_BATCH_MAX_SIZE, Verdict, VerdictBatch
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.envelope import Opened
+from swarmnode.protocol.errors import Reason, Reject
+from swarmnode.protocol.messages import VERDICT_BATCH_MAX_ITEMS, VERDICT_BATCH_MAX_SIZE, Verdict, VerdictBatch
 
 ARRAY16_EXTRA = 2  # a msgpack array of 16..65535 items has a 3-byte header, not the 1-byte fixarray's
 

@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from protocol.codec import FieldSpec, schema  # noqa: E402
-from protocol.messages import MESSAGE_TYPES  # noqa: E402
+from swarmnode.protocol.codec import FieldSpec, schema  # noqa: E402
+from swarmnode.protocol.messages import MESSAGE_TYPES  # noqa: E402
 
 OUT = ROOT / "spec" / "messages.md"
 

@@ -33,15 +33,14 @@ from pathlib import Path
 import tokenizers
 import torch
 import transformers
-
-from node.rl.engine import TransformersEngine
-from node.rl.model import file_sha256, model_commitment
-from node.rl.modelinit import DEFAULT_VOCAB_SIZE, chat_texts, init_model_folder
-from node.rl.run import DEVNET_MODEL, devnet_dataset, devnet_eval_tasks, devnet_grpo
-from node.rl.sync import eval_reward
-from node.rl.tasks import Task
-from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
-from node.rl.warmstart import EvalPoint, WarmStartRecipe, warm_start
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.model import file_sha256, model_commitment
+from swarmnode.node.rl.modelinit import DEFAULT_VOCAB_SIZE, chat_texts, init_model_folder
+from swarmnode.node.rl.run import DEVNET_MODEL, devnet_dataset, devnet_eval_tasks, devnet_grpo
+from swarmnode.node.rl.sync import eval_reward
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+from swarmnode.node.rl.warmstart import EvalPoint, WarmStartRecipe, warm_start
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ scripts/install.sh
 . .venv/bin/activate
 echo "==> lint and types (ruff on the tree; mypy strict on protocol/, crypto/, ledger/)"
 ruff check .
-mypy protocol crypto ledger
+scripts/typecheck.sh
 echo "==> fast tests"
 python -m pytest -q -p no:cacheprovider
 echo "==> slow multi-process tests"

@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 
-from node.wan import Wan, WanUnavailable, check_available, draw_links, pair_loss, pair_rtt_ms
+from swarmnode.node.wan import Wan, WanUnavailable, check_available, draw_links, pair_loss, pair_rtt_ms
 
-PROBE = [sys.executable, "-m", "node.wan.probe"]
+PROBE = [sys.executable, "-m", "swarmnode.node.wan.probe"]
 PORT = "7000"
 
 

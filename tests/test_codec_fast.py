@@ -13,12 +13,19 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from protocol._codec_fast import DECLINED, fast_decode, fast_encode
-from protocol.codec import FieldSpec, decode, encode, reference_decode, reference_encode, schema, to_wire
-from protocol.envelope import Envelope
-from protocol.errors import Reason
-from protocol.messages import MESSAGE_TYPES
+from swarmnode.protocol._codec_fast import DECLINED, fast_decode, fast_encode
+from swarmnode.protocol.codec import (
+    FieldSpec,
+    decode,
+    encode,
+    reference_decode,
+    reference_encode,
+    schema,
+    to_wire,
+)
+from swarmnode.protocol.envelope import Envelope
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.messages import MESSAGE_TYPES
 
 CLASSES = [*MESSAGE_TYPES.values(), Envelope]
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

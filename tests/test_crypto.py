@@ -12,12 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from libp2p.crypto.secp256k1 import create_new_key_pair
 from libp2p.peer.id import ID
-
-from crypto.hashing import keccak256
-from crypto.identity import NodeIdentity, format_address, parse_address
-from crypto.keystore import KeystoreError, load_keystore, save_keystore
-from crypto.merkle import inclusion_proof, is_included, merkle_root, root_from_inclusion_proof
-from crypto.signing import InvalidSignature, recover_address
+from swarmnode.crypto.hashing import keccak256
+from swarmnode.crypto.identity import NodeIdentity, format_address, parse_address
+from swarmnode.crypto.keystore import KeystoreError, load_keystore, save_keystore
+from swarmnode.crypto.merkle import inclusion_proof, is_included, merkle_root, root_from_inclusion_proof
+from swarmnode.crypto.signing import InvalidSignature, recover_address
 
 KEY = bytes(range(1, 33))
 
@@ -104,8 +103,7 @@ def test_merkle_malformed_paths_are_refused():
 
 def test_the_address_a_peer_id_embeds_is_the_keys_address():
     from libp2p.peer.id import ID
-
-    from crypto.identity import address_of_peer_id
+    from swarmnode.crypto.identity import address_of_peer_id
 
     one, other = NodeIdentity(b"\x01" * 32), NodeIdentity(b"\x02" * 32)
     raw = ID.from_base58(one.peer_id).to_bytes()

@@ -15,10 +15,9 @@ from eth_keys import KeyAPI
 from eth_keys.backends import NativeECCBackend
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from crypto.hashing import KECCAK_BACKEND, keccak256, keccak256_pycryptodome
-from crypto.identity import NodeIdentity
-from crypto.signing import InvalidSignature, address_of_public_key, recover_address, sign_digest
+from swarmnode.crypto.hashing import KECCAK_BACKEND, keccak256, keccak256_pycryptodome
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.signing import InvalidSignature, address_of_public_key, recover_address, sign_digest
 
 _N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 _REFERENCE = KeyAPI(NativeECCBackend)

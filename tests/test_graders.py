@@ -14,9 +14,8 @@ import mpmath
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from node.rl.tasks import Grade, GraderFault, Task, code, grade, math
-from node.rl.tasks.code import CODE_LIMITS, LINE_BUDGET, Outcome, SandboxLimits, run_python
+from swarmnode.node.rl.tasks import Grade, GraderFault, Task, code, grade, math
+from swarmnode.node.rl.tasks.code import CODE_LIMITS, LINE_BUDGET, Outcome, SandboxLimits, run_python
 
 EXAMPLE_TIME_S = 0.5  # per hostile answer, on a loaded 2-core machine (they take about a millisecond)
 

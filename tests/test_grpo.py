@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-
-from node.rl.grpo import group_advantages, grpo_loss, has_signal, length_target_reward
+from swarmnode.node.rl.grpo import group_advantages, grpo_loss, has_signal, length_target_reward
 
 
 def test_group_advantages_normalise_and_zero_for_equal_rewards():

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from protocol.pacing import (
+from swarmnode.protocol.pacing import (
     MAX_STEP_INTERVAL_MS,
     MIN_STEP_INTERVAL_MS,
     PACE_HISTORY,

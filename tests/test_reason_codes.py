@@ -1,7 +1,7 @@
 """Every typed ledger error carries a code the protocol defines, in the ledger class."""
 
-from ledger.errors import ERRORS_BY_CODE
-from protocol.errors import Reason
+from swarmnode.ledger.errors import ERRORS_BY_CODE
+from swarmnode.protocol.errors import Reason
 
 
 def test_ledger_error_codes_are_protocol_reasons():

@@ -7,15 +7,15 @@ import dataclasses
 
 import msgpack
 import pytest
-
-from protocol.codec import decode, encode, to_wire
-from protocol.errors import Reason, Reject
-from protocol.messages import (
+from swarmnode.protocol.codec import decode, encode, to_wire
+from swarmnode.protocol.errors import Reason, Reject
+from swarmnode.protocol.messages import (
     DEFAULT_MAX_SUBMISSIONS_PER_VERSION,
     MAX_SUBMISSIONS_PER_VERSION_LIMIT,
     RunDescriptor,
 )
-from protocol.runs import check_descriptor, run_trainers
+from swarmnode.protocol.runs import check_descriptor, run_trainers
+
 from tests.conformance.keys import vector_identity
 from tests.conformance.samples import every_message
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from crypto.hashing import sha256
-from crypto.identity import NodeIdentity
-from node.rl.engine import TransformersEngine
-from node.rl.model import ModelRecipe, build_model, hf_config, model_commitment, save_model_folder
-from node.rl.rollouts import (
+from swarmnode.crypto.hashing import sha256
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.model import ModelRecipe, build_model, hf_config, model_commitment, save_model_folder
+from swarmnode.node.rl.rollouts import (
     assigned_tasks,
     assignment_step,
     build_submission,
@@ -20,10 +19,11 @@ from node.rl.rollouts import (
     task_prompt_ids,
     to_wire_group,
 )
-from node.rl.run import describe_run, devnet_dataset, devnet_grpo, devnet_policy
-from node.rl.validation import BadProof, ValidationContext, validate_submission
-from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import RolloutSubmission
+from swarmnode.node.rl.run import describe_run, devnet_dataset, devnet_grpo, devnet_policy
+from swarmnode.node.rl.validation import BadProof, ValidationContext, validate_submission
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.messages import RolloutSubmission
+
 from tests.tinymodel import eos_prone, tiny_engine, tiny_folder
 
 WORKER = NodeIdentity(sha256(b"validation-test-worker")).address
@@ -235,7 +235,7 @@ def _no_engine(version):
 
 def test_logprobs_are_checked_after_the_proofs(honest, setup, engine):
     """Right tokens and proofs, wrong logprobs (what the trainer would use): a rule violation, not a slash."""
-    from node.rl.rollouts import pack_logprobs, unpack_logprobs
+    from swarmnode.node.rl.rollouts import pack_logprobs, unpack_logprobs
 
     c = honest.groups[0].completions[0]
     bad = _replace_completion(honest, 0, 0, logprobs=pack_logprobs(unpack_logprobs(c.logprobs) + 0.5))
@@ -258,8 +258,8 @@ def test_cheap_checks_only_when_not_sampled(honest, setup, engine):
 
 
 def test_tier_two_failures_name_the_chunks_over_the_bound():
-    from crypto.toploc import CalibratedPolicy, ChunkCheck
-    from node.rl.validation import failing_chunks
+    from swarmnode.crypto.toploc import CalibratedPolicy, ChunkCheck
+    from swarmnode.node.rl.validation import failing_chunks
 
     checks = [
         ChunkCheck(0, 0.0, 0.0, True),
@@ -272,8 +272,8 @@ def test_tier_two_failures_name_the_chunks_over_the_bound():
 
 def _submission_from(engine, setup, seed_offset=0, edit=None, counter=2):
     """A consistent submission (rewards, advantages, proofs match its tokens), possibly off-policy."""
-    from node.rl.rollouts import GeneratedGroup
-    from node.rl.sampling import derive_seed
+    from swarmnode.node.rl.rollouts import GeneratedGroup
+    from swarmnode.node.rl.sampling import derive_seed
 
     descriptor, tasks = setup
     dataset = {t.task_id: t for t in tasks}
@@ -342,8 +342,8 @@ def test_premature_eos_is_caught(setup, engine):
     """An EOS the seeded sampler did not choose, right after the first token, with the proofs, logprobs and
     rewards made consistent with it: the termination check rejects it where the model's P(EOS) is below
     the run's `eos_min_prob`, else the sampling check does."""
-    from node.rl.engine import Completion as EngineCompletion
-    from node.rl.sampling import token_logprobs
+    from swarmnode.node.rl.engine import Completion as EngineCompletion
+    from swarmnode.node.rl.sampling import token_logprobs
 
     eos = engine.info.eos_token_ids[0]
     p_eos: list[float] = []  # the model's P(EOS) where each cut puts its EOS
@@ -385,8 +385,8 @@ def test_an_eos_the_seeded_sampler_chose_is_never_unlikely(setup, engine):
 
 
 def test_the_eos_threshold_guards_only_an_eos_the_sampler_did_not_choose():
-    from node.rl.sampling import SamplingCheck
-    from node.rl.validation import eos_threshold
+    from swarmnode.node.rl.sampling import SamplingCheck
+    from swarmnode.node.rl.validation import eos_threshold
 
     eos = (2,)
     chosen = SamplingCheck(mismatches=(), max_gap=0.0)
@@ -399,8 +399,8 @@ def test_the_eos_threshold_guards_only_an_eos_the_sampler_did_not_choose():
 
 def test_the_eos_threshold_with_two_eos_ids():
     """Any of the model's EOS ids ends a completion; another token in last place is not an EOS."""
-    from node.rl.sampling import SamplingCheck
-    from node.rl.validation import eos_threshold
+    from swarmnode.node.rl.sampling import SamplingCheck
+    from swarmnode.node.rl.validation import eos_threshold
 
     eos = (2, 9)
     chosen = SamplingCheck(mismatches=(), max_gap=0.0)
@@ -415,8 +415,8 @@ def test_the_eos_threshold_with_two_eos_ids():
 def test_batched_token_scores_equal_the_per_completion_checks(honest, engine, temperature):
     """Check 6's batched logprobs, P(EOS) and sampling are exactly the per-completion functions' values,
     including a completion whose tokens are off the sampler."""
-    from node.rl.sampling import check_sampling, eos_probabilities, token_logprobs
-    from node.rl.validation import _token_scores
+    from swarmnode.node.rl.sampling import check_sampling, eos_probabilities, token_logprobs
+    from swarmnode.node.rl.validation import _token_scores
 
     flat = [(g.prompt_ids, c) for g in honest.groups for c in g.completions]
     off = dataclasses.replace(flat[1][1], token_ids=tuple((t + 1) % 50 for t in flat[1][1].token_ids))

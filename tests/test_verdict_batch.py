@@ -7,13 +7,12 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from crypto.identity import NodeIdentity
-from protocol.codec import decode, encode
-from protocol.envelope import ENVELOPE_OVERHEAD, open_envelope, seal
-from protocol.errors import Reason, Reject
-from protocol.messages import VERDICT_BATCH_MAX_ITEMS, VERDICT_BATCH_MAX_SIZE, Verdict, VerdictBatch
-from protocol.verdicts import VerdictBatcher, check_opened_verdicts, check_verdict_batch
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import ENVELOPE_OVERHEAD, open_envelope, seal
+from swarmnode.protocol.errors import Reason, Reject
+from swarmnode.protocol.messages import VERDICT_BATCH_MAX_ITEMS, VERDICT_BATCH_MAX_SIZE, Verdict, VerdictBatch
+from swarmnode.protocol.verdicts import VerdictBatcher, check_opened_verdicts, check_verdict_batch
 
 RUN = "batch-run"
 NOW = 1_767_225_600_000

@@ -15,10 +15,9 @@ from functools import cache
 from pathlib import Path
 
 import torch
-
-from node.rl.engine import TransformersEngine
-from node.rl.modelinit import chat_texts, init_model_folder
-from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.modelinit import chat_texts, init_model_folder
+from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
 
 _ROOT = Path(tempfile.mkdtemp(prefix="swarmnode-tiny-"))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)

@@ -28,5 +28,6 @@ API, by role:
   `VerifiedCheckpoint(manifest, envelope, directory)` on `completed` once a version is whole, and
   `checkpoint.load_checkpoint(directory, manifest)` (in a thread) gives the state dict to hot-swap.
 
-Processes for tests and the benchmark: `python -m node.dataplane origin|relay|worker|bad-relay --help`.
+Processes for tests and the benchmark:
+`python -m swarmnode.node.dataplane origin|relay|worker|bad-relay --help`.
 """

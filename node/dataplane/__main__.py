@@ -1,4 +1,4 @@
-"""Run one data-plane role as a process: `python -m node.dataplane origin|relay|worker|bad-relay ...`.
+"""Run one data-plane role as a process: `python -m swarmnode.node.dataplane origin|relay|worker|...`.
 
 Used by the multi-process tests and the broadcast benchmark; also a manual way to watch a broadcast.
 Each process prints JSON lines on stdout (`listening`, `published`, `checkpoint`, `stats`) and stops on
@@ -19,17 +19,16 @@ from typing import Any
 
 import torch
 import trio
-
-from crypto.identity import NodeIdentity, parse_address
-from node.dataplane.checkpoint import load_checkpoint, state_digest
-from node.dataplane.downloader import DownloadConfig
-from node.dataplane.faults import Fault, FaultyService
-from node.dataplane.follower import VerifiedCheckpoint
-from node.dataplane.http_server import ServerConfig
-from node.dataplane.progress import RichProgress
-from node.dataplane.roles import FollowerNode, FollowerNodeConfig, OriginNode
-from node.dataplane.sources import ScoringConfig
-from protocol.types import MIB
+from swarmnode.crypto.identity import NodeIdentity, parse_address
+from swarmnode.node.dataplane.checkpoint import load_checkpoint, state_digest
+from swarmnode.node.dataplane.downloader import DownloadConfig
+from swarmnode.node.dataplane.faults import Fault, FaultyService
+from swarmnode.node.dataplane.follower import VerifiedCheckpoint
+from swarmnode.node.dataplane.http_server import ServerConfig
+from swarmnode.node.dataplane.progress import RichProgress
+from swarmnode.node.dataplane.roles import FollowerNode, FollowerNodeConfig, OriginNode
+from swarmnode.node.dataplane.sources import ScoringConfig
+from swarmnode.protocol.types import MIB
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -245,7 +244,7 @@ async def run_bad_relay(args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m node.dataplane", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m swarmnode.node.dataplane", description=__doc__)
     sub = parser.add_subparsers(dest="role", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:

@@ -14,9 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import trio
-
-from protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo
-from protocol.shards import manifest_head
+from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo
+from swarmnode.protocol.shards import manifest_head
 
 
 @dataclass

@@ -34,12 +34,11 @@ from typing import Literal
 
 import safetensors.torch
 import torch
-
-from crypto.merkle import merkle_root
-from node.dataplane.errors import CheckpointInvalid
-from protocol.messages import CheckpointManifest, ShardInfo
-from protocol.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, check_manifest, is_safe_shard_name
-from protocol.types import MIB
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.dataplane.errors import CheckpointInvalid
+from swarmnode.protocol.messages import CheckpointManifest, ShardInfo
+from swarmnode.protocol.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, check_manifest, is_safe_shard_name
+from swarmnode.protocol.types import MIB
 
 Layout = Literal["model", "pieces"]
 MODEL_LAYOUT: Layout = "model"

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol.codec import encode
-from protocol.errors import ProtocolError
-from protocol.messages import CheckpointHead
-from protocol.shards import (
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.errors import ProtocolError
+from swarmnode.protocol.messages import CheckpointHead
+from swarmnode.protocol.shards import (
     Unsatisfiable,
     decode_bitfield,
     encode_bitfield,

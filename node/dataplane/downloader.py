@@ -24,14 +24,13 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import trio
-
-from node.dataplane.errors import BadResponse, Busy, FailureKind, NotHeld, PeerFault
-from node.dataplane.http_client import ClientResponse, HttpClient
-from node.dataplane.progress import NullProgress, ProgressSink
-from node.dataplane.sources import SourceBook
-from node.dataplane.store import DigestMismatch, PartialShard, ShardStore
-from protocol.messages import CheckpointManifest, ShardInfo
-from protocol.shards import parse_content_range, shard_path
+from swarmnode.node.dataplane.errors import BadResponse, Busy, FailureKind, NotHeld, PeerFault
+from swarmnode.node.dataplane.http_client import ClientResponse, HttpClient
+from swarmnode.node.dataplane.progress import NullProgress, ProgressSink
+from swarmnode.node.dataplane.sources import SourceBook
+from swarmnode.node.dataplane.store import DigestMismatch, PartialShard, ShardStore
+from swarmnode.protocol.messages import CheckpointManifest, ShardInfo
+from swarmnode.protocol.shards import parse_content_range, shard_path
 
 
 @dataclass(frozen=True)

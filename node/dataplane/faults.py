@@ -13,13 +13,12 @@ from collections.abc import AsyncIterator
 from enum import StrEnum
 
 import trio
-
-from node.dataplane.http_server import BytesBody, Request, Response, StreamBody
-from node.dataplane.origin import Sealer
-from node.dataplane.service import MSGPACK, OCTETS, ShardService
-from protocol.messages import CheckpointManifest
-from protocol.shards import Unsatisfiable, content_range, parse_range, parse_route
-from protocol.types import MIB
+from swarmnode.node.dataplane.http_server import BytesBody, Request, Response, StreamBody
+from swarmnode.node.dataplane.origin import Sealer
+from swarmnode.node.dataplane.service import MSGPACK, OCTETS, ShardService
+from swarmnode.protocol.messages import CheckpointManifest
+from swarmnode.protocol.shards import Unsatisfiable, content_range, parse_range, parse_route
+from swarmnode.protocol.types import MIB
 
 
 class Fault(StrEnum):

@@ -14,15 +14,14 @@ from collections.abc import Mapping
 
 import trio
 import trio.lowlevel
-
-from node.dataplane.catalog import Catalog
-from node.dataplane.errors import PeerFault
-from node.dataplane.http_client import HttpClient
-from node.dataplane.sources import SourceBook
-from protocol.errors import ProtocolError
-from protocol.messages import CheckpointManifest
-from protocol.shards import MAX_MANIFEST_ENVELOPE, have_path, latest_manifest_path, verify_have
-from protocol.types import KIB
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.errors import PeerFault
+from swarmnode.node.dataplane.http_client import HttpClient
+from swarmnode.node.dataplane.sources import SourceBook
+from swarmnode.protocol.errors import ProtocolError
+from swarmnode.protocol.messages import CheckpointManifest
+from swarmnode.protocol.shards import MAX_MANIFEST_ENVELOPE, have_path, latest_manifest_path, verify_have
+from swarmnode.protocol.types import KIB
 
 MAX_MANIFEST_BYTES = MAX_MANIFEST_ENVELOPE
 MAX_HAVE_BYTES = 8 * KIB

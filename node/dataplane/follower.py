@@ -21,16 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
-
-from node.dataplane.catalog import Catalog
-from node.dataplane.downloader import Downloader
-from node.dataplane.heads import ManifestResolver, Unresolved
-from node.dataplane.store import ShardStore
-from protocol.codec import decode
-from protocol.envelope import Envelope
-from protocol.errors import Ignore, ProtocolError, Reason, Reject
-from protocol.messages import CheckpointHead, CheckpointManifest
-from protocol.shards import is_retained, verify_head, verify_manifest, versions_to_prune
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.downloader import Downloader
+from swarmnode.node.dataplane.heads import ManifestResolver, Unresolved
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.envelope import Envelope
+from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest
+from swarmnode.protocol.shards import is_retained, verify_head, verify_manifest, versions_to_prune
 
 MAX_RESOLVING = 4  # heads being resolved into manifests at once (one per version)
 

@@ -19,13 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
-
-from node.dataplane.errors import PeerFault
-from node.dataplane.http_client import HttpClient
-from node.dataplane.sources import SourceBook
-from protocol.errors import ProtocolError, Reject
-from protocol.messages import CheckpointHead, CheckpointManifest
-from protocol.shards import MAX_MANIFEST_ENVELOPE, manifest_path, verify_manifest_for_head
+from swarmnode.node.dataplane.errors import PeerFault
+from swarmnode.node.dataplane.http_client import HttpClient
+from swarmnode.node.dataplane.sources import SourceBook
+from swarmnode.protocol.errors import ProtocolError, Reject
+from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest
+from swarmnode.protocol.shards import MAX_MANIFEST_ENVELOPE, manifest_path, verify_manifest_for_head
 
 RETRY_BASE_S = 0.25  # pause after a pass over the sources found no matching manifest, doubling
 RETRY_MAX_S = 4.0

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 import h11
 import trio
-
-from node.dataplane.errors import BadResponse, ConnectFailed, PeerFault, Stalled, Truncated
-from protocol.shards import Endpoint, parse_endpoint
-from protocol.types import KIB, MIB
+from swarmnode.node.dataplane.errors import BadResponse, ConnectFailed, PeerFault, Stalled, Truncated
+from swarmnode.protocol.shards import Endpoint, parse_endpoint
+from swarmnode.protocol.types import KIB, MIB
 
 USER_AGENT = "swarmnode"
 

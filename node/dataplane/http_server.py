@@ -28,10 +28,9 @@ from urllib.parse import parse_qsl
 
 import h11
 import trio
-
-from node.dataplane.ratelimit import LOOPBACK_NETWORKS, TokenBucket, address_key, in_networks
-from node.p2p.ratelimit import Slots
-from protocol.types import KIB, MIB
+from swarmnode.node.dataplane.ratelimit import LOOPBACK_NETWORKS, TokenBucket, address_key, in_networks
+from swarmnode.node.p2p.ratelimit import Slots
+from swarmnode.protocol.types import KIB, MIB
 
 SERVER_NAME = "swarmnode"
 

@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 import trio
-
-from crypto.identity import NodeIdentity
-from node.dataplane.catalog import Catalog
-from node.dataplane.checkpoint import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.checkpoint import (
     CONFIG_FILE,
     MODEL_LAYOUT,
     PIECES_LAYOUT,
@@ -35,17 +34,19 @@ from node.dataplane.checkpoint import (
     build_manifest,
     plan_files,
 )
-from node.dataplane.follower import wall_ms
-from node.dataplane.store import ShardStore
-from protocol.envelope import seal
-from protocol.messages import CheckpointManifest, ShardInfo
-from protocol.shards import DEFAULT_SHARD_SIZE, manifest_head, versions_to_prune
+from swarmnode.node.dataplane.follower import wall_ms
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.protocol.envelope import seal
+from swarmnode.protocol.messages import CheckpointManifest, ShardInfo
+from swarmnode.protocol.shards import DEFAULT_SHARD_SIZE, manifest_head, versions_to_prune
 
 
 def model_folder_files(folder: str | os.PathLike[str]) -> dict[str, bytes]:
     """The files a model checkpoint carries beside its weights: config.json, generation_config.json (if
     present) and the tokenizer files, read byte for byte from the run's model folder (blocking)."""
-    from node.rl import model  # imports transformers (2 s): only a trainer calls this, never a relay
+    from swarmnode.node.rl import (
+        model,  # imports transformers (2 s): only a trainer calls this, never a relay
+    )
 
     folder = Path(folder)
     if not (folder / model.CONFIG_FILE).is_file():

@@ -15,20 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
-
-from crypto.identity import NodeIdentity
-from node.dataplane.catalog import Catalog
-from node.dataplane.downloader import DownloadConfig, Downloader
-from node.dataplane.feeds import follow_haves, follow_manifests
-from node.dataplane.follower import Follower, FollowerConfig, VerifiedCheckpoint
-from node.dataplane.http_client import ClientConfig, HttpClient
-from node.dataplane.http_server import Handler, HttpServer, ServerConfig
-from node.dataplane.origin import Origin, Sealer
-from node.dataplane.progress import ProgressSink
-from node.dataplane.service import ShardService
-from node.dataplane.sources import ScoringConfig, SourceBook
-from node.dataplane.store import ShardStore
-from protocol.shards import DEFAULT_SHARD_SIZE
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.downloader import DownloadConfig, Downloader
+from swarmnode.node.dataplane.feeds import follow_haves, follow_manifests
+from swarmnode.node.dataplane.follower import Follower, FollowerConfig, VerifiedCheckpoint
+from swarmnode.node.dataplane.http_client import ClientConfig, HttpClient
+from swarmnode.node.dataplane.http_server import Handler, HttpServer, ServerConfig
+from swarmnode.node.dataplane.origin import Origin, Sealer
+from swarmnode.node.dataplane.progress import ProgressSink
+from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.sources import ScoringConfig, SourceBook
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.protocol.shards import DEFAULT_SHARD_SIZE
 
 
 def _endpoint(host: str, port: int) -> str:

@@ -13,12 +13,25 @@ from typing import Any
 
 import msgpack
 import trio
-
-from node.dataplane.catalog import Catalog
-from node.dataplane.http_server import BytesBody, FileBody, Request, Response, ServerStats, simple_response
-from node.dataplane.store import ShardStore
-from protocol.messages import ShardHave
-from protocol.shards import Route, Unsatisfiable, content_range, encode_bitfield, parse_range, parse_route
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.http_server import (
+    BytesBody,
+    FileBody,
+    Request,
+    Response,
+    ServerStats,
+    simple_response,
+)
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.protocol.messages import ShardHave
+from swarmnode.protocol.shards import (
+    Route,
+    Unsatisfiable,
+    content_range,
+    encode_bitfield,
+    parse_range,
+    parse_route,
+)
 
 MSGPACK = "application/msgpack"
 OCTETS = "application/octet-stream"

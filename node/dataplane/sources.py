@@ -15,11 +15,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import trio
-
-from node.dataplane.errors import FailureKind
-from protocol.errors import Reject
-from protocol.messages import CheckpointManifest, ShardHave
-from protocol.shards import decode_bitfield, parse_endpoint
+from swarmnode.node.dataplane.errors import FailureKind
+from swarmnode.protocol.errors import Reject
+from swarmnode.protocol.messages import CheckpointManifest, ShardHave
+from swarmnode.protocol.shards import decode_bitfield, parse_endpoint
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from protocol.messages import CheckpointManifest, ShardInfo
-from protocol.shards import MANIFEST_FILE, PART_SUFFIX
+from swarmnode.protocol.messages import CheckpointManifest, ShardInfo
+from swarmnode.protocol.shards import MANIFEST_FILE, PART_SUFFIX
 
 _PARTIAL = ".partial"
 WRITE_CHUNK = 1 << 20  # hashed, then written, while it sits in the CPU cache (L2-sized)

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-
-from crypto.identity import NodeIdentity
-from protocol.shards import STATS_PATH
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.protocol.shards import STATS_PATH
 
 
 def role_key(n: int) -> NodeIdentity:
@@ -28,7 +27,7 @@ def role_key(n: int) -> NodeIdentity:
 
 @dataclass
 class RoleProcess:
-    """One `python -m node.dataplane <role>` child; its stdout events are queued by a reader thread."""
+    """One `python -m swarmnode.node.dataplane <role>` child; a reader thread queues its stdout events."""
 
     name: str
     popen: subprocess.Popen[str]
@@ -112,7 +111,7 @@ def spawn(
     name: str, role: str, args: list[str], *, timeout: float = 60, env: dict[str, str] | None = None
 ) -> RoleProcess:
     """Start a role and wait for its `listening` event."""
-    command = [sys.executable, "-m", "node.dataplane", role, *args]
+    command = [sys.executable, "-m", "swarmnode.node.dataplane", role, *args]
     popen = subprocess.Popen(
         command,
         stdin=subprocess.PIPE,

@@ -22,6 +22,7 @@ Design decisions:
 - Trio throughout; torch work (inner steps, compression, averaging, loading) in worker threads.
 
 Parts: `holdings` (what a trainer holds and serves), `service` (HTTP endpoints), `trainer` (the rounds),
-`role` (the node role), `plan` (build and sign a run), `__main__` (`python -m node.diloco plan|trainer`),
+`role` (the node role), `plan` (build and sign a run),
+`__main__` (`python -m swarmnode.node.diloco plan|trainer`),
 `testing` (processes for tests), `conformance` (replays spec/vectors/diloco).
 """

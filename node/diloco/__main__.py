@@ -1,4 +1,4 @@
-"""DiLoCo trainers as processes: `python -m node.diloco plan|trainer ...`.
+"""DiLoCo trainers as processes: `python -m swarmnode.node.diloco plan|trainer ...`.
 
 `plan` builds and signs the run (the owner's key, the trainers' addresses, the model folder, H, learning
 rates, momentum, compression, timeouts) into a file. `trainer` runs one trainer (a fresh model of the folder's
@@ -24,13 +24,12 @@ from typing import Any
 import safetensors.torch
 import torch
 import trio
-
-from crypto.identity import NodeIdentity, parse_address
-from node.config import LivenessSettings, NodeConfig
-from node.dataplane.http_server import HttpServer, ServerConfig
-from node.diloco.faults import straggling
-from node.diloco.holdings import Holdings
-from node.diloco.plan import (
+from swarmnode.crypto.identity import NodeIdentity, parse_address
+from swarmnode.node.config import LivenessSettings, NodeConfig
+from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
+from swarmnode.node.diloco.faults import straggling
+from swarmnode.node.diloco.holdings import Holdings
+from swarmnode.node.diloco.plan import (
     build_plan,
     checkpoint_digest,
     fresh_model,
@@ -38,16 +37,16 @@ from node.diloco.plan import (
     read_plan,
     sign_plan,
 )
-from node.diloco.role import DilocoTrainer, DilocoWork
-from node.diloco.service import DilocoService
-from node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
-from node.p2p.dht import DiscoverySettings
-from node.rl.diloco import LmBatch, LossFn, content_digest, lm_loss, pretraining_batches
-from node.rl.model import ModelFolderError
-from node.rl.run import DEVNET_MODEL
-from node.rl.tokenizer import load_tokenizer
-from node.runtime import NodeRuntime, configure_logging
-from protocol.types import MIB
+from swarmnode.node.diloco.role import DilocoTrainer, DilocoWork
+from swarmnode.node.diloco.service import DilocoService
+from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
+from swarmnode.node.p2p.dht import DiscoverySettings
+from swarmnode.node.rl.diloco import LmBatch, LossFn, content_digest, lm_loss, pretraining_batches
+from swarmnode.node.rl.model import ModelFolderError
+from swarmnode.node.rl.run import DEVNET_MODEL
+from swarmnode.node.rl.tokenizer import load_tokenizer
+from swarmnode.node.runtime import NodeRuntime, configure_logging
+from swarmnode.protocol.types import MIB
 
 FINAL_FILE = "final.safetensors"
 
@@ -188,7 +187,7 @@ async def run_trainer(args: argparse.Namespace, prepared: Prepared) -> None:
             liveness=LivenessSettings(interval=2.0, idle_after=4.0, max_strikes=3),
         )
         configure_logging(config)
-        logging.getLogger("node.diloco").setLevel(args.log_level)
+        logging.getLogger("swarmnode.node.diloco").setLevel(args.log_level)
         runtime = NodeRuntime(config, identity, DilocoTrainer(DilocoWork(trainer, finished)))
         await nursery.start(_until_signalled, nursery, service.statistics)
         await nursery.start(runtime.run)
@@ -203,7 +202,9 @@ async def run_trainer(args: argparse.Namespace, prepared: Prepared) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m node.diloco", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m swarmnode.node.diloco", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="build and sign a DiLoCo run")

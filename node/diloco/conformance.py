@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol import diloco as rules
-from protocol.codec import decode
-from protocol.errors import ProtocolError
-from protocol.messages import DilocoEntry, DilocoRun, RunDescriptor
-from protocol.runs import run_trainers
+from swarmnode.protocol import diloco as rules
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.errors import ProtocolError
+from swarmnode.protocol.messages import DilocoEntry, DilocoRun, RunDescriptor
+from swarmnode.protocol.runs import run_trainers
 
 OUT_OF_RANGE = "out-of-range"  # as node.conformance: the input is outside the function's domain
 

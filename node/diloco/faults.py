@@ -6,8 +6,7 @@ import time
 from collections.abc import Sequence
 
 import torch
-
-from node.rl.diloco import LmBatch, LossFn, round_batches
+from swarmnode.node.rl.diloco import LmBatch, LossFn, round_batches
 
 
 def straggling(

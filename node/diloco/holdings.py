@@ -21,20 +21,19 @@ from pathlib import Path
 
 import torch
 import trio
-
-from crypto.identity import NodeIdentity
-from node.dataplane.catalog import Catalog
-from node.dataplane.checkpoint import load_checkpoint, verify_file
-from node.dataplane.downloader import DownloadConfig, Downloader
-from node.dataplane.errors import CheckpointInvalid
-from node.dataplane.follower import wall_ms
-from node.dataplane.http_client import HttpClient
-from node.dataplane.origin import Origin, Sealer
-from node.dataplane.service import ShardService
-from node.dataplane.sources import SourceBook
-from node.dataplane.store import ShardStore
-from node.diloco.payload import load_delta
-from protocol.diloco import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.checkpoint import load_checkpoint, verify_file
+from swarmnode.node.dataplane.downloader import DownloadConfig, Downloader
+from swarmnode.node.dataplane.errors import CheckpointInvalid
+from swarmnode.node.dataplane.follower import wall_ms
+from swarmnode.node.dataplane.http_client import HttpClient
+from swarmnode.node.dataplane.origin import Origin, Sealer
+from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.sources import SourceBook
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.diloco.payload import load_delta
+from swarmnode.protocol.diloco import (
     KEEP_ROUNDS,
     Contribution,
     OuterState,
@@ -46,9 +45,9 @@ from protocol.diloco import (
     verify_contribution,
     verify_outer_state,
 )
-from protocol.envelope import envelope_digest
-from protocol.errors import ProtocolError
-from protocol.messages import (
+from swarmnode.protocol.envelope import envelope_digest
+from swarmnode.protocol.errors import ProtocolError
+from swarmnode.protocol.messages import (
     CheckpointManifest,
     DilocoContribution,
     DilocoEntry,
@@ -58,8 +57,8 @@ from protocol.messages import (
     ShardHave,
     ShardInfo,
 )
-from protocol.shards import encode_bitfield
-from protocol.types import MIB
+from swarmnode.protocol.shards import encode_bitfield
+from swarmnode.protocol.types import MIB
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-
-from node.dataplane.checkpoint import load_checkpoint
-from node.rl.diloco import decompress
-from protocol.diloco import Contribution
+from swarmnode.node.dataplane.checkpoint import load_checkpoint
+from swarmnode.node.rl.diloco import decompress
+from swarmnode.protocol.diloco import Contribution
 
 
 def load_delta(

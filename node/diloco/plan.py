@@ -11,16 +11,15 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.rl.diloco import content_digest, trainable_state
+from swarmnode.node.rl.model import build_model, config_hash, load_model, read_config
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.diloco import check_plan, verify_plan
+from swarmnode.protocol.envelope import Envelope, seal
+from swarmnode.protocol.messages import DilocoRun
 from transformers import PreTrainedModel
-
-from crypto.identity import NodeIdentity
-from node.p2p.clock import wall_ms
-from node.rl.diloco import content_digest, trainable_state
-from node.rl.model import build_model, config_hash, load_model, read_config
-from protocol.codec import decode
-from protocol.diloco import check_plan, verify_plan
-from protocol.envelope import Envelope, seal
-from protocol.messages import DilocoRun
 
 
 def plan_config_hash(folder: str | os.PathLike[str]) -> bytes:

@@ -13,10 +13,9 @@ from typing import Any, ClassVar
 
 import torch
 import trio
-
-from node.diloco.trainer import DilocoTrainerWork
-from node.p2p.gossip import Delivery
-from node.roles.base import RoleNet, RoleService
+from swarmnode.node.diloco.trainer import DilocoTrainerWork
+from swarmnode.node.p2p.gossip import Delivery
+from swarmnode.node.roles.base import RoleNet, RoleService
 
 
 def trainer_endpoints(net: RoleNet) -> Mapping[bytes, str]:

@@ -12,12 +12,18 @@ from collections.abc import Callable
 
 import msgpack
 import trio
-
-from node.dataplane.http_server import BytesBody, Handler, Request, Response, ServerStats, simple_response
-from node.dataplane.service import MSGPACK
-from node.diloco.holdings import Holdings
-from protocol import diloco as rules
-from protocol import shards
+from swarmnode.node.dataplane.http_server import (
+    BytesBody,
+    Handler,
+    Request,
+    Response,
+    ServerStats,
+    simple_response,
+)
+from swarmnode.node.dataplane.service import MSGPACK
+from swarmnode.node.diloco.holdings import Holdings
+from swarmnode.protocol import diloco as rules
+from swarmnode.protocol import shards
 
 MAX_WAIT_S = 30
 

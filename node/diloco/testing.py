@@ -11,11 +11,10 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
-
-from crypto.identity import NodeIdentity
-from node.dataplane.testing import RoleProcess
-from node.devnet import free_port
-from node.diloco.__main__ import FINAL_FILE
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.dataplane.testing import RoleProcess
+from swarmnode.node.devnet import free_port
+from swarmnode.node.diloco.__main__ import FINAL_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,9 +50,9 @@ class TrainerSpec:
 def spawn_trainer(
     spec: TrainerSpec, plan: Path, owner: bytes, bootstrap: list[str], *, timeout: float | None = 90
 ) -> RoleProcess:
-    """Start `python -m node.diloco trainer`; wait for its `listening` event unless `timeout` is None."""
+    """Start `python -m swarmnode.node.diloco trainer`; wait for its `listening` event if `timeout`."""
     command = [
-        sys.executable, "-m", "node.diloco", "trainer",
+        sys.executable, "-m", "swarmnode.node.diloco", "trainer",
         "--key", spec.key.private_key.hex(),
         "--plan", str(plan),
         "--owner", "0x" + owner.hex(),

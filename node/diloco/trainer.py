@@ -37,11 +37,10 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 import trio
-
-from node.dataplane.errors import CheckpointInvalid, PeerFault
-from node.diloco.holdings import HeldContribution, HeldOuter, Holdings
-from node.diloco.payload import load_delta
-from node.rl.diloco import (
+from swarmnode.node.dataplane.errors import CheckpointInvalid, PeerFault
+from swarmnode.node.diloco.holdings import HeldContribution, HeldOuter, Holdings
+from swarmnode.node.diloco.payload import load_delta
+from swarmnode.node.rl.diloco import (
     THETA_PREFIX,
     Compressor,
     DilocoParams,
@@ -56,15 +55,15 @@ from node.rl.diloco import (
     round_batches,
     trainable_state,
 )
-from node.rl.sharded_diloco import PayloadFiles, ShardedDiloco, outer_keys, stream_theta_digest
-from protocol import diloco as rules
-from protocol.diloco import Contribution, OuterState
-from protocol.envelope import ENVELOPE_OVERHEAD
-from protocol.errors import ProtocolError, Reason, Reject
-from protocol.messages import DilocoEntry, DilocoOuterState, DilocoRun, ShardInfo
+from swarmnode.node.rl.sharded_diloco import PayloadFiles, ShardedDiloco, outer_keys, stream_theta_digest
+from swarmnode.protocol import diloco as rules
+from swarmnode.protocol.diloco import Contribution, OuterState
+from swarmnode.protocol.envelope import ENVELOPE_OVERHEAD
+from swarmnode.protocol.errors import ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import DilocoEntry, DilocoOuterState, DilocoRun, ShardInfo
 
 if TYPE_CHECKING:
-    from node.rl.sharded import ShardedGrpoTrainer
+    from swarmnode.node.rl.sharded import ShardedGrpoTrainer
 
 log = logging.getLogger(__name__)
 

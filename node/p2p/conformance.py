@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from node.p2p.gossip import (
+from swarmnode.node.p2p.gossip import (
     DEFAULT_POLICIES,
     AuthorityView,
     LedgerView,
@@ -18,7 +18,7 @@ from node.p2p.gossip import (
     check_gossip_message,
     check_ledger_entry,
 )
-from node.p2p.records import (
+from swarmnode.node.p2p.records import (
     InvalidRecord,
     checkpoint_key,
     checkpoint_name,
@@ -27,11 +27,11 @@ from node.p2p.records import (
     role_name,
     run_record_key,
 )
-from protocol import ids
-from protocol.codec import decode, to_json
-from protocol.envelope import ReplayWindow
-from protocol.errors import ProtocolError
-from protocol.ledger_messages import LedgerEntry
+from swarmnode.protocol import ids
+from swarmnode.protocol.codec import decode, to_json
+from swarmnode.protocol.envelope import ReplayWindow
+from swarmnode.protocol.errors import ProtocolError
+from swarmnode.protocol.ledger_messages import LedgerEntry
 
 
 def _hex(text: str) -> bytes:

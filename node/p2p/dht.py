@@ -55,10 +55,9 @@ from libp2p.peer.peerstore import PeerStoreError
 from libp2p.records.validator import NamespacedValidator
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr  # type: ignore[import-untyped]
-
-from node.p2p.clock import Clock
-from node.p2p.host import TRANSPORT_ERRORS, parse_peer_addr
-from node.p2p.records import (
+from swarmnode.node.p2p.clock import Clock
+from swarmnode.node.p2p.host import TRANSPORT_ERRORS, parse_peer_addr
+from swarmnode.node.p2p.records import (
     NAMESPACE,
     InvalidRecord,
     RunRecord,
@@ -67,7 +66,7 @@ from node.p2p.records import (
     open_run_record,
     run_record_key,
 )
-from node.p2p.scoring import PeerGuard
+from swarmnode.node.p2p.scoring import PeerGuard
 
 log = logging.getLogger(__name__)
 

@@ -27,16 +27,21 @@ from libp2p.host.ping import perform_ping_roundtrip
 from libp2p.peer.id import ID
 from libp2p.peer.peerstore import PeerStoreError
 from multiaddr import Multiaddr  # type: ignore[import-untyped]
-
-from crypto.identity import address_of_peer_id
-from node.p2p.clock import Clock
-from node.p2p.host import TRANSPORT_ERRORS
-from node.p2p.reqresp import BadResponse, PeerUnreachable, ProtocolSpec, RequestFailed, RequestResponse
-from node.p2p.scoring import Fault, PeerGuard, close_connections
-from protocol import ids
-from protocol.envelope import Opened
-from protocol.errors import ProtocolError, Reason, Reject
-from protocol.messages import Hello, Ping, Pong
+from swarmnode.crypto.identity import address_of_peer_id
+from swarmnode.node.p2p.clock import Clock
+from swarmnode.node.p2p.host import TRANSPORT_ERRORS
+from swarmnode.node.p2p.reqresp import (
+    BadResponse,
+    PeerUnreachable,
+    ProtocolSpec,
+    RequestFailed,
+    RequestResponse,
+)
+from swarmnode.node.p2p.scoring import Fault, PeerGuard, close_connections
+from swarmnode.protocol import ids
+from swarmnode.protocol.envelope import Opened
+from swarmnode.protocol.errors import ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import Hello, Ping, Pong
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,12 @@ import re
 from dataclasses import dataclass
 
 from libp2p.records.validator import Validator
-
-from crypto.hashing import sha256
-from protocol.codec import decode
-from protocol.envelope import Envelope, open_envelope
-from protocol.errors import ProtocolError
-from protocol.messages import RunDescriptor
-from protocol.runs import check_descriptor
+from swarmnode.crypto.hashing import sha256
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.envelope import Envelope, open_envelope
+from swarmnode.protocol.errors import ProtocolError
+from swarmnode.protocol.messages import RunDescriptor
+from swarmnode.protocol.runs import check_descriptor
 
 NAMESPACE = "swarmnode"
 ROLES = ("trainer", "relay", "worker", "validator")

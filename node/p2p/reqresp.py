@@ -31,14 +31,13 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
-
-from crypto.identity import NodeIdentity
-from node.p2p.clock import SeqCounter, wall_ms
-from node.p2p.host import TRANSPORT_ERRORS
-from node.p2p.ratelimit import Slots
-from node.p2p.scoring import Fault, PeerGuard
-from protocol.envelope import ENVELOPE_OVERHEAD, Opened, ReplayWindow, open_envelope, seal
-from protocol.errors import Ignore, ProtocolError, Reject
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.clock import SeqCounter, wall_ms
+from swarmnode.node.p2p.host import TRANSPORT_ERRORS
+from swarmnode.node.p2p.ratelimit import Slots
+from swarmnode.node.p2p.scoring import Fault, PeerGuard
+from swarmnode.protocol.envelope import ENVELOPE_OVERHEAD, Opened, ReplayWindow, open_envelope, seal
+from swarmnode.protocol.errors import Ignore, ProtocolError, Reject
 
 log = logging.getLogger(__name__)
 

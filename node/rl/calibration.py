@@ -11,11 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from crypto.toploc import CalibratedPolicy, ToplocAggregate, aggregate, calibrate, verify_proofs_batch
-from node.rl.engine import InferenceEngine
-from node.rl.rollouts import build_submission
-from node.rl.run import RunSetup
-from protocol.messages import RolloutSubmission
+from swarmnode.crypto.toploc import (
+    CalibratedPolicy,
+    ToplocAggregate,
+    aggregate,
+    calibrate,
+    verify_proofs_batch,
+)
+from swarmnode.node.rl.engine import InferenceEngine
+from swarmnode.node.rl.rollouts import build_submission
+from swarmnode.node.rl.run import RunSetup
+from swarmnode.protocol.messages import RolloutSubmission
 
 
 def submission_aggregate(sub: RolloutSubmission, engine: InferenceEngine, k: int,

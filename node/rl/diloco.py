@@ -49,11 +49,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
+from swarmnode.node.rl.model import ModelInfo
+from swarmnode.node.rl.tasks.arithmetic import ArithmeticParams, generate_tasks
+from swarmnode.node.rl.tokenizer import ChatTokenizer
 from torch import Tensor
-
-from node.rl.model import ModelInfo
-from node.rl.tasks.arithmetic import ArithmeticParams, generate_tasks
-from node.rl.tokenizer import ChatTokenizer
 
 B = TypeVar("B")
 LossFn = Callable[[torch.nn.Module, B], Tensor]

@@ -29,11 +29,10 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
+from swarmnode.node.rl.model import ModelInfo, load_model, load_weights
+from swarmnode.node.rl.sampling import sample_tokens, token_logprobs
+from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
 from transformers import PreTrainedModel
-
-from node.rl.model import ModelInfo, load_model, load_weights
-from node.rl.sampling import sample_tokens, token_logprobs
-from node.rl.tokenizer import ChatTokenizer, load_tokenizer
 
 WeightsSource = Mapping[str, torch.Tensor] | str | os.PathLike[str]
 

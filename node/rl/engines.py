@@ -29,8 +29,7 @@ import os
 from typing import Literal
 
 import torch
-
-from node.rl.engine import InferenceEngine, TransformersEngine
+from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
 
 ENGINES = ("auto", "transformers", "vllm")
 ROLES = ("worker", "validator", "trainer")
@@ -101,7 +100,7 @@ def open_engine(
         pick_engine("vllm", cuda=torch.cuda.is_available(), vllm=vllm_installed())
         if target.type != "cuda":
             raise EngineUnavailable(f"engine 'vllm' runs on CUDA, not on {target}")
-        from node.rl.vllm_engine import VLLMEngine
+        from swarmnode.node.rl.vllm_engine import VLLMEngine
 
         return VLLMEngine(folder, dtype=dtype or engine_dtype(role, target))
     if kind != "transformers":

@@ -13,10 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from swarmnode.node.rl.model import ModelRecipe, build_model, hf_config, save_model_folder
+from swarmnode.node.rl.tokenizer import CHAT_TEMPLATE, prompt_messages, train_tokenizer
 from transformers import AutoTokenizer
-
-from node.rl.model import ModelRecipe, build_model, hf_config, save_model_folder
-from node.rl.tokenizer import CHAT_TEMPLATE, prompt_messages, train_tokenizer
 
 # Named sizes for `model init --size`; `tiny` is the devnet's (about 0.2M parameters).
 SIZES: Mapping[str, ModelRecipe] = {

@@ -12,16 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-
-from crypto.toploc import build_proofs_batch
-from node.rl.engine import Completion as EngineCompletion
-from node.rl.engine import InferenceEngine
-from node.rl.grpo import group_advantages, length_target_reward
-from node.rl.sampling import derive_seed
-from node.rl.tasks import Task, assign_tasks, grade, task_length_target
-from node.rl.tokenizer import ChatTokenizer
-from protocol.messages import Completion, RolloutGroup, RolloutSubmission, RunDescriptor
-from protocol.runs import assignment_step
+from swarmnode.crypto.toploc import build_proofs_batch
+from swarmnode.node.rl.engine import Completion as EngineCompletion
+from swarmnode.node.rl.engine import InferenceEngine
+from swarmnode.node.rl.grpo import group_advantages, length_target_reward
+from swarmnode.node.rl.sampling import derive_seed
+from swarmnode.node.rl.tasks import Task, assign_tasks, grade, task_length_target
+from swarmnode.node.rl.tokenizer import ChatTokenizer
+from swarmnode.protocol.messages import Completion, RolloutGroup, RolloutSubmission, RunDescriptor
+from swarmnode.protocol.runs import assignment_step
 
 
 def assigned_tasks(descriptor: RunDescriptor, dataset_ids: Sequence[bytes], worker: bytes,

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.rl.model import ModelCommitment, ModelInfo, check_commitment, model_commitment
-from node.rl.tasks import GRADERS, Task, dataset_hash
-from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
-from node.rl.tokenizer import load_tokenizer
-from node.rl.trainer import OptimizerParams
-from protocol.messages import GrpoParams, RunDescriptor, ValidatorPolicy
+from swarmnode.node.rl.model import ModelCommitment, ModelInfo, check_commitment, model_commitment
+from swarmnode.node.rl.tasks import GRADERS, Task, dataset_hash
+from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+from swarmnode.node.rl.tokenizer import load_tokenizer
+from swarmnode.node.rl.trainer import OptimizerParams
+from swarmnode.protocol.messages import GrpoParams, RunDescriptor, ValidatorPolicy
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEVNET_MODEL = ASSETS / "devnet-model"

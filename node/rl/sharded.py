@@ -42,21 +42,17 @@ import msgpack
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
-
-from node.dataplane.checkpoint import (
+from swarmnode.node.dataplane.checkpoint import (
     ShardPlan,
     WeightsFile,
     model_extra_files,
     pack_weights,
 )
-from node.dataplane.store import ShardStore, write_hashed
-from node.rl.model import ModelInfo, load_model
-from node.rl.sampling import token_logprobs
-from node.rl.tokenizer import load_tokenizer
-from node.rl.trainer import (
+from swarmnode.node.dataplane.store import ShardStore, write_hashed
+from swarmnode.node.rl.model import ModelInfo, load_model
+from swarmnode.node.rl.sampling import token_logprobs
+from swarmnode.node.rl.tokenizer import load_tokenizer
+from swarmnode.node.rl.trainer import (
     OptimizerParams,
     StepStats,
     TrainerStateMismatch,
@@ -65,11 +61,14 @@ from node.rl.trainer import (
     mean_reward,
     signal_groups,
 )
-from protocol.codec import decode, encode
-from protocol.messages import GrpoParams, RolloutGroup, ShardInfo
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.messages import GrpoParams, RolloutGroup, ShardInfo
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 if TYPE_CHECKING:
-    from node.rl.sharded_diloco import RankOuter
+    from swarmnode.node.rl.sharded_diloco import RankOuter
 
 RANK_ENV = "RANK"
 WORLD_ENV = "WORLD_SIZE"
@@ -106,7 +105,7 @@ def launched_rank() -> int | None:
 
 
 def launch_group(argv: Sequence[str], nproc: int, max_restarts: int) -> None:
-    """Run `python -m node.cli_run <argv>` as `nproc` ranks under torchrun's elastic agent on this host.
+    """Run `python -m swarmnode.node.cli_run <argv>` as `nproc` ranks under torchrun's elastic agent here.
 
     The agent ends every rank when one dies and starts the group again, up to `max_restarts` times;
     raises `ChildFailedError` (naming the rank and its exit) once they are spent.
@@ -120,7 +119,7 @@ def launch_group(argv: Sequence[str], nproc: int, max_restarts: int) -> None:
             f"--max-restarts={max_restarts}",
             "--monitor-interval=1",
             "-m",
-            "node.cli_run",
+            "swarmnode.node.cli_run",
             *argv,
         ]
     )
@@ -548,7 +547,7 @@ def execute(policy: ShardedPolicy | None, group: GroupInfo, command: Mapping[str
         return policy, [RankMemory(**msgpack.unpackb(b)) for b in all_gather_bytes(mine, group.device)]
     if op.startswith("diloco_"):
         # imported here: node.rl.sharded_diloco builds on this module
-        from node.rl.sharded_diloco import execute_diloco
+        from swarmnode.node.rl.sharded_diloco import execute_diloco
 
         return policy, execute_diloco(policy, group, command)
     if op == "write":

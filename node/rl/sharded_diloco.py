@@ -42,11 +42,15 @@ import msgpack
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
-from torch.distributed.tensor import DTensor, distribute_tensor
-
-from node.dataplane.checkpoint import PIECES_KEY, TENSOR_SUFFIX, WeightsFile, plan_shards, verify_file
-from node.dataplane.errors import CheckpointInvalid
-from node.rl.diloco import (
+from swarmnode.node.dataplane.checkpoint import (
+    PIECES_KEY,
+    TENSOR_SUFFIX,
+    WeightsFile,
+    plan_shards,
+    verify_file,
+)
+from swarmnode.node.dataplane.errors import CheckpointInvalid
+from swarmnode.node.rl.diloco import (
     MOMENTUM_PREFIX,
     SCALE_SUFFIX,
     STEP_KEY,
@@ -59,11 +63,12 @@ from node.rl.diloco import (
     decompress,
     pseudo_gradient,
 )
-from node.rl.sharded import GroupInfo, all_gather_bytes, assign_files, write_file
-from protocol.messages import ShardInfo
+from swarmnode.node.rl.sharded import GroupInfo, all_gather_bytes, assign_files, write_file
+from swarmnode.protocol.messages import ShardInfo
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 if TYPE_CHECKING:
-    from node.rl.sharded import ShardedGrpoTrainer, ShardedPolicy
+    from swarmnode.node.rl.sharded import ShardedGrpoTrainer, ShardedPolicy
 
 OP_PREFIX = "diloco_"
 RANK_FILE_PREFIX = "rank-"

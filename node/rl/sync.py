@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.rl.engine import InferenceEngine, TransformersEngine
-from node.rl.rollouts import build_submission, task_prompt_ids
-from node.rl.run import RunSetup, devnet_optimizer
-from node.rl.sampling import derive_seed
-from node.rl.tasks import GraderFault, Task, grade
-from node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats
+from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
+from swarmnode.node.rl.rollouts import build_submission, task_prompt_ids
+from swarmnode.node.rl.run import RunSetup, devnet_optimizer
+from swarmnode.node.rl.sampling import derive_seed
+from swarmnode.node.rl.tasks import GraderFault, Task, grade
+from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats
 
 EVAL_RUN = "swarmnode-eval"
 EVAL_WORKER = b"held-out"

@@ -33,12 +33,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-
-from node.rl.engine import TransformersEngine
-from node.rl.grpo import GrpoLoss, grpo_loss, has_signal
-from node.rl.model import ModelInfo, save_weights, state_dict_of
-from node.rl.rollouts import unpack_logprobs
-from protocol.messages import GrpoParams, RolloutGroup
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.grpo import GrpoLoss, grpo_loss, has_signal
+from swarmnode.node.rl.model import ModelInfo, save_weights, state_dict_of
+from swarmnode.node.rl.rollouts import unpack_logprobs
+from swarmnode.protocol.messages import GrpoParams, RolloutGroup
 
 
 class TrainerStateMismatch(RuntimeError):

@@ -37,8 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-
-from crypto.toploc import (
+from swarmnode.crypto.toploc import (
     CalibratedPolicy,
     ChunkCheck,
     MalformedProof,
@@ -50,11 +49,11 @@ from crypto.toploc import (
     proof_size,
     verify_proofs_batch,
 )
-from node.rl.engine import InferenceEngine, Prefill
-from node.rl.grpo import group_advantages
-from node.rl.model import ModelInfo
-from node.rl.rollouts import assigned_tasks, completion_rewards, task_prompt_ids, unpack_logprobs
-from node.rl.sampling import (
+from swarmnode.node.rl.engine import InferenceEngine, Prefill
+from swarmnode.node.rl.grpo import group_advantages
+from swarmnode.node.rl.model import ModelInfo
+from swarmnode.node.rl.rollouts import assigned_tasks, completion_rewards, task_prompt_ids, unpack_logprobs
+from swarmnode.node.rl.sampling import (
     SEED_BITS,
     SamplingCheck,
     check_termination,
@@ -65,11 +64,11 @@ from node.rl.sampling import (
     scale_logits,
     token_logprobs,
 )
-from node.rl.tasks import GraderFault, Task
-from node.rl.tokenizer import ChatTokenizer
-from protocol.errors import Ignore, ProtocolError, Reason, Reject
-from protocol.messages import Completion, RolloutSubmission, RunDescriptor, ValidatorPolicy
-from protocol.runs import step_counter, step_version
+from swarmnode.node.rl.tasks import GraderFault, Task
+from swarmnode.node.rl.tokenizer import ChatTokenizer
+from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import Completion, RolloutSubmission, RunDescriptor, ValidatorPolicy
+from swarmnode.protocol.runs import step_counter, step_version
 
 ADVANTAGE_TOLERANCE = 1e-4
 LOGPROB_TOLERANCE = 1e-3

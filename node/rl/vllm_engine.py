@@ -52,8 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from node.rl.engine import (
+from swarmnode.node.rl.engine import (
     Completion,
     Prefill,
     TokenLogprobs,
@@ -62,9 +61,9 @@ from node.rl.engine import (
     check_group_request,
     truncate_at_eos,
 )
-from node.rl.model import ModelInfo, load_model, load_weights
-from node.rl.sampling import noise_bits, position_key, token_logprobs
-from node.rl.tokenizer import ChatTokenizer, load_tokenizer
+from swarmnode.node.rl.model import ModelInfo, load_model, load_weights
+from swarmnode.node.rl.sampling import noise_bits, position_key, token_logprobs
+from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
 
 EXTRA_KEY = "swarmnode_request"
 # Share of GPU memory vLLM may take (weights, activations, KV cache): the measured recipe's value, which

@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from node.rl.engine import TransformersEngine
-from node.rl.model import save_model_folder
-from node.rl.sync import eval_reward
-from node.rl.tasks import Task
-from node.rl.tokenizer import ChatTokenizer
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.model import save_model_folder
+from swarmnode.node.rl.sync import eval_reward
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tokenizer import ChatTokenizer
 
 IGNORE = -100  # label of a position that carries no loss (cross_entropy's ignore_index)
 EVAL_RUN = "swarmnode-warm-start"

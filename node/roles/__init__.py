@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from node.roles.base import RoleService
-from node.roles.bootstrap import Bootstrap
-from node.roles.relay import Relay
-from node.roles.trainer import Trainer
-from node.roles.validator import Validator
-from node.roles.worker import Worker
+from swarmnode.node.roles.base import RoleService
+from swarmnode.node.roles.bootstrap import Bootstrap
+from swarmnode.node.roles.relay import Relay
+from swarmnode.node.roles.trainer import Trainer
+from swarmnode.node.roles.validator import Validator
+from swarmnode.node.roles.worker import Worker
 
 ROLE_CLASSES: dict[str, type[RoleService]] = {
     "trainer": Trainer,

@@ -19,17 +19,16 @@ import trio
 from libp2p.abc import IHost
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
-
-from crypto.identity import NodeIdentity
-from node.p2p.dht import Discovery
-from node.p2p.gossip import Delivery, Gossip
-from node.p2p.host import TRANSPORT_ERRORS
-from node.p2p.peers import PeerDirectory, PeerRecord
-from node.p2p.records import RunRecord, checkpoint_key, checkpoint_name, role_key, role_name
-from node.p2p.reqresp import ProtocolSpec, RequestFailed, RequestResponse
-from node.p2p.scoring import PeerGuard
-from protocol.envelope import Opened
-from protocol.errors import Reason
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.dht import Discovery
+from swarmnode.node.p2p.gossip import Delivery, Gossip
+from swarmnode.node.p2p.host import TRANSPORT_ERRORS
+from swarmnode.node.p2p.peers import PeerDirectory, PeerRecord
+from swarmnode.node.p2p.records import RunRecord, checkpoint_key, checkpoint_name, role_key, role_name
+from swarmnode.node.p2p.reqresp import ProtocolSpec, RequestFailed, RequestResponse
+from swarmnode.node.p2p.scoring import PeerGuard
+from swarmnode.protocol.envelope import Opened
+from swarmnode.protocol.errors import Reason
 
 log = logging.getLogger(__name__)
 

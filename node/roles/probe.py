@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import trio
-
-from node.p2p.gossip import Delivery
-from node.p2p.records import ROLES, role_key
-from node.roles.base import RoleNet, RoleService
-from protocol.messages import ShardHave
+from swarmnode.node.p2p.gossip import Delivery
+from swarmnode.node.p2p.records import ROLES, role_key
+from swarmnode.node.roles.base import RoleNet, RoleService
+from swarmnode.protocol.messages import ShardHave
 
 log = logging.getLogger(__name__)
 

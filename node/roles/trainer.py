@@ -10,15 +10,20 @@ from __future__ import annotations
 from typing import ClassVar, Protocol
 
 from libp2p.peer.id import ID
-
-from node.p2p.clock import wall_ms
-from node.p2p.records import open_run_record, run_record_key
-from node.p2p.reqresp import ProtocolSpec
-from node.roles.base import IdleWork, RoleNet, RoleService, RoleWork
-from protocol import ids
-from protocol.envelope import Opened
-from protocol.errors import Reason
-from protocol.messages import GrpoParams, ManifestRequest, ManifestResponse, RunDescriptor, ValidatorPolicy
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.p2p.records import open_run_record, run_record_key
+from swarmnode.node.p2p.reqresp import ProtocolSpec
+from swarmnode.node.roles.base import IdleWork, RoleNet, RoleService, RoleWork
+from swarmnode.protocol import ids
+from swarmnode.protocol.envelope import Opened
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.messages import (
+    GrpoParams,
+    ManifestRequest,
+    ManifestResponse,
+    RunDescriptor,
+    ValidatorPolicy,
+)
 
 MANIFEST = ProtocolSpec(ids.MANIFEST, ManifestRequest, ManifestResponse, timeout=10.0)
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 from typing import ClassVar, Protocol
 
 from libp2p.peer.id import ID
-
-from node.p2p.reqresp import ProtocolSpec
-from node.roles.base import IdleWork, RoleNet, RoleService, RoleWork
-from protocol import ids
-from protocol.codec import encode
-from protocol.envelope import Opened, envelope_digest
-from protocol.errors import Reason
-from protocol.messages import RolloutSubmission, SubmitAck
+from swarmnode.node.p2p.reqresp import ProtocolSpec
+from swarmnode.node.roles.base import IdleWork, RoleNet, RoleService, RoleWork
+from swarmnode.protocol import ids
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.envelope import Opened, envelope_digest
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.messages import RolloutSubmission, SubmitAck
 
 # Submissions are large (up to 16 MiB): at most 4 are handled at once, 2 streams per peer, 8 streams in all
 # (about 128 MiB buffered); a sender whose stake was read as too low is refused before its frame is read.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from node.roles.base import RoleService
+from swarmnode.node.roles.base import RoleService
 
 
 class Worker(RoleService):

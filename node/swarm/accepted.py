@@ -53,11 +53,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trio
-
-from protocol.errors import Ignore, Reason, Reject
-from protocol.ledger_messages import Credit
-from protocol.messages import AcceptedRollout
-from protocol.runs import step_version
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.ledger_messages import Credit
+from swarmnode.protocol.messages import AcceptedRollout
+from swarmnode.protocol.runs import step_version
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (

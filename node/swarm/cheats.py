@@ -25,9 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-
-from node.rl.engine import InferenceEngine
-from node.rl.rollouts import (
+from swarmnode.node.rl.engine import InferenceEngine
+from swarmnode.node.rl.rollouts import (
     GeneratedGroup,
     assigned_tasks,
     assignment_step,
@@ -36,9 +35,9 @@ from node.rl.rollouts import (
     task_prompt_ids,
     to_wire_group,
 )
-from node.rl.tasks import Task
-from node.rl.tokenizer import ChatTokenizer
-from protocol.messages import RolloutSubmission, RunDescriptor
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tokenizer import ChatTokenizer
+from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
 
 PERTURBED_MODEL = "perturbed-model"
 TAMPERED_PROMPT = "tampered-prompt"

@@ -17,26 +17,25 @@ from typing import Generic, TypeVar
 
 import torch
 import trio
-
-from crypto.identity import NodeIdentity
-from ledger import Ledger, LedgerError, open_ledger
-from ledger.errors import BackendError, CorruptLog, EpochRegression, ReplayedOperation, RunExists
-from ledger.signedlog import SignedLog
-from ledger.types import RunInfo
-from node.config import WorkSettings
-from node.p2p.reqresp import ProtocolSpec
-from node.rl.run import DEVNET_MODEL, devnet_dataset
-from node.rl.run import RunMismatch as RunMismatch  # re-exported: the roles raise it
-from node.rl.tasks import Task
-from protocol import ids
-from protocol.ledger_messages import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.ledger import Ledger, LedgerError, open_ledger
+from swarmnode.ledger.errors import BackendError, CorruptLog, EpochRegression, ReplayedOperation, RunExists
+from swarmnode.ledger.signedlog import SignedLog
+from swarmnode.ledger.types import RunInfo
+from swarmnode.node.config import WorkSettings
+from swarmnode.node.p2p.reqresp import ProtocolSpec
+from swarmnode.node.rl.run import DEVNET_MODEL, devnet_dataset
+from swarmnode.node.rl.run import RunMismatch as RunMismatch  # re-exported: the roles raise it
+from swarmnode.node.rl.tasks import Task
+from swarmnode.protocol import ids
+from swarmnode.protocol.ledger_messages import (
     FLOPS_PER_TOKEN_MAX,
     MAX_RUN_VALIDATORS,
     RUN_LIMIT_MAX,
     RegisterRun,
     SetRunValidators,
 )
-from protocol.messages import AcceptedBatch, AcceptedRequest, GrpoParams, RunDescriptor
+from swarmnode.protocol.messages import AcceptedBatch, AcceptedRequest, GrpoParams, RunDescriptor
 
 # The trainer pulls accepted submissions from each validator with this (long poll, cursor).
 # Long polls hold a serving slot up to 30 s: room for every trainer of a run (a lead and up to 15
@@ -68,7 +67,7 @@ def run_tasks(work: WorkSettings) -> list[Task]:
     """The tasks this node holds: the file `[work] tasks` names, or the devnet's generated additions."""
     if not work.tasks:
         return devnet_dataset()
-    from node.rl.tasks.files import read_tasks
+    from swarmnode.node.rl.tasks.files import read_tasks
 
     return read_tasks(Path(work.tasks).expanduser())
 

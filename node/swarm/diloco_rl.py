@@ -36,30 +36,29 @@ from typing import Any, ClassVar
 import torch
 import trio
 from libp2p.peer.id import ID
-
-from crypto.identity import NodeIdentity
-from ledger import Ledger
-from node.config import NodeConfig, run_validator_addresses
-from node.dataplane.http_server import Handler
-from node.dataplane.store import ShardStore
-from node.diloco.holdings import Holdings
-from node.diloco.plan import read_plan
-from node.diloco.role import trainer_endpoints
-from node.diloco.service import DilocoService, mounted
-from node.diloco.trainer import DilocoTrainerWork, GroupParticipant, Participant, TrainerSettings
-from node.p2p.clock import wall_ms
-from node.p2p.gossip import Delivery
-from node.p2p.reqresp import RequestFailed
-from node.rl.diloco import load_trainable, trainable_state
-from node.rl.engine import TransformersEngine
-from node.rl.sharded import ShardedGrpoTrainer, launched_rank
-from node.rl.tasks import Task
-from node.rl.trainer import GrpoTrainer, OptimizerParams
-from node.roles.base import RoleNet, RoleService
-from node.roles.trainer import MANIFEST, Trainer
-from node.swarm.common import CHALLENGE_WINDOW_EPOCHS, RunMismatch
-from node.swarm.inbox import InboxEntry, RolloutInbox
-from node.swarm.trainer import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.ledger import Ledger
+from swarmnode.node.config import NodeConfig, run_validator_addresses
+from swarmnode.node.dataplane.http_server import Handler
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.diloco.holdings import Holdings
+from swarmnode.node.diloco.plan import read_plan
+from swarmnode.node.diloco.role import trainer_endpoints
+from swarmnode.node.diloco.service import DilocoService, mounted
+from swarmnode.node.diloco.trainer import DilocoTrainerWork, GroupParticipant, Participant, TrainerSettings
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.p2p.gossip import Delivery
+from swarmnode.node.p2p.reqresp import RequestFailed
+from swarmnode.node.rl.diloco import load_trainable, trainable_state
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.sharded import ShardedGrpoTrainer, launched_rank
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
+from swarmnode.node.roles.base import RoleNet, RoleService
+from swarmnode.node.roles.trainer import MANIFEST, Trainer
+from swarmnode.node.swarm.common import CHALLENGE_WINDOW_EPOCHS, RunMismatch
+from swarmnode.node.swarm.inbox import InboxEntry, RolloutInbox
+from swarmnode.node.swarm.trainer import (
     Policy,
     SwarmTrainerWork,
     TrainerBounds,
@@ -67,10 +66,10 @@ from node.swarm.trainer import (
     submission_of,
     trainer_bounds,
 )
-from protocol.codec import encode
-from protocol.diloco import check_rl_plan, rollout_owner
-from protocol.errors import ProtocolError, Reason
-from protocol.messages import (
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.diloco import check_rl_plan, rollout_owner
+from swarmnode.protocol.errors import ProtocolError, Reason
+from swarmnode.protocol.messages import (
     AcceptedBatch,
     CheckpointHead,
     DilocoEntry,
@@ -79,9 +78,9 @@ from protocol.messages import (
     RolloutSubmission,
     RunDescriptor,
 )
-from protocol.runs import run_trainers
-from protocol.shards import verify_head, verify_manifest
-from protocol.types import MIB
+from swarmnode.protocol.runs import run_trainers
+from swarmnode.protocol.shards import verify_head, verify_manifest
+from swarmnode.protocol.types import MIB
 
 log = logging.getLogger(__name__)
 

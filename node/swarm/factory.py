@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from crypto.identity import NodeIdentity
-from node.config import NodeConfig, run_validator_addresses
-from node.roles import ROLE_CLASSES
-from node.roles.base import RoleService
-from node.swarm.common import open_work_ledger
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.config import NodeConfig, run_validator_addresses
+from swarmnode.node.roles import ROLE_CLASSES
+from swarmnode.node.roles.base import RoleService
+from swarmnode.node.swarm.common import open_work_ledger
 
 
 def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
@@ -14,11 +14,11 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
     role = config.role
     cls = ROLE_CLASSES[role]
     if role == "trainer" and config.work.diloco_plan:
-        from node.swarm.diloco_rl import make_diloco_trainer
+        from swarmnode.node.swarm.diloco_rl import make_diloco_trainer
 
         return make_diloco_trainer(config, identity, open_work_ledger(config.ledger_url))
     if role == "trainer":
-        from node.swarm.trainer import SwarmTrainerWork, trainer_bounds
+        from swarmnode.node.swarm.trainer import SwarmTrainerWork, trainer_bounds
 
         work = SwarmTrainerWork(
             config,
@@ -30,18 +30,18 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
         )
         return cls(work)  # type: ignore[call-arg]
     if role == "relay":
-        from node.swarm.relay import SwarmRelayWork
+        from swarmnode.node.swarm.relay import SwarmRelayWork
 
         return cls(SwarmRelayWork(config))
     if role == "worker":
-        from node.swarm.worker import SwarmWorkerWork, require_eligible
+        from swarmnode.node.swarm.worker import SwarmWorkerWork, require_eligible
 
         ledger = open_work_ledger(config.ledger_url)
         if ledger is not None:
             require_eligible(ledger, identity.address, config)  # refuse before joining, with the fix
         return cls(SwarmWorkerWork(config, identity, ledger))
     if role == "validator":
-        from node.swarm.validator import SwarmValidatorWork
+        from swarmnode.node.swarm.validator import SwarmValidatorWork
 
         validator = SwarmValidatorWork(
             config,

@@ -20,19 +20,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import trio
-
-from node.config import NodeConfig
-from node.dataplane.feeds import follow_haves, follow_manifests
-from node.dataplane.follower import VerifiedCheckpoint
-from node.dataplane.http_server import ServerConfig
-from node.dataplane.roles import FollowerNode, FollowerNodeConfig
-from node.p2p.gossip import Delivery
-from node.p2p.peers import PeerRecord
-from node.roles.base import RoleNet
-from protocol.codec import encode
-from protocol.errors import ProtocolError
-from protocol.messages import CheckpointHead, ShardHave
-from protocol.shards import check_have
+from swarmnode.node.config import NodeConfig
+from swarmnode.node.dataplane.feeds import follow_haves, follow_manifests
+from swarmnode.node.dataplane.follower import VerifiedCheckpoint
+from swarmnode.node.dataplane.http_server import ServerConfig
+from swarmnode.node.dataplane.roles import FollowerNode, FollowerNodeConfig
+from swarmnode.node.p2p.gossip import Delivery
+from swarmnode.node.p2p.peers import PeerRecord
+from swarmnode.node.roles.base import RoleNet
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.errors import ProtocolError
+from swarmnode.protocol.messages import CheckpointHead, ShardHave
+from swarmnode.protocol.shards import check_have
 
 log = logging.getLogger(__name__)
 

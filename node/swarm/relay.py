@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 
 import trio
-
-from node.config import NodeConfig
-from node.dataplane.follower import VerifiedCheckpoint
-from node.p2p.gossip import Delivery
-from node.roles.base import RoleNet
-from node.swarm.follow import SwarmFollower
-from protocol.messages import ShardHave
-from protocol.shards import encode_bitfield
+from swarmnode.node.config import NodeConfig
+from swarmnode.node.dataplane.follower import VerifiedCheckpoint
+from swarmnode.node.p2p.gossip import Delivery
+from swarmnode.node.roles.base import RoleNet
+from swarmnode.node.swarm.follow import SwarmFollower
+from swarmnode.protocol.messages import ShardHave
+from swarmnode.protocol.shards import encode_bitfield
 
 log = logging.getLogger(__name__)
 

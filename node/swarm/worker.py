@@ -54,28 +54,32 @@ from typing import Any, Protocol
 import torch
 import trio
 from libp2p.peer.id import ID
-
-from crypto.identity import NodeIdentity, format_address
-from ledger import Ledger
-from ledger.evidence import SLASHABLE_REASONS
-from node.config import NodeConfig
-from node.dataplane.checkpoint import load_checkpoint
-from node.dataplane.follower import VerifiedCheckpoint
-from node.p2p.gossip import Delivery
-from node.p2p.peers import PeerRecord
-from node.p2p.reqresp import RequestFailed
-from node.rl.engine import InferenceEngine
-from node.rl.engines import choose_engine, open_engine
-from node.rl.rollouts import build_submission
-from node.rl.run import RunSetup, load_run_setup
-from node.rl.tasks import GraderFault, Task
-from node.roles.base import RoleNet
-from node.roles.validator import SUBMIT
-from node.swarm.cheats import FORGED_REWARD, TAMPERED_PROMPT, build_dishonest_submission, tamper_weights
-from node.swarm.common import run_model_dir, run_tasks, set_threads, wait_run_owner
-from node.swarm.follow import SwarmFollower
-from protocol.errors import Reason
-from protocol.messages import (
+from swarmnode.crypto.identity import NodeIdentity, format_address
+from swarmnode.ledger import Ledger
+from swarmnode.ledger.evidence import SLASHABLE_REASONS
+from swarmnode.node.config import NodeConfig
+from swarmnode.node.dataplane.checkpoint import load_checkpoint
+from swarmnode.node.dataplane.follower import VerifiedCheckpoint
+from swarmnode.node.p2p.gossip import Delivery
+from swarmnode.node.p2p.peers import PeerRecord
+from swarmnode.node.p2p.reqresp import RequestFailed
+from swarmnode.node.rl.engine import InferenceEngine
+from swarmnode.node.rl.engines import choose_engine, open_engine
+from swarmnode.node.rl.rollouts import build_submission
+from swarmnode.node.rl.run import RunSetup, load_run_setup
+from swarmnode.node.rl.tasks import GraderFault, Task
+from swarmnode.node.roles.base import RoleNet
+from swarmnode.node.roles.validator import SUBMIT
+from swarmnode.node.swarm.cheats import (
+    FORGED_REWARD,
+    TAMPERED_PROMPT,
+    build_dishonest_submission,
+    tamper_weights,
+)
+from swarmnode.node.swarm.common import run_model_dir, run_tasks, set_threads, wait_run_owner
+from swarmnode.node.swarm.follow import SwarmFollower
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.messages import (
     CheckpointHead,
     RolloutSubmission,
     RunDescriptor,
@@ -83,7 +87,7 @@ from protocol.messages import (
     Verdict,
     VerdictBatch,
 )
-from protocol.pacing import (
+from swarmnode.protocol.pacing import (
     SAMPLE_HISTORY,
     SWARM_SUBMISSIONS_PER_VERSION,
     Stamps,
@@ -98,7 +102,7 @@ from protocol.pacing import (
     step_interval_ms,
     typical_ms,
 )
-from protocol.runs import run_trainers
+from swarmnode.protocol.runs import run_trainers
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ Each node gets its own network namespace and address, its access link shaped by 
 kinds of link. Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN); elsewhere `WanUnavailable` says so.
 """
 
-from node.wan.harness import Wan, destroy_stale
-from node.wan.netns import WanError, WanUnavailable, check_available, destroy, spawn_in
-from node.wan.profiles import (
+from swarmnode.node.wan.harness import Wan, destroy_stale
+from swarmnode.node.wan.netns import WanError, WanUnavailable, check_available, destroy, spawn_in
+from swarmnode.node.wan.profiles import (
     PROFILES,
     Link,
     Profile,

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from node.wan.netns import (
+from swarmnode.node.wan.netns import (
     WanError,
     WanUnavailable,
     add_namespace,
@@ -44,10 +44,12 @@ from node.wan.netns import (
     stop_pids,
     valid_node_name,
 )
-from node.wan.netns import _exists as pid_exists  # package-internal: a run is stale when its pid is gone
-from node.wan.netns import destroy_stale as destroy_stale_namespaces
-from node.wan.profiles import Link
-from node.wan.shaping import shape
+from swarmnode.node.wan.netns import (
+    _exists as pid_exists,  # package-internal: a run is stale when its pid is gone
+)
+from swarmnode.node.wan.netns import destroy_stale as destroy_stale_namespaces
+from swarmnode.node.wan.profiles import Link
+from swarmnode.node.wan.shaping import shape
 
 DEFAULT_MTU = 1500
 EMULATOR_READY_S = 15.0
@@ -334,7 +336,7 @@ class Wan:
         argv = [
             sys.executable,
             "-m",
-            "node.wan.linkemu",
+            "swarmnode.node.wan.linkemu",
             "--tun",
             TUN,
             "--config",

@@ -20,7 +20,8 @@ rarely, and netem-style reordering makes TCP retransmit spuriously and measure n
 
 The loop is one thread on epoll: read every waiting packet, decide, write every packet whose time has come,
 sleep until the next one is due. `DelayLine` is the decision part, pure (time and randomness are arguments),
-so it is tested without a TUN. Run as `python -m node.wan.linkemu --tun NAME --config FILE [--stats FILE]`
+so it is tested without a TUN. Run as
+`python -m swarmnode.node.wan.linkemu --tun NAME --config FILE [--stats FILE]`
 inside the core namespace; it prints `ready` once the TUN is attached and writes its counters as JSON to
 the stats file every second and on SIGTERM.
 """
@@ -283,7 +284,9 @@ def serve(fd: int, line: DelayLine, stats_path: Path | None = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m node.wan.linkemu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m swarmnode.node.wan.linkemu", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--tun", required=True)
     parser.add_argument("--config", required=True, type=Path)
     parser.add_argument("--stats", type=Path, default=None)

@@ -1,6 +1,7 @@
 """Measure a WAN path with real traffic: TCP round trips, bulk TCP throughput, UDP loss.
 
-`python -m node.wan.probe serve PORT` runs inside one node's namespace (it prints `ready` once listening);
+`python -m swarmnode.node.wan.probe serve PORT` runs inside one node's namespace (it prints `ready` once
+listening);
 the client commands run inside another and print one line of JSON:
 - `rtt HOST PORT COUNT`: COUNT one-byte TCP round trips on one connection (TCP_NODELAY), in ms;
 - `send HOST PORT BYTES`: bulk TCP; the server times first byte to last, so slow start and the closing

@@ -8,7 +8,7 @@ get.
 
 from __future__ import annotations
 
-from node.wan.netns import run_in
+from swarmnode.node.wan.netns import run_in
 
 BURST_S = 0.001  # bucket depth in seconds at the link's rate
 MIN_BURST_FRAMES = 4  # and never less than this many full frames

@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import msgpack
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.signing import _SECP256K1_N
+from swarmnode.node.conformance import check_codec, check_envelope, check_identity, check_merkle
+from swarmnode.protocol import messages as m
+from swarmnode.protocol.codec import encode, to_wire
+from swarmnode.protocol.envelope import ENVELOPE_VERSION, REPLAY_WINDOW, Envelope, seal, signing_digest
+from swarmnode.protocol.errors import Reason
 
-from crypto.identity import NodeIdentity
-from crypto.signing import _SECP256K1_N
-from node.conformance import check_codec, check_envelope, check_identity, check_merkle
-from protocol import messages as m
-from protocol.codec import encode, to_wire
-from protocol.envelope import ENVELOPE_VERSION, REPLAY_WINDOW, Envelope, seal, signing_digest
-from protocol.errors import Reason
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.conformance.samples import every_message
 
@@ -245,7 +245,7 @@ def envelope_cases() -> Iterator[Vector]:
 
 
 def _decode_env(data: bytes) -> Envelope:
-    from protocol.codec import decode
+    from swarmnode.protocol.codec import decode
 
     return decode(Envelope, data)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from crypto.hashing import sha256
-from crypto.identity import NodeIdentity
+from swarmnode.crypto.hashing import sha256
+from swarmnode.crypto.identity import NodeIdentity
 
 
 def vector_identity(n: int) -> NodeIdentity:

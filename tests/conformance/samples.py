@@ -5,9 +5,10 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from crypto.hashing import sha256
-from protocol import ledger_messages as lm
-from protocol import messages as m
+from swarmnode.crypto.hashing import sha256
+from swarmnode.protocol import ledger_messages as lm
+from swarmnode.protocol import messages as m
+
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 
 
@@ -55,7 +56,7 @@ def manifest() -> m.CheckpointManifest:
     shards = tuple(
         m.ShardInfo(f"shard-{i:05d}.safetensors", 50_000_000, _digest(f"shard-{i}")) for i in range(3)
     )
-    from crypto.merkle import merkle_root
+    from swarmnode.crypto.merkle import merkle_root
 
     return m.CheckpointManifest(RUN, 6, 5, _digest("config"), 150_000_000, shards,
                                 merkle_root([s.sha256 for s in shards]), NOW_MS - 1000)
@@ -63,7 +64,7 @@ def manifest() -> m.CheckpointManifest:
 
 def checkpoint_head() -> m.CheckpointHead:
     """The head the trainer gossips for `manifest()` (spec/shards.md, CheckpointHead)."""
-    from protocol.shards import manifest_head
+    from swarmnode.protocol.shards import manifest_head
 
     return manifest_head(manifest())
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from swarmnode.node.conformance import load_suites, run_case
 
-from node.conformance import load_suites, run_case
 from scripts.gen_vectors import collect_suites, render
 
 VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"

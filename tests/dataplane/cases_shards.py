@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-
-from crypto.merkle import merkle_root
-from node.dataplane.conformance import (
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.dataplane.conformance import (
     check_bitfield_case,
     check_have_case,
     check_head_case,
@@ -27,10 +26,10 @@ from node.dataplane.conformance import (
     check_retention_case,
     check_route_case,
 )
-from protocol.codec import encode, to_wire
-from protocol.envelope import MAX_CLOCK_SKEW_MS, Envelope, seal, signing_digest
-from protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, ShardInfo
-from protocol.shards import (
+from swarmnode.protocol.codec import encode, to_wire
+from swarmnode.protocol.envelope import MAX_CLOCK_SKEW_MS, Envelope, seal, signing_digest
+from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, ShardInfo
+from swarmnode.protocol.shards import (
     MAX_SHARD_SIZE,
     MAX_SHARDS,
     encode_bitfield,
@@ -40,6 +39,7 @@ from protocol.shards import (
     manifest_path,
     shard_path,
 )
+
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.vector_files import VectorFiles
 

@@ -8,22 +8,21 @@ from collections.abc import Sequence
 
 import torch
 import trio
-
-from crypto.identity import NodeIdentity
-from node.dataplane.catalog import Catalog
-from node.dataplane.checkpoint import build_manifest, shard_info
-from node.dataplane.downloader import DownloadConfig
-from node.dataplane.faults import Fault, FaultyService
-from node.dataplane.http_server import HttpServer, ServerConfig
-from node.dataplane.origin import Sealer
-from node.dataplane.roles import FollowerNode, FollowerNodeConfig
-from node.dataplane.service import ShardService
-from node.dataplane.sources import ScoringConfig
-from node.dataplane.store import ShardStore
-from node.dataplane.testing import role_key
-from protocol.envelope import seal
-from protocol.messages import CheckpointManifest, ShardHave, ShardInfo
-from protocol.shards import encode_bitfield
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.checkpoint import build_manifest, shard_info
+from swarmnode.node.dataplane.downloader import DownloadConfig
+from swarmnode.node.dataplane.faults import Fault, FaultyService
+from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
+from swarmnode.node.dataplane.origin import Sealer
+from swarmnode.node.dataplane.roles import FollowerNode, FollowerNodeConfig
+from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.sources import ScoringConfig
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.dataplane.testing import role_key
+from swarmnode.protocol.envelope import seal
+from swarmnode.protocol.messages import CheckpointManifest, ShardHave, ShardInfo
+from swarmnode.protocol.shards import encode_bitfield
 
 RUN = "test-run"
 TRAINER = NodeIdentity(hashlib.sha256(b"dataplane-trainer").digest())

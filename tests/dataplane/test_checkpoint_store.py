@@ -12,9 +12,8 @@ import torch
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from node.dataplane.catalog import Catalog
-from node.dataplane.checkpoint import (
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.checkpoint import (
     PIECES_KEY,
     ShardPlan,
     load_checkpoint,
@@ -22,10 +21,11 @@ from node.dataplane.checkpoint import (
     shard_info,
     state_digest,
 )
-from node.dataplane.errors import CheckpointInvalid
-from node.dataplane.origin import Origin, Sealer
-from node.dataplane.store import WRITE_CHUNK, DigestMismatch, ShardStore
-from protocol.shards import PART_SUFFIX
+from swarmnode.node.dataplane.errors import CheckpointInvalid
+from swarmnode.node.dataplane.origin import Origin, Sealer
+from swarmnode.node.dataplane.store import WRITE_CHUNK, DigestMismatch, ShardStore
+from swarmnode.protocol.shards import PART_SUFFIX
+
 from tests.dataplane.helpers import RUN, TRAINER, blobs, manifest_for, signed, small_state
 
 

@@ -6,18 +6,18 @@ import random
 
 import trio
 import trio.testing
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.checkpoint import load_checkpoint, state_digest
+from swarmnode.node.dataplane.downloader import DownloadConfig, Downloader
+from swarmnode.node.dataplane.follower import Follower, FollowerConfig
+from swarmnode.node.dataplane.http_client import HttpClient
+from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
+from swarmnode.node.dataplane.origin import Origin, Sealer
+from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.sources import ScoringConfig, SourceBook
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.protocol.shards import PART_SUFFIX
 
-from node.dataplane.catalog import Catalog
-from node.dataplane.checkpoint import load_checkpoint, state_digest
-from node.dataplane.downloader import DownloadConfig, Downloader
-from node.dataplane.follower import Follower, FollowerConfig
-from node.dataplane.http_client import HttpClient
-from node.dataplane.http_server import HttpServer, ServerConfig
-from node.dataplane.origin import Origin, Sealer
-from node.dataplane.service import ShardService
-from node.dataplane.sources import ScoringConfig, SourceBook
-from node.dataplane.store import ShardStore
-from protocol.shards import PART_SUFFIX
 from tests.dataplane.helpers import (
     RUN,
     STRANGER,

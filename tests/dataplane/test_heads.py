@@ -10,19 +10,18 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from crypto.merkle import merkle_root
-from node.dataplane.catalog import Catalog
-from node.dataplane.http_server import HttpServer, ServerConfig
-from node.dataplane.origin import Sealer
-from node.dataplane.service import ShardService
-from node.dataplane.store import ShardStore
-from node.p2p.gossip import DEFAULT_POLICIES, MAX_GOSSIP_ENVELOPE
-from protocol.codec import encode
-from protocol.envelope import ENVELOPE_OVERHEAD, seal
-from protocol.errors import Reason, Reject
-from protocol.messages import CheckpointHead, CheckpointManifest, ManifestResponse, ShardInfo
-from protocol.shards import (
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
+from swarmnode.node.dataplane.origin import Sealer
+from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.p2p.gossip import DEFAULT_POLICIES, MAX_GOSSIP_ENVELOPE
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.envelope import ENVELOPE_OVERHEAD, seal
+from swarmnode.protocol.errors import Reason, Reject
+from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ManifestResponse, ShardInfo
+from swarmnode.protocol.shards import (
     MAX_MANIFEST_ENVELOPE,
     MAX_SHARD_SIZE,
     MAX_SHARDS,
@@ -34,6 +33,7 @@ from protocol.shards import (
     verify_head,
     verify_manifest_for_head,
 )
+
 from tests.dataplane.helpers import RUN, STRANGER, TRAINER, blobs, have_all, manifest_for, now_ms, signed
 from tests.dataplane.test_follower import Harness, _run
 

@@ -16,26 +16,26 @@ from pathlib import Path
 
 import pytest
 import trio
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.downloader import Downloader
+from swarmnode.node.dataplane.follower import Follower, FollowerConfig
+from swarmnode.node.dataplane.http_client import HttpClient
+from swarmnode.node.dataplane.http_server import ServerConfig
+from swarmnode.node.dataplane.roles import OriginNode
+from swarmnode.node.dataplane.sources import SourceBook
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.devnet import free_port
+from swarmnode.node.p2p.gossip import MAX_GOSSIP_ENVELOPE, Delivery
+from swarmnode.node.roles import Relay, Trainer
+from swarmnode.node.roles.base import RoleNet
+from swarmnode.node.roles.trainer import IdleTrainerWork
+from swarmnode.node.runtime import NodeRuntime
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo
+from swarmnode.protocol.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, MAX_SHARDS
 
-from crypto.identity import NodeIdentity
-from crypto.merkle import merkle_root
-from node.dataplane.catalog import Catalog
-from node.dataplane.downloader import Downloader
-from node.dataplane.follower import Follower, FollowerConfig
-from node.dataplane.http_client import HttpClient
-from node.dataplane.http_server import ServerConfig
-from node.dataplane.roles import OriginNode
-from node.dataplane.sources import SourceBook
-from node.dataplane.store import ShardStore
-from node.devnet import free_port
-from node.p2p.gossip import MAX_GOSSIP_ENVELOPE, Delivery
-from node.roles import Relay, Trainer
-from node.roles.base import RoleNet
-from node.roles.trainer import IdleTrainerWork
-from node.runtime import NodeRuntime
-from protocol.codec import encode
-from protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo
-from protocol.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, MAX_SHARDS
 from tests.p2p.helpers import node_config, replaced, wait_until
 
 PARAMS_32B = 32_000_000_000

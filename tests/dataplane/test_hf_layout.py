@@ -16,11 +16,9 @@ import torch
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import AutoModelForCausalLM
-
-from crypto.merkle import merkle_root
-from node.dataplane.catalog import Catalog
-from node.dataplane.checkpoint import (
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.checkpoint import (
     MAX_INDEX_SIZE,
     MODEL_LAYOUT,
     PIECES_LAYOUT,
@@ -33,13 +31,15 @@ from node.dataplane.checkpoint import (
     shard_info,
     state_digest,
 )
-from node.dataplane.errors import CheckpointInvalid
-from node.dataplane.origin import Origin, Sealer, model_folder_files
-from node.dataplane.roles import OriginNode
-from node.dataplane.store import ShardStore
-from node.rl.engine import TransformersEngine
-from node.rl.model import ModelFolderError, file_sha256, tokenizer_files
-from protocol.messages import CheckpointManifest, ShardInfo
+from swarmnode.node.dataplane.errors import CheckpointInvalid
+from swarmnode.node.dataplane.origin import Origin, Sealer, model_folder_files
+from swarmnode.node.dataplane.roles import OriginNode
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.model import ModelFolderError, file_sha256, tokenizer_files
+from swarmnode.protocol.messages import CheckpointManifest, ShardInfo
+from transformers import AutoModelForCausalLM
+
 from tests.dataplane.helpers import RUN, TRAINER, follower_node, now_ms, run_node
 from tests.tinymodel import tiny_engine, tiny_folder
 

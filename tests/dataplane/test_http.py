@@ -7,10 +7,9 @@ import socket
 
 import pytest
 import trio
-
-from node.dataplane.errors import ConnectFailed, Stalled, Truncated
-from node.dataplane.http_client import ClientConfig, HttpClient
-from node.dataplane.http_server import (
+from swarmnode.node.dataplane.errors import ConnectFailed, Stalled, Truncated
+from swarmnode.node.dataplane.http_client import ClientConfig, HttpClient
+from swarmnode.node.dataplane.http_server import (
     FileBody,
     HttpServer,
     Response,
@@ -18,6 +17,7 @@ from node.dataplane.http_server import (
     StreamBody,
     simple_response,
 )
+
 from tests.dataplane.helpers import wait_until
 
 DATA = os.urandom(3 * 1024 * 1024 + 17)

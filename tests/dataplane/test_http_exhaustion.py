@@ -9,15 +9,15 @@ import socket
 
 import pytest
 import trio
-
-from node.dataplane.http_client import ClientConfig, HttpClient
-from node.dataplane.http_server import (
+from swarmnode.node.dataplane.http_client import ClientConfig, HttpClient
+from swarmnode.node.dataplane.http_server import (
     FileBody,
     HttpServer,
     Response,
     ServerConfig,
     simple_response,
 )
+
 from tests.dataplane.helpers import wait_until
 
 DATA = os.urandom(1024 * 1024 + 3)

@@ -7,10 +7,9 @@ import ipaddress
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from node.dataplane.http_server import Request, ServerConfig, is_long_poll
-from node.dataplane.ratelimit import address_key, in_networks
-from node.p2p.ratelimit import Slots
+from swarmnode.node.dataplane.http_server import Request, ServerConfig, is_long_poll
+from swarmnode.node.dataplane.ratelimit import address_key, in_networks
+from swarmnode.node.p2p.ratelimit import Slots
 
 KEYS = st.sampled_from(["a", "b", "c", "d"])
 OPS = st.lists(st.tuples(st.sampled_from(["acquire", "release"]), KEYS, st.booleans()), max_size=80)

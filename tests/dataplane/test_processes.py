@@ -1,4 +1,4 @@
-"""Real processes (`python -m node.dataplane ...`): the broadcast and every fault the issue names.
+"""Real processes (`python -m swarmnode.node.dataplane ...`): the broadcast and every fault the issue names.
 
 Each worker loads what it verified and prints the digest of the loaded tensors, which must equal the
 digest the origin printed for the state it published: a bad checkpoint cannot pass unnoticed.
@@ -12,9 +12,8 @@ from pathlib import Path
 
 import msgpack
 import pytest
-
-from node.dataplane.testing import RoleProcess, role_key, spawn, stop_all
-from protocol.shards import PART_SUFFIX, STATS_PATH
+from swarmnode.node.dataplane.testing import RoleProcess, role_key, spawn, stop_all
+from swarmnode.protocol.shards import PART_SUFFIX, STATS_PATH
 
 pytestmark = pytest.mark.slow
 

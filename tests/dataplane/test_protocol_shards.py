@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from protocol.envelope import MAX_CLOCK_SKEW_MS, seal
-from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import ShardHave, ShardInfo
-from protocol.shards import (
+from swarmnode.protocol.envelope import MAX_CLOCK_SKEW_MS, seal
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.messages import ShardHave, ShardInfo
+from swarmnode.protocol.shards import (
     Unsatisfiable,
     check_have,
     check_manifest,
@@ -28,6 +27,7 @@ from protocol.shards import (
     verify_manifest,
     versions_to_prune,
 )
+
 from tests.dataplane.helpers import RUN, STRANGER, TRAINER, blobs, manifest_for, now_ms, signed
 
 # --- manifest ------------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from crypto.hashing import sha256
-from crypto.merkle import merkle_root
-from node.diloco.conformance import (
+from swarmnode.crypto.hashing import sha256
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.diloco.conformance import (
     check_contribution_case,
     check_decide_case,
     check_join_case,
@@ -28,8 +28,8 @@ from node.diloco.conformance import (
     check_run_case,
     check_vote_case,
 )
-from protocol.codec import encode
-from protocol.diloco import (
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.diloco import (
     ZERO_DIGEST,
     contribution_namespace,
     contribution_path,
@@ -39,8 +39,8 @@ from protocol.diloco import (
     plan_path,
     vote_path,
 )
-from protocol.envelope import MAX_CLOCK_SKEW_MS, seal
-from protocol.messages import (
+from swarmnode.protocol.envelope import MAX_CLOCK_SKEW_MS, seal
+from swarmnode.protocol.messages import (
     CheckpointManifest,
     DilocoContribution,
     DilocoEntry,
@@ -51,6 +51,7 @@ from protocol.messages import (
     RunDescriptor,
     ShardInfo,
 )
+
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.conformance.samples import grpo_params, validator_policy
 from tests.vector_files import VectorFiles

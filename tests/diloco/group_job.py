@@ -24,19 +24,19 @@ from typing import Any
 import msgpack
 import torch
 import trio
+from swarmnode.node.dataplane.checkpoint import load_checkpoint
+from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
+from swarmnode.node.diloco.holdings import Holdings
+from swarmnode.node.diloco.plan import checkpoint_digest
+from swarmnode.node.diloco.service import DilocoService
+from swarmnode.node.diloco.trainer import DilocoTrainerWork, GroupParticipant
+from swarmnode.node.rl.diloco import THETA_PREFIX, load_trainable, trainable_state
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
+from swarmnode.node.rl.trainer import GrpoTrainer
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.messages import GrpoParams, RolloutGroup
 
-from node.dataplane.checkpoint import load_checkpoint
-from node.dataplane.http_server import HttpServer, ServerConfig
-from node.diloco.holdings import Holdings
-from node.diloco.plan import checkpoint_digest
-from node.diloco.service import DilocoService
-from node.diloco.trainer import DilocoTrainerWork, GroupParticipant
-from node.rl.diloco import THETA_PREFIX, load_trainable, trainable_state
-from node.rl.engine import TransformersEngine
-from node.rl.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
-from node.rl.trainer import GrpoTrainer
-from protocol.codec import decode
-from protocol.messages import GrpoParams, RolloutGroup
 from tests.diloco.helpers import FAST, identities, tiny_plan
 
 SHARD_SIZE = 20_000  # several files per rank

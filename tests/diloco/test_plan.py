@@ -1,4 +1,5 @@
-"""A DiLoCo run on a model folder: `python -m node.diloco plan` names the folder's config and θ_0 (a fresh
+"""A DiLoCo run on a model folder: `python -m swarmnode.node.diloco plan` names the folder's config and
+θ_0 (a fresh
 model from a seed, or the folder's own weights), and a trainer refuses a plan for another model."""
 
 from __future__ import annotations
@@ -7,9 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from node.diloco.__main__ import main
-from node.diloco.plan import (
+from swarmnode.node.diloco.__main__ import main
+from swarmnode.node.diloco.plan import (
     build_plan,
     checkpoint_digest,
     fresh_model,
@@ -17,8 +17,9 @@ from node.diloco.plan import (
     read_plan,
     sign_plan,
 )
-from node.rl.diloco import content_digest, trainable_state
-from node.rl.model import load_model, model_commitment
+from swarmnode.node.rl.diloco import content_digest, trainable_state
+from swarmnode.node.rl.model import load_model, model_commitment
+
 from tests.diloco.helpers import OWNER, identities
 from tests.tinymodel import copy_folder, tiny_folder
 

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 import torch
 import trio
+from swarmnode.node.diloco.faults import straggling
+from swarmnode.node.diloco.holdings import Holdings
+from swarmnode.node.diloco.trainer import params_of
+from swarmnode.node.rl.diloco import LmBatch, content_digest, lm_loss, reference_diloco, trainable_state
+from swarmnode.protocol import diloco as rules
 
-from node.diloco.faults import straggling
-from node.diloco.holdings import Holdings
-from node.diloco.trainer import params_of
-from node.rl.diloco import LmBatch, content_digest, lm_loss, reference_diloco, trainable_state
-from protocol import diloco as rules
 from tests.diloco.helpers import (
     LocalTrainer,
     identities,
@@ -153,8 +153,8 @@ def test_a_malformed_payload_is_refused_and_left_out(tmp_path: Path) -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             peers = {t.identity.address: await serve(t, nursery) for t in honest}
-            from node.dataplane.http_server import HttpServer, ServerConfig
-            from node.diloco.service import DilocoService
+            from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
+            from swarmnode.node.diloco.service import DilocoService
 
             server = HttpServer(DilocoService(liar), ServerConfig(port=0))
             port = await nursery.start(server.serve)

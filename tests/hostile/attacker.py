@@ -68,14 +68,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
-
-from crypto.identity import NodeIdentity
-from protocol import ids
-from protocol.codec import decode, encode
-from protocol.envelope import Envelope, envelope_digest, open_envelope, seal
-from protocol.errors import ProtocolError, Reason
-from protocol.ledger_messages import LedgerEntry
-from protocol.messages import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.protocol import ids
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope, seal
+from swarmnode.protocol.errors import ProtocolError, Reason
+from swarmnode.protocol.ledger_messages import LedgerEntry
+from swarmnode.protocol.messages import (
     CheckpointManifest,
     Completion,
     RolloutGroup,
@@ -85,8 +84,8 @@ from protocol.messages import (
     Verdict,
     VerdictBatch,
 )
-from protocol.shards import PATH_PREFIX, STATS_PATH, manifest_head, manifest_path, shard_path
-from protocol.types import KIB, MIB
+from swarmnode.protocol.shards import PATH_PREFIX, STATS_PATH, manifest_head, manifest_path, shard_path
+from swarmnode.protocol.types import KIB, MIB
 
 KEYS_FILE = "hostile-keys.json"
 CACHE_FILE = "hostile-replay-cache.bin"
@@ -238,7 +237,7 @@ class Report:
 
 def _libp2p() -> Any:
     """py-libp2p and the node's host builder, imported late (they are slow to import)."""
-    from node.p2p import host
+    from swarmnode.node.p2p import host
 
     return host
 
@@ -299,7 +298,7 @@ async def contained() -> AsyncIterator[None]:
 async def read_reply(stream: Any, timeout: float) -> bytes:  # noqa: ASYNC109 - a timeout is an outcome here
     """One length-prefixed frame back, or b"" when the stream ends, is reset or stays silent for `timeout`
     seconds first (the scope sits inside the `except`: running out of time is an answer, not an error)."""
-    from node.p2p.reqresp import FrameError, read_frame
+    from swarmnode.node.p2p.reqresp import FrameError, read_frame
 
     try:
         with trio.fail_after(timeout):
@@ -442,9 +441,8 @@ class Generator:
 
     def __init__(self, swarm: Swarm) -> None:
         import torch
-
-        from node.rl.engine import TransformersEngine
-        from node.rl.run import DEVNET_MODEL, devnet_run
+        from swarmnode.node.rl.engine import TransformersEngine
+        from swarmnode.node.rl.run import DEVNET_MODEL, devnet_run
 
         torch.set_num_threads(1)
         self.engine = TransformersEngine.from_folder(DEVNET_MODEL)
@@ -463,11 +461,10 @@ class Generator:
     def replay_cache(self, worker: bytes, limit: int = 0) -> dict[bytes, RolloutGroup]:
         """A group per dataset task on the base weights with seeds that ignore the assignment."""
         import torch
-
-        from crypto.toploc import build_proofs
-        from node.rl.grpo import group_advantages, length_target_reward
-        from node.rl.rollouts import task_prompt_ids
-        from node.rl.tasks import grade
+        from swarmnode.crypto.toploc import build_proofs
+        from swarmnode.node.rl.grpo import group_advantages, length_target_reward
+        from swarmnode.node.rl.rollouts import task_prompt_ids
+        from swarmnode.node.rl.tasks import grade
 
         if self.loaded != 0:
             raise RuntimeError("the replay cache is built on the base weights")
@@ -506,7 +503,7 @@ class Generator:
     def assemble(self, cache: dict[bytes, RolloutGroup], worker: bytes, version: int, root: bytes,
                  counter: int) -> RolloutSubmission | None:
         """The submission of assignment (version, counter) from the cache alone; None if a task is missing."""
-        from node.rl.tasks import assign_tasks
+        from swarmnode.node.rl.tasks import assign_tasks
 
         step = (version << 32) | counter
         tasks = assign_tasks(
@@ -524,7 +521,7 @@ class Generator:
 
     def honest(self, worker: bytes, version: int, root: bytes, counter: int) -> RolloutSubmission:
         """What an honest worker sends for this assignment (the node's own `build_submission`)."""
-        from node.rl.rollouts import build_submission
+        from swarmnode.node.rl.rollouts import build_submission
 
         if self.loaded != version:
             raise RuntimeError(f"engine holds v{self.loaded}, not v{version}")
@@ -579,7 +576,7 @@ def fetch_manifest(port: int, run: str, version: int | None = None) -> Checkpoin
 
 def fetch_weights(port: int, run: str, manifest: CheckpointManifest, scratch: Path) -> dict[str, Any]:
     """Download every shard of `manifest` from `port` and load the verified state dict (blocking)."""
-    from node.dataplane.checkpoint import load_checkpoint
+    from swarmnode.node.dataplane.checkpoint import load_checkpoint
 
     directory = scratch / f"v{manifest.version}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -668,7 +665,7 @@ async def bloat(ctx: Context) -> None:
 
 async def slow(ctx: Context, duration: float) -> None:
     """Hold `slow_streams` SUBMIT and ACCEPTED streams each, trickling bytes of a frame that never ends."""
-    from protocol.messages import AcceptedRequest
+    from swarmnode.protocol.messages import AcceptedRequest
 
     caps = {ids.SUBMIT: RolloutSubmission.MAX_SIZE + 512, ids.ACCEPTED: AcceptedRequest.MAX_SIZE + 512}
     deadline = trio.current_time() + duration
@@ -984,7 +981,7 @@ async def send_staked(ctx: Context, attack: str, identity: NodeIdentity, sealed:
 
 async def replay(ctx: Context) -> None:
     """Cached replays on version 0 while it is fresh, then one honest submission sealed twice."""
-    from protocol.runs import assignment_step
+    from swarmnode.protocol.runs import assignment_step
 
     generator = await staked_generator(ctx)
     replayer = ctx.keys["replayer"]

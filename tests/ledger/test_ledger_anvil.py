@@ -15,15 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-
-from crypto.identity import NodeIdentity
-from crypto.keystore import save_keystore
-from ledger import errors as E
-from ledger import testing as T
-from ledger.batches import credit_leaf, credits_root
-from ledger.state import worker_totals
-from ledger.testing import AnvilProcess
-from ledger.types import Params
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.keystore import save_keystore
+from swarmnode.ledger import errors as E
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.batches import credit_leaf, credits_root
+from swarmnode.ledger.state import worker_totals
+from swarmnode.ledger.testing import AnvilProcess
+from swarmnode.ledger.types import Params
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +32,8 @@ ANVIL_KEY_0 = bytes.fromhex("ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae7
 
 VALIDATOR_SCRIPT = """
 import sys
-from ledger.evm import EvmLedger
-from ledger import testing as T
+from swarmnode.ledger.evm import EvmLedger
+from swarmnode.ledger import testing as T
 ledger = EvmLedger.connect(sys.argv[1], sys.argv[2])
 trainer, val, worker = T.identity("anvil-tr"), T.identity("anvil-val"), T.identity("anvil-w")
 ledger.register(trainer, "trainer", T.compute())
@@ -50,7 +49,7 @@ print(len(ledger.contributions(run="run-a")), len(ledger.batches("run-a")))
 
 def cli(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "node.cli_ledger", *args],
+        [sys.executable, "-m", "swarmnode.node.cli_ledger", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -64,7 +63,7 @@ def cli(*args: str, env: dict[str, str], check: bool = True) -> subprocess.Compl
 
 def spawn(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "node.cli_ledger", *args],
+        [sys.executable, "-m", "swarmnode.node.cli_ledger", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

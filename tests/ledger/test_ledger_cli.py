@@ -15,14 +15,13 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from crypto.identity import format_address
-from crypto.keystore import save_keystore
-from ledger import testing as T
-from ledger.batches import CreditProof, credit_leaf, credit_path, credits_root
-from ledger.errors import NotRunValidator
-from ledger.evidence import cite_submission
-from ledger.evm_audit import (
+from swarmnode.crypto.identity import format_address
+from swarmnode.crypto.keystore import save_keystore
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.batches import CreditProof, credit_leaf, credit_path, credits_root
+from swarmnode.ledger.errors import NotRunValidator
+from swarmnode.ledger.evidence import cite_submission
+from swarmnode.ledger.evm_audit import (
     ChainRecords,
     audit_chain,
     audit_records,
@@ -32,7 +31,7 @@ from ledger.evm_audit import (
     fetch_records,
     sets_in_force,
 )
-from ledger.proofs import (
+from swarmnode.ledger.proofs import (
     PROOF_FORMAT,
     ProofFormatError,
     dump_proof,
@@ -40,11 +39,11 @@ from ledger.proofs import (
     proof_from_json,
     proof_to_json,
 )
-from ledger.signedlog import SignedLog
-from ledger.types import WEI_PER_GWEI, BatchRecord, Params, RunInfo
-from node.cli_ledger import parse_amount, register_commands
-from protocol.envelope import signing_digest_of_body_hash
-from protocol.ledger_messages import RUN_LIMIT_MAX, Credit, SetRunValidators
+from swarmnode.ledger.signedlog import SignedLog
+from swarmnode.ledger.types import WEI_PER_GWEI, BatchRecord, Params, RunInfo
+from swarmnode.node.cli_ledger import parse_amount, register_commands
+from swarmnode.protocol.envelope import signing_digest_of_body_hash
+from swarmnode.protocol.ledger_messages import RUN_LIMIT_MAX, Credit, SetRunValidators
 
 VAL, W1 = T.identity("cli-val"), T.identity("cli-w1")
 TR, V2 = T.identity("cli-trainer"), T.identity("cli-v2")

@@ -13,16 +13,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-
-from crypto.hashing import sha256
-from ledger import errors as E
-from ledger import testing as T
-from ledger.interface import Ledger
-from ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params
-from protocol.codec import decode
-from protocol.envelope import Envelope, signing_digest
-from protocol.errors import Reason
-from protocol.ledger_messages import CommitCredits, Credit, RegisterRun, SetRunValidators
+from swarmnode.crypto.hashing import sha256
+from swarmnode.ledger import errors as E
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.interface import Ledger
+from swarmnode.ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.envelope import Envelope, signing_digest
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.ledger_messages import CommitCredits, Credit, RegisterRun, SetRunValidators
 
 PARAMS = Params(
     min_stake_per_unit_gwei=1_000,

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ledger.signedlog import SignedLog, verify_log
-from ledger.state import worker_totals
+from swarmnode.ledger.signedlog import SignedLog, verify_log
+from swarmnode.ledger.state import worker_totals
 
 WRITER = Path(__file__).with_name("crash_writer.py")
 PROJECT = Path(__file__).resolve().parents[2]

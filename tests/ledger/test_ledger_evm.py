@@ -11,17 +11,23 @@ import pytest
 from eth_account import Account
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from crypto.hashing import keccak256, sha256
-from crypto.identity import format_address
-from ledger import errors as E
-from ledger import testing as T
-from ledger.artifact import ARTIFACT, COMPILER_VERSION, EVM_VERSION, SOURCE, compile_contract, load_artifact
-from ledger.batches import credit_leaf, credit_path, credit_slot, credits_root, root_from_path
-from ledger.evidence import cite_submission
-from ledger.evm import commit_gas, public_key_64
-from ledger.types import WEI_PER_GWEI, Params
-from protocol.runs import assignment_step
+from swarmnode.crypto.hashing import keccak256, sha256
+from swarmnode.crypto.identity import format_address
+from swarmnode.ledger import errors as E
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.artifact import (
+    ARTIFACT,
+    COMPILER_VERSION,
+    EVM_VERSION,
+    SOURCE,
+    compile_contract,
+    load_artifact,
+)
+from swarmnode.ledger.batches import credit_leaf, credit_path, credit_slot, credits_root, root_from_path
+from swarmnode.ledger.evidence import cite_submission
+from swarmnode.ledger.evm import commit_gas, public_key_64
+from swarmnode.ledger.types import WEI_PER_GWEI, Params
+from swarmnode.protocol.runs import assignment_step
 
 PARAMS = Params(
     min_stake_per_unit_gwei=1_000,

@@ -9,18 +9,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from crypto.hashing import sha256
-from crypto.merkle import is_included, merkle_root
-from ledger import errors as E
-from ledger import testing as T
-from ledger.accumulator import MerkleAccumulator
-from ledger.log import apply_entry, new_log_state, seal_entry, sign_head
-from ledger.signedlog import SignedLog, verify_log
-from ledger.types import Params
-from protocol.codec import decode, encode
-from protocol.envelope import Envelope, seal
-from protocol.ledger_messages import LedgerEntry, SetRunValidators, StakeDeposit
+from swarmnode.crypto.hashing import sha256
+from swarmnode.crypto.merkle import is_included, merkle_root
+from swarmnode.ledger import errors as E
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.accumulator import MerkleAccumulator
+from swarmnode.ledger.log import apply_entry, new_log_state, seal_entry, sign_head
+from swarmnode.ledger.signedlog import SignedLog, verify_log
+from swarmnode.ledger.types import Params
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import Envelope, seal
+from swarmnode.protocol.ledger_messages import LedgerEntry, SetRunValidators, StakeDeposit
 
 PARAMS = Params(
     min_stake_per_unit_gwei=1_000,
@@ -269,7 +268,7 @@ def test_verify_catches_changed_parameters(harness, tmp_path: Path) -> None:
     populate(harness)
     path = tmp_path / "ledger.db"
     harness.ledger.close()
-    from ledger.log import make_genesis
+    from swarmnode.ledger.log import make_genesis
 
     easier = make_genesis("test", replace(PARAMS, min_stake_per_unit_gwei=1), 0)
     tamper(path, "UPDATE meta SET value = ? WHERE key = 'genesis'", encode(easier))

@@ -14,11 +14,10 @@ import eth_abi
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from crypto.hashing import keccak256
-from ledger import errors as E
-from ledger import testing as T
-from ledger.batches import (
+from swarmnode.crypto.hashing import keccak256
+from swarmnode.ledger import errors as E
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.batches import (
     LOW_COUNTERS,
     MAX_PROOF_DEPTH,
     VERSIONS_PER_SLOT,
@@ -30,17 +29,17 @@ from ledger.batches import (
     root_from_path,
     run_key,
 )
-from ledger.evidence import SLASHABLE_REASONS, check_slash_form
-from ledger.state import (
+from swarmnode.ledger.evidence import SLASHABLE_REASONS, check_slash_form
+from swarmnode.ledger.state import (
     LedgerState,
     Operation,
     process_operation,
     void_quorum,
     worker_totals,
 )
-from ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params, RunInfo
-from protocol.errors import Reason
-from protocol.ledger_messages import (
+from swarmnode.ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params, RunInfo
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.ledger_messages import (
     CommitCredits,
     Credit,
     FinalizeSlash,

@@ -25,14 +25,13 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
-
-from crypto.identity import NodeIdentity
-from node.p2p.clock import wall_ms
-from node.p2p.host import TRANSPORT_ERRORS, build_host, listen_addrs, parse_peer_addr
-from protocol import ids
-from protocol.codec import decode, encode
-from protocol.envelope import Envelope, seal
-from protocol.messages import ShardHave
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.p2p.host import TRANSPORT_ERRORS, build_host, listen_addrs, parse_peer_addr
+from swarmnode.protocol import ids
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import Envelope, seal
+from swarmnode.protocol.messages import ShardHave
 
 
 def forged_envelopes(run: str, me: NodeIdentity, victim: NodeIdentity, n: int) -> list[tuple[str, bytes]]:

@@ -12,21 +12,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ledger.log import sign_operation
-from node.p2p.conformance import (
+from swarmnode.ledger.log import sign_operation
+from swarmnode.node.p2p.conformance import (
     check_dht_key,
     check_gossip_authority,
     check_gossip_message_case,
     check_gossip_topic,
     check_run_record,
 )
-from node.p2p.gossip import VIEW_LAG_MS
-from node.p2p.records import run_record_key
-from node.roles.trainer import dev_run_descriptor
-from protocol.codec import decode, encode
-from protocol.envelope import Envelope, seal
-from protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
-from protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, Verdict, VerdictBatch
+from swarmnode.node.p2p.gossip import VIEW_LAG_MS
+from swarmnode.node.p2p.records import run_record_key
+from swarmnode.node.roles.trainer import dev_run_descriptor
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import Envelope, seal
+from swarmnode.protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
+from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, Verdict, VerdictBatch
+
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.vector_files import VectorFiles
 

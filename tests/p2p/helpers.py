@@ -9,14 +9,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import trio
-
-from crypto.identity import NodeIdentity
-from node.config import LivenessSettings, NodeConfig
-from node.devnet import free_port
-from node.p2p.dht import DiscoverySettings
-from node.roles import ROLE_CLASSES
-from node.roles.base import RoleService
-from node.runtime import NodeRuntime
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.config import LivenessSettings, NodeConfig
+from swarmnode.node.devnet import free_port
+from swarmnode.node.p2p.dht import DiscoverySettings
+from swarmnode.node.roles import ROLE_CLASSES
+from swarmnode.node.roles.base import RoleService
+from swarmnode.node.runtime import NodeRuntime
 
 RUN = "testrun"
 FAST_DISCOVERY = DiscoverySettings(early_refresh=(0.5, 1.0, 2.0), lookup_interval=2.0)

@@ -10,8 +10,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-
-from node.cli_run import register_commands
+from swarmnode.node.cli_run import register_commands
 
 
 @pytest.fixture
@@ -50,7 +49,7 @@ def test_devnet_command_until_discovered(tmp_path: Path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "node.cli_run",
+        "swarmnode.node.cli_run",
         "devnet",
         "--relays",
         "1",

@@ -3,8 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from node.config import ConfigError, load_config, render_config
+from swarmnode.node.config import ConfigError, load_config, render_config
 
 TOML = """
 [node]
@@ -106,7 +105,7 @@ def test_render_roundtrip(tmp_path: Path) -> None:
 
 
 def test_the_runs_validators_are_read_as_addresses(tmp_path: Path) -> None:
-    from node.config import run_validator_addresses
+    from swarmnode.node.config import run_validator_addresses
 
     address = "0x" + "ab" * 20
     config = load_config(write(tmp_path, TOML + f"\n[work]\nrun_validators = ['{address}']\n"))

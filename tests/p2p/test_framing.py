@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-
-from node.p2p.reqresp import FrameError, read_frame, read_request_frame, write_frame
+from swarmnode.node.p2p.reqresp import FrameError, read_frame, read_request_frame, write_frame
 
 
 class Adapter:

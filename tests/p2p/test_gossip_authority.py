@@ -20,13 +20,12 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
-
-from crypto.identity import NodeIdentity
-from ledger.log import sign_operation
-from ledger.testing import SignedHarness, register_run, slash
-from ledger.types import Params
-from node.p2p.clock import SeqCounter, wall_ms
-from node.p2p.gossip import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.ledger.log import sign_operation
+from swarmnode.ledger.testing import SignedHarness, register_run, slash
+from swarmnode.ledger.types import Params
+from swarmnode.node.p2p.clock import SeqCounter, wall_ms
+from swarmnode.node.p2p.gossip import (
     DEFAULT_POLICIES,
     FORMER_GRACE_MS,
     VIEW_LAG_MS,
@@ -38,16 +37,17 @@ from node.p2p.gossip import (
     authorise,
     check_gossip_message,
 )
-from node.p2p.host import build_host, listen_addrs, parse_peer_addr
-from node.p2p.peers import PeerActivity
-from node.p2p.scoring import PeerGuard, ScoreParams
-from node.runtime import read_ledger_view
-from protocol import ids
-from protocol.envelope import seal
-from protocol.errors import Ignore, Reject
-from protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
-from protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo, Verdict, VerdictBatch
-from protocol.shards import manifest_head
+from swarmnode.node.p2p.host import build_host, listen_addrs, parse_peer_addr
+from swarmnode.node.p2p.peers import PeerActivity
+from swarmnode.node.p2p.scoring import PeerGuard, ScoreParams
+from swarmnode.node.runtime import read_ledger_view
+from swarmnode.protocol import ids
+from swarmnode.protocol.envelope import seal
+from swarmnode.protocol.errors import Ignore, Reject
+from swarmnode.protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
+from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo, Verdict, VerdictBatch
+from swarmnode.protocol.shards import manifest_head
+
 from tests.p2p.helpers import RUN, swarm, wait_until
 
 NOW = 1_800_000_000_000

@@ -22,11 +22,10 @@ from libp2p.io.exceptions import MessageTooLarge
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_varint_prefixed
-
-from crypto.identity import NodeIdentity
-from node.devnet import free_port
-from node.p2p.clock import SeqCounter
-from node.p2p.gossip import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.devnet import free_port
+from swarmnode.node.p2p.clock import SeqCounter
+from swarmnode.node.p2p.gossip import (
     DEFAULT_POLICIES,
     BatchingRpcQueue,
     Gossip,
@@ -34,10 +33,10 @@ from node.p2p.gossip import (
     publish_size,
     take_frames,
 )
-from node.p2p.host import build_host, listen_addrs
-from node.p2p.peers import PeerActivity
-from node.p2p.scoring import PeerGuard
-from protocol.messages import ShardHave
+from swarmnode.node.p2p.host import build_host, listen_addrs
+from swarmnode.node.p2p.peers import PeerActivity
+from swarmnode.node.p2p.scoring import PeerGuard
+from swarmnode.protocol.messages import ShardHave
 
 # --- take_frames ----------------------------------------------------------------------------------
 

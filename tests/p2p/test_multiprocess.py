@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from node.devnet import Devnet, DevnetPlan
-from node.roles.probe import parse_probe_tag
+from swarmnode.node.devnet import Devnet, DevnetPlan
+from swarmnode.node.roles.probe import parse_probe_tag
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -3,8 +3,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from node.p2p.ratelimit import KeyedBuckets, Slots, TokenBucket
+from swarmnode.node.p2p.ratelimit import KeyedBuckets, Slots, TokenBucket
 
 
 def test_bucket_allows_burst_then_rate() -> None:

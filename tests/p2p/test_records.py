@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from crypto.hashing import sha256
-from node.p2p.records import (
+from swarmnode.crypto.hashing import sha256
+from swarmnode.node.p2p.records import (
     InvalidRecord,
     RunRecordValidator,
     checkpoint_key,
@@ -21,10 +20,11 @@ from node.p2p.records import (
     run_record_key,
     select_run_record,
 )
-from node.roles.trainer import dev_run_descriptor
-from protocol.codec import decode, encode
-from protocol.envelope import Envelope, seal
-from protocol.messages import ShardHave
+from swarmnode.node.roles.trainer import dev_run_descriptor
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import Envelope, seal
+from swarmnode.protocol.messages import ShardHave
+
 from tests.conformance.keys import vector_identity
 
 RUN = "run-1"

@@ -9,14 +9,14 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.clock import SeqCounter
+from swarmnode.node.p2p.host import TRANSPORT_ERRORS, build_host, listen_addrs, parse_peer_addr
+from swarmnode.node.p2p.reqresp import ProtocolSpec, ReqRespSettings, RequestFailed, RequestResponse
+from swarmnode.node.p2p.scoring import PeerGuard
+from swarmnode.protocol.envelope import Opened
+from swarmnode.protocol.messages import Ping, Pong
 
-from crypto.identity import NodeIdentity
-from node.p2p.clock import SeqCounter
-from node.p2p.host import TRANSPORT_ERRORS, build_host, listen_addrs, parse_peer_addr
-from node.p2p.reqresp import ProtocolSpec, ReqRespSettings, RequestFailed, RequestResponse
-from node.p2p.scoring import PeerGuard
-from protocol.envelope import Opened
-from protocol.messages import Ping, Pong
 from tests.p2p.helpers import RUN, wait_until
 
 pytestmark = pytest.mark.timeout(90)

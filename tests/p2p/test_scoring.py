@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from node.p2p.scoring import Action, Fault, PeerScores, ScoreParams
-from protocol.errors import Reason
+from swarmnode.node.p2p.scoring import Action, Fault, PeerScores, ScoreParams
+from swarmnode.protocol.errors import Reason
 
 
 def test_penalties_follow_the_error_class() -> None:

@@ -7,14 +7,13 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from crypto.identity import NodeIdentity
-from node.p2p.gossip.checks import check_gossip_message
-from node.p2p.gossip.policy import DEFAULT_POLICIES
-from protocol.codec import decode, encode
-from protocol.envelope import Envelope, ReplayWindow, seal
-from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import Verdict, VerdictBatch
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.gossip.checks import check_gossip_message
+from swarmnode.node.p2p.gossip.policy import DEFAULT_POLICIES
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import Envelope, ReplayWindow, seal
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.messages import Verdict, VerdictBatch
 
 RUN = "gossip-run"
 NOW = 1_767_225_600_000

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from protocol.envelope import MAX_CLOCK_SKEW_MS, ReplayWindow
-from protocol.errors import Ignore, Reason
+from swarmnode.protocol.envelope import MAX_CLOCK_SKEW_MS, ReplayWindow
+from swarmnode.protocol.errors import Ignore, Reason
 
 SKEW = 100
 WINDOW = 8

@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from crypto.hashing import sha256
-from node.conformance import (
+from swarmnode.crypto.hashing import sha256
+from swarmnode.node.conformance import (
     check_assignment,
     check_dataset_hash,
     check_rewards,
@@ -41,10 +40,10 @@ from node.conformance import (
     check_task_id,
     check_validation,
 )
-from node.rl.engine import Completion as EngineCompletion
-from node.rl.engine import TransformersEngine
-from node.rl.model import model_commitment
-from node.rl.rollouts import (
+from swarmnode.node.rl.engine import Completion as EngineCompletion
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.model import model_commitment
+from swarmnode.node.rl.rollouts import (
     GeneratedGroup,
     assigned_tasks,
     assignment_step,
@@ -55,20 +54,21 @@ from node.rl.rollouts import (
     to_wire_group,
     unpack_logprobs,
 )
-from node.rl.run import DEVNET_MODEL, describe_run, devnet_dataset, devnet_grpo, devnet_policy
-from node.rl.sampling import derive_seed, perturbed_scores
-from node.rl.tasks import Task
-from node.rl.tasks.core import task_fields
-from node.swarm.cheats import (
+from swarmnode.node.rl.run import DEVNET_MODEL, describe_run, devnet_dataset, devnet_grpo, devnet_policy
+from swarmnode.node.rl.sampling import derive_seed, perturbed_scores
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks.core import task_fields
+from swarmnode.node.swarm.cheats import (
     FORGED_REWARD,
     PERTURBED_MODEL,
     TAMPERED_PROMPT,
     build_dishonest_submission,
     tamper_weights,
 )
-from protocol.codec import encode as encode_message
-from protocol.envelope import seal
-from protocol.messages import RolloutSubmission, RunDescriptor
+from swarmnode.protocol.codec import encode as encode_message
+from swarmnode.protocol.envelope import seal
+from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
+
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.rl.cases_tasks import target_length_cases
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from node.conformance import check_dataset_hash, check_task_id
-from node.rl.tasks import Task
+from swarmnode.node.conformance import check_dataset_hash, check_task_id
+from swarmnode.node.rl.tasks import Task
 
 Vector = dict[str, Any]
 

@@ -20,14 +20,13 @@ import time
 from pathlib import Path
 
 import msgpack
-
-from node.dataplane.origin import model_folder_files
-from node.dataplane.store import ShardStore
-from node.rl.diloco import DilocoParams
-from node.rl.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
-from node.rl.sharded_diloco import PayloadRefused, ShardedDiloco
-from protocol.codec import decode
-from protocol.messages import GrpoParams, RolloutGroup, ShardInfo
+from swarmnode.node.dataplane.origin import model_folder_files
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.rl.diloco import DilocoParams
+from swarmnode.node.rl.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
+from swarmnode.node.rl.sharded_diloco import PayloadRefused, ShardedDiloco
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.messages import GrpoParams, RolloutGroup, ShardInfo
 
 
 def main() -> None:

@@ -9,14 +9,21 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.model import file_sha256, model_commitment
+from swarmnode.node.rl.run import DEVNET_MODEL, devnet_eval_tasks, devnet_grpo
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+from swarmnode.node.rl.tokenizer import load_tokenizer
+from swarmnode.node.rl.warmstart import (
+    IGNORE,
+    WarmStartRecipe,
+    make_batch,
+    pass_rate,
+    training_pair,
+    warm_start,
+)
 
-from node.rl.engine import TransformersEngine
-from node.rl.model import file_sha256, model_commitment
-from node.rl.run import DEVNET_MODEL, devnet_eval_tasks, devnet_grpo
-from node.rl.tasks import Task
-from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
-from node.rl.tokenizer import load_tokenizer
-from node.rl.warmstart import IGNORE, WarmStartRecipe, make_batch, pass_rate, training_pair, warm_start
 from tests.tinymodel import tiny_folder
 
 RECIPE_JSON = DEVNET_MODEL.with_name(DEVNET_MODEL.name + ".json")

@@ -6,9 +6,8 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-
-from node.rl.engine import InferenceEngine, TransformersEngine
-from node.rl.engines import (
+from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
+from swarmnode.node.rl.engines import (
     ENGINES,
     INSTALL_HINT,
     ROLES,
@@ -19,7 +18,8 @@ from node.rl.engines import (
     pick_engine,
     role_engine,
 )
-from node.rl.tokenizer import load_tokenizer
+from swarmnode.node.rl.tokenizer import load_tokenizer
+
 from tests.tinymodel import tiny_folder
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without CUDA")

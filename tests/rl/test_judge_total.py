@@ -22,17 +22,17 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
+from swarmnode.node.rl.model import ModelInfo
+from swarmnode.node.rl.rollouts import assigned_tasks, build_submission
+from swarmnode.node.rl.run import devnet_dataset, devnet_grpo, devnet_run
+from swarmnode.node.rl.validation import Accepted, ValidationContext, judge_total, validate_submission
+from swarmnode.protocol.envelope import ReplayWindow, open_envelope, seal
+from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import RolloutSubmission
+from swarmnode.protocol.runs import assignment_step
 
-from crypto.identity import NodeIdentity
-from node.rl.engine import InferenceEngine, TransformersEngine
-from node.rl.model import ModelInfo
-from node.rl.rollouts import assigned_tasks, build_submission
-from node.rl.run import devnet_dataset, devnet_grpo, devnet_run
-from node.rl.validation import Accepted, ValidationContext, judge_total, validate_submission
-from protocol.envelope import ReplayWindow, open_envelope, seal
-from protocol.errors import Ignore, ProtocolError, Reason, Reject
-from protocol.messages import RolloutSubmission
-from protocol.runs import assignment_step
 from tests.tinymodel import eos_prone, tiny_engine, tiny_folder
 
 RUN = "judge-total"

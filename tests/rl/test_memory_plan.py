@@ -12,10 +12,8 @@ import torch
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import AutoModelForCausalLM, GPT2Config, PretrainedConfig, Qwen2Config
-
-from node.cli_plan import plan_memory as plan_command
-from node.rl.memory_plan import (
+from swarmnode.node.cli_plan import plan_memory as plan_command
+from swarmnode.node.rl.memory_plan import (
     MAX_LAYERS,
     ParameterCounts,
     count_parameters,
@@ -23,8 +21,9 @@ from node.rl.memory_plan import (
     optimizer_bytes_per_param,
     plan_memory,
 )
-from node.rl.model import ModelRecipe, hf_config
-from node.rl.sampling import token_logprobs
+from swarmnode.node.rl.model import ModelRecipe, hf_config
+from swarmnode.node.rl.sampling import token_logprobs
+from transformers import AutoModelForCausalLM, GPT2Config, PretrainedConfig, Qwen2Config
 
 ARCHS = ("qwen2", "llama", "qwen3")
 GIB = 1 << 30

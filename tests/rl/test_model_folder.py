@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from node.cli_model import describe_folder, model_group
-from node.rl.model import (
+from swarmnode.node.cli_model import describe_folder, model_group
+from swarmnode.node.rl.model import (
     ModelFolderError,
     ModelMismatch,
     check_commitment,
@@ -19,9 +17,11 @@ from node.rl.model import (
     model_commitment,
     read_config,
 )
-from node.rl.tasks import write_tasks
-from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
-from node.rl.tokenizer import load_tokenizer
+from swarmnode.node.rl.tasks import write_tasks
+from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+from swarmnode.node.rl.tokenizer import load_tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from tests.tinymodel import copy_folder, tiny_folder
 
 ARCHS = ("qwen2", "llama", "qwen3")

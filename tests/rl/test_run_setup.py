@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from crypto.merkle import merkle_root
-from node.rl.model import (
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.rl.model import (
     build_model,
     file_sha256,
     load_model,
@@ -24,9 +23,10 @@ from node.rl.model import (
     tokenizer_files,
     weight_files,
 )
-from node.rl.run import RunMismatch, describe_run, devnet_policy, devnet_run, load_run_setup
-from node.rl.tasks import Task
-from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+from swarmnode.node.rl.run import RunMismatch, describe_run, devnet_policy, devnet_run, load_run_setup
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+
 from tests.tinymodel import copy_folder, tiny_folder
 
 TRAINER = b"\x01" * 20

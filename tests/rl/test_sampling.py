@@ -7,8 +7,7 @@ import math
 
 import pytest
 import torch
-
-from node.rl.sampling import (
+from swarmnode.node.rl.sampling import (
     TerminationFailure,
     check_sampling,
     check_termination,

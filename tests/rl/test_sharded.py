@@ -16,20 +16,20 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
-
-from node.dataplane.checkpoint import WeightsFile, plan_model_files
-from node.dataplane.origin import model_folder_files
-from node.rl.model import state_dict_of
-from node.rl.sharded import (
+from swarmnode.node.dataplane.checkpoint import WeightsFile, plan_model_files
+from swarmnode.node.dataplane.origin import model_folder_files
+from swarmnode.node.rl.model import state_dict_of
+from swarmnode.node.rl.sharded import (
     GROUP_TIMEOUT_ENV,
     assign_files,
     dcp_dir,
     newest_sharded_step,
     rank_share,
 )
-from node.rl.trainer import GrpoTrainer, OptimizerParams, TrainerStateMismatch
-from protocol.codec import encode
+from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams, TrainerStateMismatch
+from swarmnode.protocol.codec import encode
+from transformers import AutoModelForCausalLM
+
 from tests.test_trainer import fixed_groups, grpo_params
 from tests.tinymodel import tiny_engine, tiny_folder
 

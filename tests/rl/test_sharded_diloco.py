@@ -15,10 +15,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from node.dataplane.checkpoint import build_manifest, load_checkpoint, plan_shards, shard_info
-from node.dataplane.errors import CheckpointInvalid
-from node.rl.diloco import (
+from swarmnode.node.dataplane.checkpoint import build_manifest, load_checkpoint, plan_shards, shard_info
+from swarmnode.node.dataplane.errors import CheckpointInvalid
+from swarmnode.node.rl.diloco import (
     Compressor,
     DilocoParams,
     OuterOptimizer,
@@ -30,8 +29,8 @@ from node.rl.diloco import (
     pseudo_gradient,
     trainable_state,
 )
-from node.rl.model import load_model
-from node.rl.sharded_diloco import (
+from swarmnode.node.rl.model import load_model
+from swarmnode.node.rl.sharded_diloco import (
     PayloadFiles,
     check_payload_names,
     deal_tensors,
@@ -40,9 +39,10 @@ from node.rl.sharded_diloco import (
     stream_digest,
     stream_theta_digest,
 )
-from node.rl.trainer import GrpoTrainer, OptimizerParams
-from protocol.codec import encode
-from protocol.messages import ShardInfo
+from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.messages import ShardInfo
+
 from tests.rl.test_sharded import folder_state
 from tests.test_trainer import fixed_groups, grpo_params
 from tests.tinymodel import tiny_engine, tiny_folder

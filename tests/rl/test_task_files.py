@@ -13,8 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from node.rl.tasks import (
+from swarmnode.node.rl.tasks import (
     GRADERS,
     MAX_TARGET_LENGTH,
     Task,
@@ -25,8 +24,8 @@ from node.rl.tasks import (
     write_jsonl,
     write_tasks,
 )
-from node.rl.tasks import files as task_files
-from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+from swarmnode.node.rl.tasks import files as task_files
+from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
 
 MIXED = [
     Task("arithmetic", "12+7=", "19"),

@@ -6,8 +6,7 @@ import hashlib
 import time
 
 import pytest
-
-from node.rl.tasks import (
+from swarmnode.node.rl.tasks import (
     MAX_TARGET_LENGTH,
     Task,
     arithmetic,
@@ -23,8 +22,8 @@ from node.rl.tasks import (
     task_to_json,
     write_jsonl,
 )
-from node.rl.tasks.code import Outcome, SandboxLimits, run_python
-from protocol.messages import GrpoParams
+from swarmnode.node.rl.tasks.code import Outcome, SandboxLimits, run_python
+from swarmnode.protocol.messages import GrpoParams
 
 FAST = SandboxLimits(wall_time_s=2.0, cpu_time_s=2, memory_bytes=256 * 2**20)
 

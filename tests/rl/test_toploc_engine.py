@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-toploc = pytest.importorskip("crypto.toploc")
+toploc = pytest.importorskip("swarmnode.crypto.toploc")
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from node.rl.sampling import perturbed_scores, position_key, sample_tokens
-from node.rl.vllm_engine import (
+from swarmnode.node.rl.sampling import perturbed_scores, position_key, sample_tokens
+from swarmnode.node.rl.vllm_engine import (
     EXTRA_KEY,
     BatchSampler,
     Capture,
@@ -236,7 +235,7 @@ def test_rows_follow_requests_through_batch_changes(data):
 
 
 def _vllm_available() -> bool:
-    from node.rl.engines import vllm_installed
+    from swarmnode.node.rl.engines import vllm_installed
 
     return torch.cuda.is_available() and vllm_installed()
 
@@ -249,8 +248,8 @@ def folder(tmp_path_factory) -> Path:
     """A small Qwen2 folder vLLM's attention kernels take (head size 32; the tiny model's 16 is too small)."""
     if not _vllm_available():
         pytest.skip("needs CUDA and the vllm extra")
-    from node.rl.modelinit import chat_texts, init_model_folder
-    from node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+    from swarmnode.node.rl.modelinit import chat_texts, init_model_folder
+    from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
 
     texts = chat_texts((t.prompt, t.target) for t in generate_tasks(DEVNET_PARAMS, 1, 1000))
     out = tmp_path_factory.mktemp("vllm") / "small"
@@ -259,7 +258,7 @@ def folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(folder):
-    from node.rl.vllm_engine import VLLMEngine
+    from swarmnode.node.rl.vllm_engine import VLLMEngine
 
     return VLLMEngine(folder)
 
@@ -272,7 +271,7 @@ def prompt(engine) -> list[int]:
 @pytest.mark.gpu
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_same_seeds_same_tokens_and_rows_match_prefill(engine, prompt, temperature):
-    from node.rl.sampling import check_sampling
+    from swarmnode.node.rl.sampling import check_sampling
 
     seeds = list(range(16))
     a = engine.generate_group(prompt, 16, seeds, 48, temperature)
@@ -295,7 +294,7 @@ def test_same_seeds_same_tokens_and_rows_match_prefill(engine, prompt, temperatu
 @pytest.mark.gpu
 def test_toploc_proofs_from_vllm_rows_verify_for_prompts_of_different_lengths(engine):
     """Several prompts in one batch finish at different steps: a wrong row mapping fails every chunk."""
-    from crypto.toploc import build_proofs, verify_proofs
+    from swarmnode.crypto.toploc import build_proofs, verify_proofs
 
     prompts = [engine.tokenizer.encode_prompt(p) for p in ("1+1=", "123+456=", "what is 17*23? think")]
     groups = engine.generate_groups(prompts, 8, [list(range(g * 8, g * 8 + 8)) for g in range(3)], 64, 1.0)
@@ -307,8 +306,8 @@ def test_toploc_proofs_from_vllm_rows_verify_for_prompts_of_different_lengths(en
 
 @pytest.mark.gpu
 def test_a_bf16_transformers_validator_accepts_the_worker(engine, folder, prompt):
-    from node.rl.engines import open_engine
-    from node.rl.sampling import check_sampling
+    from swarmnode.node.rl.engines import open_engine
+    from swarmnode.node.rl.sampling import check_sampling
 
     validator = open_engine("transformers", folder, role="validator")
     for c, pre in zip(group := engine.generate_group(prompt, 8, list(range(8)), 48, 1.0),
@@ -318,7 +317,7 @@ def test_a_bf16_transformers_validator_accepts_the_worker(engine, folder, prompt
 
 @pytest.mark.gpu
 def test_hot_swap_changes_outputs_and_restores(engine, folder, prompt, tmp_path):
-    from node.rl.model import build_model, read_config, save_weights, state_dict_of
+    from swarmnode.node.rl.model import build_model, read_config, save_weights, state_dict_of
 
     base = state_dict_of(engine.transformers.model)
     save_weights(base, engine.info.config_hash, tmp_path / "base.safetensors")

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from node.swarm.inbox import InboxRow
-from node.swarm.trainer import BATCH_LIMIT_FACTOR, batch_limit, plan_batch
+from swarmnode.node.swarm.inbox import InboxRow
+from swarmnode.node.swarm.trainer import BATCH_LIMIT_FACTOR, batch_limit, plan_batch
 
 WORKER = b"\x01" * 20
 

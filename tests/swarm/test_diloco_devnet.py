@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from node.dataplane.store import ShardStore
-from node.devnet import Devnet, DevnetPlan
-from node.diloco.holdings import MESSAGES_DIR
-from node.swarm.diloco_rl import DILOCO_DIR
-from node.swarm.trainer import CHECKPOINTS_DIR, INBOX_FILE
-from protocol.codec import decode
-from protocol.diloco import rollout_owner
-from protocol.envelope import Envelope
-from protocol.messages import CheckpointManifest, DilocoOuterState
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.devnet import Devnet, DevnetPlan
+from swarmnode.node.diloco.holdings import MESSAGES_DIR
+from swarmnode.node.swarm.diloco_rl import DILOCO_DIR
+from swarmnode.node.swarm.trainer import CHECKPOINTS_DIR, INBOX_FILE
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.diloco import rollout_owner
+from swarmnode.protocol.envelope import Envelope
+from swarmnode.protocol.messages import CheckpointManifest, DilocoOuterState
 
 pytestmark = pytest.mark.slow
 
@@ -171,7 +170,7 @@ def test_a_killed_co_trainer_rejoins_and_both_trainers_end_on_the_same_weights(t
 
     ledger = f"signed:{devnet.folder / 'ledger.db'}"
     verify = subprocess.run(
-        [sys.executable, "-m", "node.cli", "ledger", "verify", "--ledger", ledger],
+        [sys.executable, "-m", "swarmnode.node.cli", "ledger", "verify", "--ledger", ledger],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -18,22 +18,21 @@ from typing import Any
 
 import pytest
 import trio
-
-from crypto.identity import NodeIdentity
-from crypto.merkle import merkle_root
-from node.config import ConfigError, NodeConfig, WorkSettings, load_config
-from node.dataplane.http_server import BytesBody, Request, Response, simple_response
-from node.diloco.plan import build_plan, checkpoint_digest, sign_plan
-from node.p2p.clock import wall_ms
-from node.rl.diloco import content_digest, trainable_state
-from node.rl.run import devnet_run
-from node.swarm.common import RunMismatch
-from node.swarm.diloco_rl import DilocoSwarmTrainerWork
-from node.swarm.inbox import InboxEntry
-from protocol.diloco import check_rl_plan, contribution_namespace, plan_path, rollout_owner
-from protocol.envelope import seal
-from protocol.errors import ProtocolError, Reason, Reject
-from protocol.messages import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.config import ConfigError, NodeConfig, WorkSettings, load_config
+from swarmnode.node.dataplane.http_server import BytesBody, Request, Response, simple_response
+from swarmnode.node.diloco.plan import build_plan, checkpoint_digest, sign_plan
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.rl.diloco import content_digest, trainable_state
+from swarmnode.node.rl.run import devnet_run
+from swarmnode.node.swarm.common import RunMismatch
+from swarmnode.node.swarm.diloco_rl import DilocoSwarmTrainerWork
+from swarmnode.node.swarm.inbox import InboxEntry
+from swarmnode.protocol.diloco import check_rl_plan, contribution_namespace, plan_path, rollout_owner
+from swarmnode.protocol.envelope import seal
+from swarmnode.protocol.errors import ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import (
     AcceptedBatch,
     AcceptedRollout,
     CheckpointManifest,
@@ -42,7 +41,8 @@ from protocol.messages import (
     RunDescriptor,
     ShardInfo,
 )
-from protocol.shards import manifest_path
+from swarmnode.protocol.shards import manifest_path
+
 from tests.tinymodel import tiny_folder
 
 RUN = "testrun"
@@ -328,9 +328,9 @@ def test_a_co_trainer_takes_the_leads_manifests_and_keeps_the_versions_a_step_ma
 
 
 def test_a_co_trainer_compares_its_own_outer_weights_with_the_leads_checkpoints(tmp_path: Path) -> None:
-    from node.dataplane.roles import OriginNode
-    from protocol.codec import decode
-    from protocol.envelope import Envelope
+    from swarmnode.node.dataplane.roles import OriginNode
+    from swarmnode.protocol.codec import decode
+    from swarmnode.protocol.envelope import Envelope
 
     co = make_work(tmp_path, CO)
     co.origin = OriginNode(tmp_path / "own", CO, RUN)

@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.rl.rollouts import build_submission
+from swarmnode.node.rl.run import devnet_grpo, devnet_run
+from swarmnode.node.swarm.inbox import MIN_RETENTION_VERSIONS, InboxEntry, RolloutInbox, prune_cutoff
+from swarmnode.node.swarm.trainer import check_checkpoint, plan_batch
+from swarmnode.protocol.envelope import envelope_digest, seal
+from swarmnode.protocol.errors import Ignore, Reason
+from swarmnode.protocol.messages import RolloutSubmission, Verdict
+from swarmnode.protocol.shards import is_retained
 
-from crypto.identity import NodeIdentity
-from node.p2p.clock import wall_ms
-from node.rl.rollouts import build_submission
-from node.rl.run import devnet_grpo, devnet_run
-from node.swarm.inbox import MIN_RETENTION_VERSIONS, InboxEntry, RolloutInbox, prune_cutoff
-from node.swarm.trainer import check_checkpoint, plan_batch
-from protocol.envelope import envelope_digest, seal
-from protocol.errors import Ignore, Reason
-from protocol.messages import RolloutSubmission, Verdict
-from protocol.shards import is_retained
 from tests.tinymodel import tiny_engine, tiny_folder
 
 RUN = "testrun"

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from swarmnode.ledger.testing import find_anvil
+from swarmnode.node.rl.tasks import Task, write_tasks
 from transformers import AutoModelForCausalLM
-
-from ledger.testing import find_anvil
-from node.rl.tasks import Task, write_tasks
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +58,11 @@ def check_nodes(summary: dict, cheaters: int) -> None:
 
 def swarmnode(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "node.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "swarmnode.node.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

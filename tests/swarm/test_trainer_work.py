@@ -24,32 +24,31 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from libp2p.peer.id import ID
-
-from crypto.identity import NodeIdentity
-from crypto.merkle import merkle_root
-from ledger import testing as T
-from ledger.signedlog import SignedLog
-from ledger.types import Params
-from node.config import LivenessSettings, NodeConfig, WorkSettings
-from node.dataplane.checkpoint import MODEL_LAYOUT, plan_files, shard_info
-from node.dataplane.origin import model_folder_files
-from node.devnet import free_port
-from node.p2p.clock import wall_ms
-from node.p2p.dht import DiscoverySettings
-from node.p2p.peers import PeerRecord
-from node.rl.engine import TransformersEngine
-from node.rl.model import model_commitment, state_dict_of
-from node.rl.rollouts import build_submission
-from node.rl.run import RunMismatch, devnet_dataset, devnet_grpo, devnet_run, run_commitment
-from node.rl.trainer import signal_groups
-from node.roles.base import RoleNet
-from node.roles.trainer import Trainer
-from node.roles.validator import Validator
-from node.runtime import NodeRuntime
-from node.swarm import trainer as trainer_module
-from node.swarm.common import ACCEPTED
-from node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
-from node.swarm.trainer import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.signedlog import SignedLog
+from swarmnode.ledger.types import Params
+from swarmnode.node.config import LivenessSettings, NodeConfig, WorkSettings
+from swarmnode.node.dataplane.checkpoint import MODEL_LAYOUT, plan_files, shard_info
+from swarmnode.node.dataplane.origin import model_folder_files
+from swarmnode.node.devnet import free_port
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.p2p.dht import DiscoverySettings
+from swarmnode.node.p2p.peers import PeerRecord
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.model import model_commitment, state_dict_of
+from swarmnode.node.rl.rollouts import build_submission
+from swarmnode.node.rl.run import RunMismatch, devnet_dataset, devnet_grpo, devnet_run, run_commitment
+from swarmnode.node.rl.trainer import signal_groups
+from swarmnode.node.roles.base import RoleNet
+from swarmnode.node.roles.trainer import Trainer
+from swarmnode.node.roles.validator import Validator
+from swarmnode.node.runtime import NodeRuntime
+from swarmnode.node.swarm import trainer as trainer_module
+from swarmnode.node.swarm.common import ACCEPTED
+from swarmnode.node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
+from swarmnode.node.swarm.trainer import (
     MANIFEST_OK,
     SwarmTrainerWork,
     check_batch,
@@ -59,12 +58,12 @@ from node.swarm.trainer import (
     plan_batch,
     verify_accepted,
 )
-from node.swarm.trainer import pull as pull_module
-from node.swarm.trainer import registration as registration_module
-from protocol.codec import decode, encode
-from protocol.envelope import Envelope, Opened, envelope_digest, seal
-from protocol.errors import Ignore, ProtocolError, Reason
-from protocol.messages import (
+from swarmnode.node.swarm.trainer import pull as pull_module
+from swarmnode.node.swarm.trainer import registration as registration_module
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.envelope import Envelope, Opened, envelope_digest, seal
+from swarmnode.protocol.errors import Ignore, ProtocolError, Reason
+from swarmnode.protocol.messages import (
     LATEST_VERSION,
     AcceptedBatch,
     AcceptedRequest,
@@ -76,8 +75,9 @@ from protocol.messages import (
     RunDescriptor,
     Verdict,
 )
-from protocol.pacing import HOLD_MARGIN, LAG_HISTORY
-from protocol.types import MIB
+from swarmnode.protocol.pacing import HOLD_MARGIN, LAG_HISTORY
+from swarmnode.protocol.types import MIB
+
 from tests.p2p.helpers import wait_until
 from tests.swarm.models import eos_folder
 

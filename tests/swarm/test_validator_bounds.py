@@ -13,17 +13,17 @@ import trio
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from libp2p.peer.id import ID
+from swarmnode.crypto.hashing import sha256
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.errors import BackendError
+from swarmnode.ledger.signedlog import SignedLog
+from swarmnode.node.rl import validation as validation_module
+from swarmnode.node.rl.model import state_dict_of
+from swarmnode.node.swarm.accepted import MAX_JUDGED_PER_ASSIGNMENT, AcceptedStore
+from swarmnode.node.swarm.common import TtlCache, bounded_get
+from swarmnode.node.swarm.validator import judge as validator_module
+from swarmnode.protocol.errors import Ignore, Reason, Reject
 
-from crypto.hashing import sha256
-from ledger import testing as T
-from ledger.errors import BackendError
-from ledger.signedlog import SignedLog
-from node.rl import validation as validation_module
-from node.rl.model import state_dict_of
-from node.swarm.accepted import MAX_JUDGED_PER_ASSIGNMENT, AcceptedStore
-from node.swarm.common import TtlCache, bounded_get
-from node.swarm.validator import judge as validator_module
-from protocol.errors import Ignore, Reason, Reject
 from tests.swarm.test_validator_work import (  # noqa: F401  (fixtures)
     FORGED,
     HONEST,

@@ -13,28 +13,28 @@ from types import SimpleNamespace
 import pytest
 import torch
 import trio
+from swarmnode.crypto.hashing import sha256
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.errors import BackendError, DuplicateSlash
+from swarmnode.ledger.signedlog import SignedLog, verify_log
+from swarmnode.ledger.types import Params
+from swarmnode.node.config import NodeConfig
+from swarmnode.node.dataplane.follower import VerifiedCheckpoint
+from swarmnode.node.dataplane.origin import Sealer
+from swarmnode.node.dataplane.roles import OriginNode
+from swarmnode.node.rl.model import state_dict_of
+from swarmnode.node.rl.rollouts import build_submission
+from swarmnode.node.rl.run import RunMismatch, RunSetup, devnet_grpo, devnet_run, load_run_setup
+from swarmnode.node.swarm import cheats
+from swarmnode.node.swarm.accepted import AcceptedStore, Decided, PendingItem
+from swarmnode.node.swarm.validator import MAX_PENDING_PER_WORKER, SwarmValidatorWork, drawn_for_full_check
+from swarmnode.node.swarm.validator import judge as validator_module
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope, seal
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.messages import AcceptedRequest, RolloutSubmission, Verdict, VerdictBatch
+from swarmnode.protocol.verdicts import check_opened_verdicts
 
-from crypto.hashing import sha256
-from ledger import testing as T
-from ledger.errors import BackendError, DuplicateSlash
-from ledger.signedlog import SignedLog, verify_log
-from ledger.types import Params
-from node.config import NodeConfig
-from node.dataplane.follower import VerifiedCheckpoint
-from node.dataplane.origin import Sealer
-from node.dataplane.roles import OriginNode
-from node.rl.model import state_dict_of
-from node.rl.rollouts import build_submission
-from node.rl.run import RunMismatch, RunSetup, devnet_grpo, devnet_run, load_run_setup
-from node.swarm import cheats
-from node.swarm.accepted import AcceptedStore, Decided, PendingItem
-from node.swarm.validator import MAX_PENDING_PER_WORKER, SwarmValidatorWork, drawn_for_full_check
-from node.swarm.validator import judge as validator_module
-from protocol.codec import decode
-from protocol.envelope import Envelope, envelope_digest, open_envelope, seal
-from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import AcceptedRequest, RolloutSubmission, Verdict, VerdictBatch
-from protocol.verdicts import check_opened_verdicts
 from tests.tinymodel import copy_folder, tiny_engine, tiny_folder
 
 RUN = "devnet"
@@ -871,11 +871,11 @@ def test_checkpoint_engines_keep_the_newest_versions(tmp_path, base, setup):
 def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base, setup, checkpoint):
     """The work inside a real validator node: SUBMIT from a worker node, the verdict on gossip, ACCEPTED."""
     from libp2p.peer.id import ID
+    from swarmnode.node.devnet import free_port
+    from swarmnode.node.p2p.records import RunRecord
+    from swarmnode.node.roles.validator import SUBMIT, Validator
+    from swarmnode.node.swarm.common import ACCEPTED
 
-    from node.devnet import free_port
-    from node.p2p.records import RunRecord
-    from node.roles.validator import SUBMIT, Validator
-    from node.swarm.common import ACCEPTED
     from tests.p2p.helpers import RUN as P2P_RUN
     from tests.p2p.helpers import node_config, swarm, wait_until
 
@@ -920,7 +920,7 @@ class RunOnly:
     """The part of RoleNet a validator reads before it loads anything: ACCEPTED's registration and the run."""
 
     def __init__(self, descriptor) -> None:
-        from node.p2p.records import RunRecord
+        from swarmnode.node.p2p.records import RunRecord
 
         self.record = RunRecord(descriptor.trainer, 1, descriptor)
         self.served: list[str] = []

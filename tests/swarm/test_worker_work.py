@@ -15,27 +15,26 @@ import trio
 import trio.lowlevel
 import trio.testing
 from libp2p.peer.id import ID
-
-from crypto.hashing import sha256
-from crypto.identity import NodeIdentity
-from crypto.toploc import CalibratedPolicy, aggregate, judge, verify_proofs
-from ledger import testing as T
-from ledger.signedlog import SignedLog
-from ledger.types import Params
-from node.config import NodeConfig, WorkSettings
-from node.dataplane.checkpoint import build_manifest, plan_shards, shard_info
-from node.dataplane.follower import VerifiedCheckpoint
-from node.p2p.gossip import Delivery
-from node.p2p.peers import PeerRecord
-from node.p2p.reqresp import PeerUnreachable
-from node.rl.engine import TransformersEngine
-from node.rl.grpo import group_advantages
-from node.rl.rollouts import assigned_tasks, completion_rewards
-from node.rl.run import RunSetup, devnet_grpo, devnet_run
-from node.rl.validation import BadProof, ValidationContext, validate_submission
-from node.roles.validator import IdleValidatorWork, Validator
-from node.roles.worker import Worker
-from node.swarm.cheats import (
+from swarmnode.crypto.hashing import sha256
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.crypto.toploc import CalibratedPolicy, aggregate, judge, verify_proofs
+from swarmnode.ledger import testing as T
+from swarmnode.ledger.signedlog import SignedLog
+from swarmnode.ledger.types import Params
+from swarmnode.node.config import NodeConfig, WorkSettings
+from swarmnode.node.dataplane.checkpoint import build_manifest, plan_shards, shard_info
+from swarmnode.node.dataplane.follower import VerifiedCheckpoint
+from swarmnode.node.p2p.gossip import Delivery
+from swarmnode.node.p2p.peers import PeerRecord
+from swarmnode.node.p2p.reqresp import PeerUnreachable
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.grpo import group_advantages
+from swarmnode.node.rl.rollouts import assigned_tasks, completion_rewards
+from swarmnode.node.rl.run import RunSetup, devnet_grpo, devnet_run
+from swarmnode.node.rl.validation import BadProof, ValidationContext, validate_submission
+from swarmnode.node.roles.validator import IdleValidatorWork, Validator
+from swarmnode.node.roles.worker import Worker
+from swarmnode.node.swarm.cheats import (
     FORGED_REWARD,
     PERTURBED_MODEL,
     TAMPERED_PROMPT,
@@ -44,7 +43,7 @@ from node.swarm.cheats import (
     perturb_weights,
     tamper_weights,
 )
-from node.swarm.worker import (
+from swarmnode.node.swarm.worker import (
     STATE_FILE,
     CheckpointRef,
     Counters,
@@ -64,12 +63,13 @@ from node.swarm.worker import (
     submission_budget,
     try_another,
 )
-from protocol.envelope import Opened, open_envelope, seal
-from protocol.errors import Reason, Reject
-from protocol.messages import RolloutSubmission, SubmitAck, Verdict, VerdictBatch
-from protocol.pacing import WORKER_WINDOW_VERSIONS, share_budget, share_draw
-from protocol.runs import assignment_step
-from protocol.verdicts import VerdictBatcher, check_opened_verdicts
+from swarmnode.protocol.envelope import Opened, open_envelope, seal
+from swarmnode.protocol.errors import Reason, Reject
+from swarmnode.protocol.messages import RolloutSubmission, SubmitAck, Verdict, VerdictBatch
+from swarmnode.protocol.pacing import WORKER_WINDOW_VERSIONS, share_budget, share_draw
+from swarmnode.protocol.runs import assignment_step
+from swarmnode.protocol.verdicts import VerdictBatcher, check_opened_verdicts
+
 from tests.p2p.helpers import swarm, wait_until
 from tests.swarm.models import eos_folder
 
@@ -738,9 +738,9 @@ def test_a_retried_submission_is_the_same_envelope_for_every_validator() -> None
     """Sealed once: a validator that queued it before our timeout and the next one name it by one digest."""
     from types import SimpleNamespace
 
-    from crypto.identity import NodeIdentity
-    from node.swarm.worker import NetTransport
-    from protocol.envelope import seal
+    from swarmnode.crypto.identity import NodeIdentity
+    from swarmnode.node.swarm.worker import NetTransport
+    from swarmnode.protocol.envelope import seal
 
     identity = NodeIdentity(b"\x07" * 32)
     sent: list[bytes] = []

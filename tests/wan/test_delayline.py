@@ -9,9 +9,8 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from node.wan import linkemu
-from node.wan.linkemu import DelayLine, EmuLink, links_from_config
+from swarmnode.node.wan import linkemu
+from swarmnode.node.wan.linkemu import DelayLine, EmuLink, links_from_config
 
 A, B, H, OTHER = "10.9.0.2", "10.9.0.3", "10.9.0.4", "10.9.0.99"
 

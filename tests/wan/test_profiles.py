@@ -9,11 +9,10 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from node.wan import PROFILES, Link, UnknownProfile, draw_links, pair_loss, pair_rtt_ms, profile
-from node.wan.harness import free_subnet, node_address
-from node.wan.profiles import Span
-from node.wan.shaping import tbf_args
+from swarmnode.node.wan import PROFILES, Link, UnknownProfile, draw_links, pair_loss, pair_rtt_ms, profile
+from swarmnode.node.wan.harness import free_subnet, node_address
+from swarmnode.node.wan.profiles import Span
+from swarmnode.node.wan.shaping import tbf_args
 
 
 def test_profiles_give_the_issue_figures():

@@ -11,11 +11,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from swarmnode.node.wan import Link, Wan, WanUnavailable, check_available, destroy, destroy_stale
+from swarmnode.node.wan.netns import host_link_name, namespaces, run_ip
 
-from node.wan import Link, Wan, WanUnavailable, check_available, destroy, destroy_stale
-from node.wan.netns import host_link_name, namespaces, run_ip
-
-PROBE = [sys.executable, "-m", "node.wan.probe"]
+PROBE = [sys.executable, "-m", "swarmnode.node.wan.probe"]
 PORT = "7000"
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from node.wan import Link, Wan, WanUnavailable, check_available
-from node.wan.harness import remove_stale_workdirs
+from swarmnode.node.wan import Link, Wan, WanUnavailable, check_available
+from swarmnode.node.wan.harness import remove_stale_workdirs
 
 PIDS = st.integers(min_value=1, max_value=4_000_000)
 SUFFIX = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=8)

@@ -18,7 +18,7 @@ what we do instead. One concern per module:
 Import from here: `from node.p2p.gossip import Gossip, Delivery, ...` is the public surface.
 """
 
-from node.p2p.gossip.authority import (
+from swarmnode.node.p2p.gossip.authority import (
     FORMER_GRACE_MS,
     VIEW_LAG_MS,
     AuthorityView,
@@ -27,16 +27,21 @@ from node.p2p.gossip.authority import (
     authorise,
     check_ledger_entry,
 )
-from node.p2p.gossip.checks import check_gossip_message, content_id
-from node.p2p.gossip.outbound import (
+from swarmnode.node.p2p.gossip.checks import check_gossip_message, content_id
+from swarmnode.node.p2p.gossip.outbound import (
     OUTBOUND_BATCH_BYTES,
     OUTBOUND_QUEUE_RPCS,
     BatchingRpcQueue,
     CountingGossipSub,
     publish_size,
 )
-from node.p2p.gossip.policy import DEFAULT_POLICIES, MAX_GOSSIP_ENVELOPE, GossipSettings, TopicPolicy
-from node.p2p.gossip.pubsub import (
+from swarmnode.node.p2p.gossip.policy import (
+    DEFAULT_POLICIES,
+    MAX_GOSSIP_ENVELOPE,
+    GossipSettings,
+    TopicPolicy,
+)
+from swarmnode.node.p2p.gossip.pubsub import (
     MAX_VARINT_BYTES,
     READ_CHUNK,
     RECORD_RECHECK_S,
@@ -44,7 +49,7 @@ from node.p2p.gossip.pubsub import (
     SerialPubsub,
     take_frames,
 )
-from node.p2p.gossip.service import Delivery, Gossip, Observer, TopicStats
+from swarmnode.node.p2p.gossip.service import Delivery, Gossip, Observer, TopicStats
 
 __all__ = [
     "DEFAULT_POLICIES",

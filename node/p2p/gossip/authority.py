@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ledger.errors import LedgerError
-from ledger.log import authenticate
-from protocol.errors import Ignore, Reason, Reject
-from protocol.ledger_messages import LedgerEntry
+from swarmnode.ledger.errors import LedgerError
+from swarmnode.ledger.log import authenticate
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.ledger_messages import LedgerEntry
 
 VIEW_LAG_MS = 30_000
 """How long a registration may take to show in a fresh ledger read (EVM block time and RPC lag included).

@@ -7,14 +7,13 @@ Pure: the clock, the replay window and the authority view arrive as arguments. T
 from __future__ import annotations
 
 from libp2p.pubsub.pb import rpc_pb2
-
-from crypto.hashing import sha256
-from node.p2p.gossip.authority import AuthorityView, authorise, check_ledger_entry
-from node.p2p.gossip.policy import TopicPolicy
-from protocol.codec import decode
-from protocol.envelope import ENVELOPE_VERSION, Envelope, Opened, ReplayWindow, open_envelope
-from protocol.errors import Reason, Reject
-from protocol.ledger_messages import LedgerEntry
+from swarmnode.crypto.hashing import sha256
+from swarmnode.node.p2p.gossip.authority import AuthorityView, authorise, check_ledger_entry
+from swarmnode.node.p2p.gossip.policy import TopicPolicy
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.envelope import ENVELOPE_VERSION, Envelope, Opened, ReplayWindow, open_envelope
+from swarmnode.protocol.errors import Reason, Reject
+from swarmnode.protocol.ledger_messages import LedgerEntry
 
 
 def _header_passes(header: Envelope, policy: TopicPolicy, run: str) -> bool:

@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from protocol.envelope import ENVELOPE_OVERHEAD, Opened
-from protocol.ledger_messages import LedgerEntry
-from protocol.messages import CheckpointHead, ShardHave, VerdictBatch
-from protocol.types import KIB
-from protocol.verdicts import check_opened_verdicts
+from swarmnode.protocol.envelope import ENVELOPE_OVERHEAD, Opened
+from swarmnode.protocol.ledger_messages import LedgerEntry
+from swarmnode.protocol.messages import CheckpointHead, ShardHave, VerdictBatch
+from swarmnode.protocol.types import KIB
+from swarmnode.protocol.verdicts import check_opened_verdicts
 
 MAX_GOSSIP_ENVELOPE = 960 * KIB  # py-libp2p splits outbound RPCs at 1 MiB and cannot split one message
 

@@ -40,20 +40,19 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
-
-from crypto.identity import NodeIdentity
-from node.p2p.clock import Clock, SeqCounter, wall_ms, wall_us
-from node.p2p.gossip.authority import AuthorityView, LedgerView
-from node.p2p.gossip.checks import check_gossip_message, content_id
-from node.p2p.gossip.outbound import CountingGossipSub
-from node.p2p.gossip.policy import GossipSettings
-from node.p2p.gossip.pubsub import GossipPubsub
-from node.p2p.peers import PeerActivity
-from node.p2p.ratelimit import KeyedBuckets, TokenBucket
-from node.p2p.scoring import PeerGuard
-from protocol import ids
-from protocol.envelope import Opened, ReplayWindow, seal
-from protocol.errors import Ignore, Reject
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.clock import Clock, SeqCounter, wall_ms, wall_us
+from swarmnode.node.p2p.gossip.authority import AuthorityView, LedgerView
+from swarmnode.node.p2p.gossip.checks import check_gossip_message, content_id
+from swarmnode.node.p2p.gossip.outbound import CountingGossipSub
+from swarmnode.node.p2p.gossip.policy import GossipSettings
+from swarmnode.node.p2p.gossip.pubsub import GossipPubsub
+from swarmnode.node.p2p.peers import PeerActivity
+from swarmnode.node.p2p.ratelimit import KeyedBuckets, TokenBucket
+from swarmnode.node.p2p.scoring import PeerGuard
+from swarmnode.protocol import ids
+from swarmnode.protocol.envelope import Opened, ReplayWindow, seal
+from swarmnode.protocol.errors import Ignore, Reject
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from node.rl.tasks.core import (
+from swarmnode.node.rl.tasks.core import (
     MAX_TARGET_LENGTH,
     Grade,
     GraderFault,
@@ -17,8 +17,8 @@ from node.rl.tasks.core import (
     task_to_json,
     write_jsonl,
 )
-from node.rl.tasks.files import TaskFileError, read_tasks, write_tasks
-from node.rl.tasks.graders import GRADERS, grade
+from swarmnode.node.rl.tasks.files import TaskFileError, read_tasks, write_tasks
+from swarmnode.node.rl.tasks.graders import GRADERS, grade
 
 __all__ = [
     "GRADERS",

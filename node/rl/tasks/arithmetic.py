@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from node.rl.tasks.core import Grade, Task
+from swarmnode.node.rl.tasks.core import Grade, Task
 
 KIND = "arithmetic"
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from node.rl.tasks.core import Grade, GraderFault, Task
+from swarmnode.node.rl.tasks.core import Grade, GraderFault, Task
 
 KIND = "code"
 LINE_BUDGET = 5_000_000  # Python line events a graded program may execute (deterministic bound)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from crypto.merkle import merkle_root
-from protocol.messages import GrpoParams
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.protocol.messages import GrpoParams
 
 ASSIGN_DOMAIN = b"swarmnode/tasks/assign/v1"
 MAX_TARGET_LENGTH = 1 << 20  # tokens: beyond any model's context, and the JSON number stays small

@@ -35,9 +35,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
-
-from node.rl.tasks.core import MAX_TARGET_LENGTH, Task, task_to_json
-from node.rl.tasks.graders import GRADERS
+from swarmnode.node.rl.tasks.core import MAX_TARGET_LENGTH, Task, task_to_json
+from swarmnode.node.rl.tasks.graders import GRADERS
 
 MAX_TASKS = 1_000_000  # rows in one file: INTELLECT-2's RL set has 285k
 MAX_PROMPT_CHARS = 32_768  # a prompt: long competition problems are a few thousand

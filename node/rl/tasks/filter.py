@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from node.rl.engine import InferenceEngine
-from node.rl.sampling import derive_seed
-from node.rl.tasks.core import GraderFault, Task
-from node.rl.tasks.graders import grade
+from swarmnode.node.rl.engine import InferenceEngine
+from swarmnode.node.rl.sampling import derive_seed
+from swarmnode.node.rl.tasks.core import GraderFault, Task
+from swarmnode.node.rl.tasks.graders import grade
 
 FILTER_RUN = "swarmnode-filter"  # the run name seeds are derived under (no real run has it)
 FILTER_WORKER = b"pass-rate"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from node.rl.tasks import arithmetic, code, math
-from node.rl.tasks.core import Grade, Task
+from swarmnode.node.rl.tasks import arithmetic, code, math
+from swarmnode.node.rl.tasks.core import Grade, Task
 
 GRADERS: Mapping[str, Callable[[Task, str], Grade]] = MappingProxyType(
     {arithmetic.KIND: arithmetic.grade, math.KIND: math.grade, code.KIND: code.grade}

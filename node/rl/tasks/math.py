@@ -33,8 +33,7 @@ from fractions import Fraction
 from typing import Any
 
 import mpmath
-
-from node.rl.tasks.core import Grade, Task
+from swarmnode.node.rl.tasks.core import Grade, Task
 
 KIND = "math"
 MAX_RAW_ANSWER_CHARS = 1024  # the boxed text before normalising (regexes run on it)

@@ -58,8 +58,8 @@ is read from the module that uses it (a test shortens `PULL_BACKOFF_S` in `pull`
 `registration`): setting it here changes nothing.
 """
 
-from node.swarm.trainer.batch import BatchPlan, batch_limit, groups_of, plan_batch, submission_of
-from node.swarm.trainer.checks import (
+from swarmnode.node.swarm.trainer.batch import BatchPlan, batch_limit, groups_of, plan_batch, submission_of
+from swarmnode.node.swarm.trainer.checks import (
     ADVANTAGE_SLACK,
     MAX_INDEX,
     MAX_VERSION,
@@ -70,8 +70,8 @@ from node.swarm.trainer.checks import (
     open_stored,
     verify_accepted,
 )
-from node.swarm.trainer.disk import load_or_create_descriptor, prune_saves, restore_published
-from node.swarm.trainer.limits import (
+from swarmnode.node.swarm.trainer.disk import load_or_create_descriptor, prune_saves, restore_published
+from swarmnode.node.swarm.trainer.limits import (
     BATCH_LIMIT_FACTOR,
     CHECKPOINTS_DIR,
     DESCRIPTOR_FILE,
@@ -93,19 +93,19 @@ from node.swarm.trainer.limits import (
     TrainerBounds,
     trainer_bounds,
 )
-from node.swarm.trainer.publishing import Publishing
-from node.swarm.trainer.pull import Ingested, Pulling, ingest_batch
-from node.swarm.trainer.registration import Registration
-from node.swarm.trainer.state import Policy, Tallies, TrainerState, count_verdict
-from node.swarm.trainer.steps import StepLoop
-from node.swarm.trainer.validators import (
+from swarmnode.node.swarm.trainer.publishing import Publishing
+from swarmnode.node.swarm.trainer.pull import Ingested, Pulling, ingest_batch
+from swarmnode.node.swarm.trainer.registration import Registration
+from swarmnode.node.swarm.trainer.state import Policy, Tallies, TrainerState, count_verdict
+from swarmnode.node.swarm.trainer.steps import StepLoop
+from swarmnode.node.swarm.trainer.validators import (
     LEDGER_FAILURES,
     ValidatorPull,
     pull_limit,
     track_validators,
     validator_in_good_standing,
 )
-from node.swarm.trainer.work import SwarmTrainerWork
+from swarmnode.node.swarm.trainer.work import SwarmTrainerWork
 
 __all__ = [
     "ADVANTAGE_SLACK",

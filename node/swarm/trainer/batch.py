@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from node.swarm.inbox import InboxRow
-from node.swarm.trainer.limits import BATCH_LIMIT_FACTOR
-from protocol.codec import decode
-from protocol.envelope import Envelope
-from protocol.messages import RolloutGroup, RolloutSubmission
+from swarmnode.node.swarm.inbox import InboxRow
+from swarmnode.node.swarm.trainer.limits import BATCH_LIMIT_FACTOR
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.envelope import Envelope
+from swarmnode.protocol.messages import RolloutGroup, RolloutSubmission
 
 
 @dataclass(frozen=True)

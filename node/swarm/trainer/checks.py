@@ -12,15 +12,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from node.rl.model import ModelInfo
-from node.rl.rollouts import unpack_logprobs
-from node.rl.trainer import signal_groups
-from node.swarm.inbox import InboxEntry
-from protocol.codec import decode
-from protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
-from protocol.errors import Ignore, ProtocolError, Reason, Reject
-from protocol.messages import AcceptedBatch, AcceptedRollout, GrpoParams, RolloutSubmission, Verdict
-from protocol.runs import step_version
+from swarmnode.node.rl.model import ModelInfo
+from swarmnode.node.rl.rollouts import unpack_logprobs
+from swarmnode.node.rl.trainer import signal_groups
+from swarmnode.node.swarm.inbox import InboxEntry
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
+from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import AcceptedBatch, AcceptedRollout, GrpoParams, RolloutSubmission, Verdict
+from swarmnode.protocol.runs import step_version
 
 MAX_VERSION = 2**32  # a checkpoint version is the high half of a u64 assignment step
 MAX_INDEX = 2**63  # SQLite integers are signed 64-bit

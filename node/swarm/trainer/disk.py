@@ -18,16 +18,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from node.dataplane.catalog import Catalog
-from node.dataplane.store import ShardStore
-from node.p2p.clock import wall_ms
-from node.rl.run import DEVNET_MAX_NEW_TOKENS, RunMismatch, devnet_run
-from node.rl.sharded import dcp_dir
-from node.rl.tasks import Task
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
-from protocol.messages import RunDescriptor
-from protocol.shards import is_retained, verify_manifest
+from swarmnode.node.dataplane.catalog import Catalog
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, RunMismatch, devnet_run
+from swarmnode.node.rl.sharded import dcp_dir
+from swarmnode.node.rl.tasks import Task
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.errors import ProtocolError
+from swarmnode.protocol.messages import RunDescriptor
+from swarmnode.protocol.shards import is_retained, verify_manifest
 
 
 def load_or_create_descriptor(

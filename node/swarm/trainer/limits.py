@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from node.config import NodeConfig
-from node.swarm.inbox import RETENTION_VERSIONS
+from swarmnode.node.config import NodeConfig
+from swarmnode.node.swarm.inbox import RETENTION_VERSIONS
 
 MANIFEST_OK = 100  # status of a ManifestResponse that carries a manifest (spec/errors.md: 100 = ok)
 PULL_LIMIT = 16  # accepted submissions per ACCEPTED request

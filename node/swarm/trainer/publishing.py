@@ -9,13 +9,12 @@ from __future__ import annotations
 import logging
 
 import trio
-
-from node.dataplane.checkpoint import MODEL_LAYOUT
-from node.dataplane.origin import model_folder_files
-from node.rl.model import state_dict_of
-from node.rl.sharded import ShardedGrpoTrainer
-from node.swarm.trainer.limits import REPUBLISH_S
-from node.swarm.trainer.state import TrainerState
+from swarmnode.node.dataplane.checkpoint import MODEL_LAYOUT
+from swarmnode.node.dataplane.origin import model_folder_files
+from swarmnode.node.rl.model import state_dict_of
+from swarmnode.node.rl.sharded import ShardedGrpoTrainer
+from swarmnode.node.swarm.trainer.limits import REPUBLISH_S
+from swarmnode.node.swarm.trainer.state import TrainerState
 
 log = logging.getLogger(__name__)
 

@@ -23,31 +23,30 @@ from functools import partial
 
 import trio
 from libp2p.peer.id import ID
-
-from node.p2p.clock import wall_ms
-from node.p2p.reqresp import RequestFailed
-from node.rl.model import ModelInfo
-from node.roles.base import RoleNet
-from node.swarm.common import ACCEPTED
-from node.swarm.inbox import InboxEntry, RolloutInbox, Stored
-from node.swarm.trainer.checks import check_batch
-from node.swarm.trainer.limits import (
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.p2p.reqresp import RequestFailed
+from swarmnode.node.rl.model import ModelInfo
+from swarmnode.node.roles.base import RoleNet
+from swarmnode.node.swarm.common import ACCEPTED
+from swarmnode.node.swarm.inbox import InboxEntry, RolloutInbox, Stored
+from swarmnode.node.swarm.trainer.checks import check_batch
+from swarmnode.node.swarm.trainer.limits import (
     PEER_SCAN_S,
     PULL_BACKOFF_S,
     PULL_EMPTY_PAUSE_S,
     PULL_WAIT_MS,
     TRUST_CHECK_S,
 )
-from node.swarm.trainer.state import TrainerState
-from node.swarm.trainer.validators import (
+from swarmnode.node.swarm.trainer.state import TrainerState
+from swarmnode.node.swarm.trainer.validators import (
     LEDGER_FAILURES,
     ValidatorPull,
     pull_limit,
     track_validators,
     validator_in_good_standing,
 )
-from protocol.errors import Reason
-from protocol.messages import AcceptedBatch, AcceptedRequest, GrpoParams
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.messages import AcceptedBatch, AcceptedRequest, GrpoParams
 
 log = logging.getLogger(__name__)
 

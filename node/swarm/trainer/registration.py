@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 
 import trio
-
-from ledger import Ledger
-from ledger.types import RunInfo
-from node.rl.run import RunMismatch
-from node.swarm.common import check_run_owner, ensure_run, is_refusal, read_run, run_registration
-from node.swarm.trainer.limits import RUN_WAIT_S
-from node.swarm.trainer.state import TrainerState
-from protocol.messages import RunDescriptor
+from swarmnode.ledger import Ledger
+from swarmnode.ledger.types import RunInfo
+from swarmnode.node.rl.run import RunMismatch
+from swarmnode.node.swarm.common import check_run_owner, ensure_run, is_refusal, read_run, run_registration
+from swarmnode.node.swarm.trainer.limits import RUN_WAIT_S
+from swarmnode.node.swarm.trainer.state import TrainerState
+from swarmnode.protocol.messages import RunDescriptor
 
 log = logging.getLogger(__name__)
 

@@ -20,24 +20,29 @@ from pathlib import Path
 from typing import Any
 
 import trio
-
-from crypto.identity import NodeIdentity
-from ledger import Ledger
-from ledger.types import RunInfo
-from node.config import NodeConfig
-from node.dataplane.roles import OriginNode
-from node.rl.model import ModelInfo
-from node.rl.run import devnet_optimizer
-from node.rl.sharded import ShardedGrpoTrainer
-from node.rl.tasks import Task
-from node.rl.trainer import GrpoTrainer, OptimizerParams
-from node.roles.base import RoleNet
-from node.swarm.common import CHALLENGE_WINDOW_EPOCHS, bounded_get, run_model_dir, run_tasks
-from node.swarm.inbox import RolloutInbox
-from node.swarm.trainer.limits import CHECKPOINTS_DIR, DESCRIPTOR_FILE, INBOX_FILE, TRAINER_DIR, TrainerBounds
-from node.swarm.trainer.validators import ValidatorPull
-from protocol.messages import RunDescriptor
-from protocol.pacing import LAG_HISTORY, hold_until_ms, note_lag
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.ledger import Ledger
+from swarmnode.ledger.types import RunInfo
+from swarmnode.node.config import NodeConfig
+from swarmnode.node.dataplane.roles import OriginNode
+from swarmnode.node.rl.model import ModelInfo
+from swarmnode.node.rl.run import devnet_optimizer
+from swarmnode.node.rl.sharded import ShardedGrpoTrainer
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
+from swarmnode.node.roles.base import RoleNet
+from swarmnode.node.swarm.common import CHALLENGE_WINDOW_EPOCHS, bounded_get, run_model_dir, run_tasks
+from swarmnode.node.swarm.inbox import RolloutInbox
+from swarmnode.node.swarm.trainer.limits import (
+    CHECKPOINTS_DIR,
+    DESCRIPTOR_FILE,
+    INBOX_FILE,
+    TRAINER_DIR,
+    TrainerBounds,
+)
+from swarmnode.node.swarm.trainer.validators import ValidatorPull
+from swarmnode.protocol.messages import RunDescriptor
+from swarmnode.protocol.pacing import LAG_HISTORY, hold_until_ms, note_lag
 
 log = logging.getLogger(__name__)
 

@@ -16,15 +16,14 @@ import time
 from dataclasses import replace
 
 import trio
-
-from node.p2p.clock import wall_ms
-from node.rl.trainer import StepStats
-from node.swarm.inbox import StepRecord
-from node.swarm.trainer.batch import BatchPlan, batch_limit, groups_of, plan_batch
-from node.swarm.trainer.disk import prune_saves
-from node.swarm.trainer.limits import KEEP_SAVES
-from node.swarm.trainer.publishing import Publishing
-from node.swarm.trainer.state import Policy
+from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.rl.trainer import StepStats
+from swarmnode.node.swarm.inbox import StepRecord
+from swarmnode.node.swarm.trainer.batch import BatchPlan, batch_limit, groups_of, plan_batch
+from swarmnode.node.swarm.trainer.disk import prune_saves
+from swarmnode.node.swarm.trainer.limits import KEEP_SAVES
+from swarmnode.node.swarm.trainer.publishing import Publishing
+from swarmnode.node.swarm.trainer.state import Policy
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import trio
-
-from ledger import Ledger, LedgerError
-from ledger.signedlog import SignedLog
-from node.p2p.peers import PeerRecord
-from node.swarm.trainer.limits import PULL_LIMIT, TRUST_CHECK_S
+from swarmnode.ledger import Ledger, LedgerError
+from swarmnode.ledger.signedlog import SignedLog
+from swarmnode.node.p2p.peers import PeerRecord
+from swarmnode.node.swarm.trainer.limits import PULL_LIMIT, TRUST_CHECK_S
 
 LEDGER_FAILURES = (LedgerError, OSError, sqlite3.Error)  # refused, unreachable, or the log's file failing
 

@@ -13,27 +13,32 @@ import logging
 
 import trio
 from libp2p.peer.id import ID
-
-from node.dataplane.http_server import Handler, ServerConfig
-from node.dataplane.roles import OriginNode
-from node.dataplane.store import ShardStore
-from node.p2p.gossip import Delivery
-from node.rl.engine import TransformersEngine
-from node.rl.run import RunMismatch, load_run_setup
-from node.rl.sharded import ShardedGrpoTrainer, launched_rank
-from node.rl.trainer import GrpoTrainer
-from node.roles.base import RoleNet
-from node.swarm.common import set_threads
-from node.swarm.inbox import RolloutInbox
-from node.swarm.trainer.disk import load_or_create_descriptor, restore_published
-from node.swarm.trainer.limits import MANIFEST_OK
-from node.swarm.trainer.pull import Pulling
-from node.swarm.trainer.registration import Registration
-from node.swarm.trainer.state import Policy, count_verdict
-from node.swarm.trainer.steps import StepLoop
-from protocol.errors import Reason
-from protocol.messages import LATEST_VERSION, ManifestRequest, ManifestResponse, RunDescriptor, VerdictBatch
-from protocol.types import MIB
+from swarmnode.node.dataplane.http_server import Handler, ServerConfig
+from swarmnode.node.dataplane.roles import OriginNode
+from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.p2p.gossip import Delivery
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.run import RunMismatch, load_run_setup
+from swarmnode.node.rl.sharded import ShardedGrpoTrainer, launched_rank
+from swarmnode.node.rl.trainer import GrpoTrainer
+from swarmnode.node.roles.base import RoleNet
+from swarmnode.node.swarm.common import set_threads
+from swarmnode.node.swarm.inbox import RolloutInbox
+from swarmnode.node.swarm.trainer.disk import load_or_create_descriptor, restore_published
+from swarmnode.node.swarm.trainer.limits import MANIFEST_OK
+from swarmnode.node.swarm.trainer.pull import Pulling
+from swarmnode.node.swarm.trainer.registration import Registration
+from swarmnode.node.swarm.trainer.state import Policy, count_verdict
+from swarmnode.node.swarm.trainer.steps import StepLoop
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.messages import (
+    LATEST_VERSION,
+    ManifestRequest,
+    ManifestResponse,
+    RunDescriptor,
+    VerdictBatch,
+)
+from swarmnode.protocol.types import MIB
 
 log = logging.getLogger(__name__)
 

@@ -53,9 +53,9 @@ One concern per module (each module's docstring records its design decisions):
 Import from here: `from node.swarm.validator import SwarmValidatorWork, ...` is the public surface.
 """
 
-from node.swarm.validator.engines import CheckpointEngines
-from node.swarm.validator.judge import VerdictOut
-from node.swarm.validator.judgement import (
+from swarmnode.node.swarm.validator.engines import CheckpointEngines
+from swarmnode.node.swarm.validator.judge import VerdictOut
+from swarmnode.node.swarm.validator.judgement import (
     Decision,
     Judgement,
     clip_detail,
@@ -65,7 +65,7 @@ from node.swarm.validator.judgement import (
     make_verdict,
     reason_name,
 )
-from node.swarm.validator.ledger_access import (
+from swarmnode.node.swarm.validator.ledger_access import (
     LedgerAccess,
     LedgerUnavailable,
     commit_blocker,
@@ -74,7 +74,7 @@ from node.swarm.validator.ledger_access import (
     fit_credit,
     slash_for,
 )
-from node.swarm.validator.limits import (
+from swarmnode.node.swarm.validator.limits import (
     ACCEPTED_RETENTION_VERSIONS,
     CREDIT_INTERVAL_S,
     ELIGIBILITY_TTL_S,
@@ -99,8 +99,8 @@ from node.swarm.validator.limits import (
     VERDICT_BACKLOG,
     WAIT_FOR_CHECKPOINT_S,
 )
-from node.swarm.validator.state import WorkerTally
-from node.swarm.validator.work import SwarmValidatorWork
+from swarmnode.node.swarm.validator.state import WorkerTally
+from swarmnode.node.swarm.validator.work import SwarmValidatorWork
 
 __all__ = [
     "ACCEPTED_RETENTION_VERSIONS",

@@ -14,14 +14,13 @@ import logging
 
 import trio
 from libp2p.peer.id import ID
-
-from crypto.identity import address_of_peer_id
-from node.swarm.accepted import MAX_CURSOR
-from node.swarm.validator.limits import MAX_BATCH_BYTES
-from node.swarm.validator.state import ValidatorState
-from protocol.envelope import Opened
-from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import AcceptedBatch, AcceptedRequest
+from swarmnode.crypto.identity import address_of_peer_id
+from swarmnode.node.swarm.accepted import MAX_CURSOR
+from swarmnode.node.swarm.validator.limits import MAX_BATCH_BYTES
+from swarmnode.node.swarm.validator.state import ValidatorState
+from swarmnode.protocol.envelope import Opened
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.messages import AcceptedBatch, AcceptedRequest
 
 log = logging.getLogger(__name__)
 

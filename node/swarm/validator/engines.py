@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-
-from node.rl.engine import TransformersEngine
-from node.rl.engines import open_engine
+from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.engines import open_engine
 
 
 class CheckpointEngines:

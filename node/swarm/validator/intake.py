@@ -11,17 +11,21 @@ import time
 
 import trio
 from libp2p.peer.id import ID
-
-from crypto.identity import address_of_peer_id
-from node.rl.validation import check_step
-from node.swarm.validator.judgement import clip_detail
-from node.swarm.validator.ledger_access import LedgerUnavailable
-from node.swarm.validator.limits import MAX_PENDING, MAX_PENDING_BYTES, MAX_PENDING_PER_WORKER, QUEUED
-from node.swarm.validator.state import ValidatorState
-from protocol.codec import encode
-from protocol.envelope import Opened
-from protocol.errors import Ignore, ProtocolError, Reason, Reject
-from protocol.messages import RolloutSubmission, SubmitAck
+from swarmnode.crypto.identity import address_of_peer_id
+from swarmnode.node.rl.validation import check_step
+from swarmnode.node.swarm.validator.judgement import clip_detail
+from swarmnode.node.swarm.validator.ledger_access import LedgerUnavailable
+from swarmnode.node.swarm.validator.limits import (
+    MAX_PENDING,
+    MAX_PENDING_BYTES,
+    MAX_PENDING_PER_WORKER,
+    QUEUED,
+)
+from swarmnode.node.swarm.validator.state import ValidatorState
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.envelope import Opened
+from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import RolloutSubmission, SubmitAck
 
 
 class Intake(ValidatorState):

@@ -20,12 +20,11 @@ import time
 from typing import Any, Protocol
 
 import trio
-
-from crypto.identity import NodeIdentity
-from node.rl.validation import Accepted, ValidationContext, judge_fault
-from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
-from node.swarm.accepted import PendingItem, RunCredit
-from node.swarm.validator.judgement import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.rl.validation import Accepted, ValidationContext, judge_fault
+from swarmnode.node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
+from swarmnode.node.swarm.accepted import PendingItem, RunCredit
+from swarmnode.node.swarm.validator.judgement import (
     Decision,
     Judgement,
     drawn_for_full_check,
@@ -33,13 +32,13 @@ from node.swarm.validator.judgement import (
     judge_submission,
     make_verdict,
 )
-from node.swarm.validator.ledger_access import LedgerUnavailable, credit_for
-from node.swarm.validator.settlement import Settlement
-from protocol.codec import decode
-from protocol.envelope import Envelope
-from protocol.errors import Ignore, Reason, Reject
-from protocol.messages import RolloutSubmission, Verdict, VerdictBatch
-from protocol.verdicts import VerdictBatcher
+from swarmnode.node.swarm.validator.ledger_access import LedgerUnavailable, credit_for
+from swarmnode.node.swarm.validator.settlement import Settlement
+from swarmnode.protocol.codec import decode
+from swarmnode.protocol.envelope import Envelope
+from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.protocol.messages import RolloutSubmission, Verdict, VerdictBatch
+from swarmnode.protocol.verdicts import VerdictBatcher
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, judge_total
-from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
-from node.swarm.accepted import Decided, PendingItem
-from node.swarm.validator.engines import CheckpointEngines
-from node.swarm.validator.limits import MAX_DETAIL_BYTES, MAX_VERDICT_CHUNKS, UNSAMPLED
-from protocol.codec import decode, encode
-from protocol.errors import Ignore, ProtocolError, Reason, Reject
-from protocol.messages import RolloutSubmission, Verdict
+from swarmnode.node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, judge_total
+from swarmnode.node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
+from swarmnode.node.swarm.accepted import Decided, PendingItem
+from swarmnode.node.swarm.validator.engines import CheckpointEngines
+from swarmnode.node.swarm.validator.limits import MAX_DETAIL_BYTES, MAX_VERDICT_CHUNKS, UNSAMPLED
+from swarmnode.protocol.codec import decode, encode
+from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import RolloutSubmission, Verdict
 
 log = logging.getLogger(__name__)
 

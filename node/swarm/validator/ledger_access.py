@@ -21,15 +21,14 @@ from dataclasses import replace
 from typing import TypeVar
 
 import trio
-
-from ledger import Ledger, LedgerError
-from ledger.evidence import SLASHABLE_REASONS
-from ledger.signedlog import SignedLog
-from ledger.types import RunInfo
-from node.swarm.common import is_refusal
-from protocol.errors import Reason
-from protocol.ledger_messages import MAX_FAILING_CHUNKS, Credit, Slash
-from protocol.messages import Verdict
+from swarmnode.ledger import Ledger, LedgerError
+from swarmnode.ledger.evidence import SLASHABLE_REASONS
+from swarmnode.ledger.signedlog import SignedLog
+from swarmnode.ledger.types import RunInfo
+from swarmnode.node.swarm.common import is_refusal
+from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.ledger_messages import MAX_FAILING_CHUNKS, Credit, Slash
+from swarmnode.protocol.messages import Verdict
 
 log = logging.getLogger(__name__)
 

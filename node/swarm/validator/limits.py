@@ -6,8 +6,8 @@ One table, so every bound the validator keeps is found in one place; the tunable
 
 from __future__ import annotations
 
-from protocol.ledger_messages import MAX_CREDITS_PER_BATCH
-from protocol.types import MIB
+from swarmnode.protocol.ledger_messages import MAX_CREDITS_PER_BATCH
+from swarmnode.protocol.types import MIB
 
 QUEUED = 100  # SubmitAck status: durably queued for judgement
 WAIT_FOR_CHECKPOINT_S = 60.0  # how long a submission waits for a checkpoint version not held yet

@@ -18,24 +18,23 @@ from __future__ import annotations
 import logging
 
 import trio
-
-from ledger import LedgerError
-from ledger.errors import ChallengeWindowOpen, DuplicateSlash, SlashNotPending
-from ledger.evidence import SLASHABLE_REASONS, slash_digest
-from ledger.types import SLASH_PENDING, SLASH_VOIDED, Receipt, RunInfo
-from node.swarm.common import check_run_owner, read_run
-from node.swarm.validator.judgement import reason_name
-from node.swarm.validator.ledger_access import (
+from swarmnode.ledger import LedgerError
+from swarmnode.ledger.errors import ChallengeWindowOpen, DuplicateSlash, SlashNotPending
+from swarmnode.ledger.evidence import SLASHABLE_REASONS, slash_digest
+from swarmnode.ledger.types import SLASH_PENDING, SLASH_VOIDED, Receipt, RunInfo
+from swarmnode.node.swarm.common import check_run_owner, read_run
+from swarmnode.node.swarm.validator.judgement import reason_name
+from swarmnode.node.swarm.validator.ledger_access import (
     LedgerUnavailable,
     commit_blocker,
     credit_refusal,
     fit_credit,
     slash_for,
 )
-from node.swarm.validator.limits import RUN_WAIT_S
-from node.swarm.validator.state import ValidatorState
-from protocol.ledger_messages import CommitCredits, Credit
-from protocol.messages import RunDescriptor, Verdict
+from swarmnode.node.swarm.validator.limits import RUN_WAIT_S
+from swarmnode.node.swarm.validator.state import ValidatorState
+from swarmnode.protocol.ledger_messages import CommitCredits, Credit
+from swarmnode.protocol.messages import RunDescriptor, Verdict
 
 log = logging.getLogger(__name__)
 

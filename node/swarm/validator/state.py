@@ -16,21 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trio
-
-from crypto.identity import NodeIdentity
-from ledger import Ledger
-from node.config import NodeConfig
-from node.rl.run import RunSetup
-from node.rl.tasks import Task
-from node.rl.validation import Accepted
-from node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
-from node.swarm.accepted import AcceptedStore, PendingItem, StoreStatistics
-from node.swarm.common import TtlCache, bounded_get, run_model_dir, run_tasks
-from node.swarm.follow import SwarmFollower
-from node.swarm.validator.engines import CheckpointEngines
-from node.swarm.validator.judgement import Decision, Judgement, reason_name
-from node.swarm.validator.ledger_access import LedgerAccess
-from node.swarm.validator.limits import (
+from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.ledger import Ledger
+from swarmnode.node.config import NodeConfig
+from swarmnode.node.rl.run import RunSetup
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.validation import Accepted
+from swarmnode.node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS
+from swarmnode.node.swarm.accepted import AcceptedStore, PendingItem, StoreStatistics
+from swarmnode.node.swarm.common import TtlCache, bounded_get, run_model_dir, run_tasks
+from swarmnode.node.swarm.follow import SwarmFollower
+from swarmnode.node.swarm.validator.engines import CheckpointEngines
+from swarmnode.node.swarm.validator.judgement import Decision, Judgement, reason_name
+from swarmnode.node.swarm.validator.ledger_access import LedgerAccess
+from swarmnode.node.swarm.validator.limits import (
     ACCEPTED_RETENTION_VERSIONS,
     CREDIT_INTERVAL_S,
     ELIGIBILITY_TTL_S,
@@ -46,9 +45,9 @@ from node.swarm.validator.limits import (
     VERDICT_FLUSH_S,
     WAIT_FOR_CHECKPOINT_S,
 )
-from protocol.errors import Ignore, ProtocolError
-from protocol.ledger_messages import MAX_CREDITS_PER_BATCH
-from protocol.messages import VERDICT_BATCH_MAX_ITEMS
+from swarmnode.protocol.errors import Ignore, ProtocolError
+from swarmnode.protocol.ledger_messages import MAX_CREDITS_PER_BATCH
+from swarmnode.protocol.messages import VERDICT_BATCH_MAX_ITEMS
 
 
 @dataclass

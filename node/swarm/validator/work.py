@@ -11,21 +11,20 @@ from collections.abc import Mapping
 
 import torch
 import trio
-
-from node.dataplane.checkpoint import load_checkpoint
-from node.dataplane.follower import VerifiedCheckpoint
-from node.p2p.gossip import Delivery
-from node.rl.run import RunSetup, load_run_setup
-from node.roles.base import RoleNet
-from node.swarm.common import ACCEPTED, set_threads
-from node.swarm.follow import SwarmFollower
-from node.swarm.validator.accepted_log import AcceptedLog
-from node.swarm.validator.engines import CheckpointEngines
-from node.swarm.validator.intake import Intake
-from node.swarm.validator.judge import Judge, VerdictOut
-from node.swarm.validator.limits import VERDICT_BACKLOG
-from protocol.messages import Verdict
-from protocol.runs import run_trainers
+from swarmnode.node.dataplane.checkpoint import load_checkpoint
+from swarmnode.node.dataplane.follower import VerifiedCheckpoint
+from swarmnode.node.p2p.gossip import Delivery
+from swarmnode.node.rl.run import RunSetup, load_run_setup
+from swarmnode.node.roles.base import RoleNet
+from swarmnode.node.swarm.common import ACCEPTED, set_threads
+from swarmnode.node.swarm.follow import SwarmFollower
+from swarmnode.node.swarm.validator.accepted_log import AcceptedLog
+from swarmnode.node.swarm.validator.engines import CheckpointEngines
+from swarmnode.node.swarm.validator.intake import Intake
+from swarmnode.node.swarm.validator.judge import Judge, VerdictOut
+from swarmnode.node.swarm.validator.limits import VERDICT_BACKLOG
+from swarmnode.protocol.messages import Verdict
+from swarmnode.protocol.runs import run_trainers
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# mypy over the installed names (swarmnode.protocol, ...): the source folders keep their places beside
+# pyproject.toml, so a throwaway tree of links shows mypy the package layout the wheel installs.
+# With no arguments: protocol, crypto and ledger (strict, per pyproject's [tool.mypy] overrides).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tree=build/typecheck
+mkdir -p "$tree/swarmnode"
+for part in node protocol crypto ledger; do
+    ln -sfn "$PWD/$part" "$tree/swarmnode/$part"
+done
+packages=("${@:-protocol crypto ledger}")
+args=()
+for part in ${packages[@]}; do
+    args+=(-p "swarmnode.$part")
+done
+MYPYPATH="$tree" mypy "${args[@]}"

@@ -1,0 +1,66 @@
+"""The distribution installs one name, `swarmnode`: every source package is listed under it, and the
+wheel holds nothing else at its top (issue #17: `import crypto` or `protocol` of another distribution
+must never be shadowed by ours)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPS = ("node", "protocol", "crypto", "ledger")
+
+
+def source_packages() -> set[str]:
+    found = set()
+    for top in TOPS:
+        for init in (ROOT / top).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT).parts
+            found.add(".".join(("swarmnode", *relative)))
+    return found
+
+
+def test_every_source_package_is_listed_under_swarmnode():
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(setuptools["packages"]) == source_packages()
+    assert setuptools["package-dir"] == {f"swarmnode.{top}": top for top in TOPS}
+
+
+def test_the_wheel_installs_only_swarmnode(tmp_path):
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
+         str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = tmp_path.glob("swarmnode-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    tops = {name.split("/")[0] for name in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"swarmnode"}
+    assert "swarmnode = swarmnode.node.cli:main" in entry_points
+    assert "swarmnode/node/rl/assets/devnet-model/config.json" in names
+    assert "swarmnode/ledger/contracts/SwarmLedger.vy" in names
+
+
+def test_no_source_imports_a_bare_top_level_name():
+    """Run from the checkout, `import node` would still work (the working directory is on sys.path), but
+    installed it fails: every import of our code says `swarmnode.`."""
+    import ast
+
+    offenders = []
+    for top in (*TOPS, "tests", "benchmarks", "scripts"):
+        for path in (ROOT / top).rglob("*.py"):
+            for statement in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(statement, ast.Import):
+                    names = [alias.name for alias in statement.names]
+                elif isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module:
+                    names = [statement.module]
+                else:
+                    continue
+                offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in TOPS]
+    assert offenders == []
