@@ -49,11 +49,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.wan_bench import open_wan, probe_rtt, wan_tcp_fanout  # noqa: E402
 from swarmnode.node.dataplane.sources import ScoringConfig  # noqa: E402
 from swarmnode.node.dataplane.testing import RoleProcess, role_key, spawn, stop_all  # noqa: E402
 from swarmnode.node.wan import PROFILES, Wan, draw_links  # noqa: E402
-
-from benchmarks.wan_bench import open_wan, probe_rtt, wan_tcp_fanout  # noqa: E402
 
 MIB = 1 << 20
 RUN = "bench"

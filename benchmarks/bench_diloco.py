@@ -98,6 +98,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import save
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.testing import RoleProcess, stop_all
 from swarmnode.node.diloco.plan import build_plan, fresh_model, sign_plan

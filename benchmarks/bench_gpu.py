@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 from bench_toploc import _best_seconds
+
 from swarmnode.crypto.toploc import (
     CalibratedPolicy,
     ToplocAggregate,
@@ -225,9 +226,10 @@ def plain_section(folder: Path, setup: RunSetup, args: argparse.Namespace) -> Re
 def plain_child(requests_file: str, folder: Path) -> None:
     """The child of `plain_section`: vLLM as a user runs it (its own sampler, no per-request seeds, async
     scheduling, its default model runner), with the same prompts, lengths and memory share as our engine."""
-    from swarmnode.node.rl.vllm_engine import GPU_MEMORY_UTILIZATION
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+
+    from swarmnode.node.rl.vllm_engine import GPU_MEMORY_UTILIZATION
 
     spec = json.loads(Path(requests_file).read_text())
     info = load_tokenizer(folder)[1]

@@ -43,11 +43,10 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from swarmnode.node.devnet import WAN_P2P_PORT, Devnet, DevnetNode, DevnetPlan  # noqa: E402
+from benchmarks.wan_bench import open_wan, probe_rtt, require_wan  # noqa: E402
+from swarmnode.node.devnet.network import WAN_P2P_PORT, Devnet, DevnetNode, DevnetPlan  # noqa: E402
 from swarmnode.node.roles.probe import parse_probe_tag  # noqa: E402
 from swarmnode.node.wan import PROFILES, draw_links  # noqa: E402
-
-from benchmarks.wan_bench import open_wan, probe_rtt, require_wan  # noqa: E402
 
 RATES = (10, 50, 100)
 GOAL_P99_MS = 250.0  # issue #19, at 100 msg/s on loopback

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.rl.engine import TransformersEngine
@@ -166,7 +167,7 @@ def run_devnet(steps: int, *extra: str) -> tuple[dict[str, Any], float]:
     with tempfile.TemporaryDirectory(prefix="bench-rl-devnet-") as tmp:
         summary_path = Path(tmp) / "summary.json"
         command = [
-            sys.executable, "-m", "swarmnode.node.cli_run", "devnet", "--steps", str(steps), "--no-live",
+            sys.executable, "-m", "swarmnode.node.cli.run", "devnet", "--steps", str(steps), "--no-live",
             "--out", str(Path(tmp) / "run"), "--summary", str(summary_path), *extra,
         ]  # fmt: skip
         _log(f"devnet: {' '.join(command[2:])}")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
 from swarmnode.crypto.toploc import DEFAULT_CHUNK, DEFAULT_K, build_proofs, verify_proofs
 
 Section = Callable[[argparse.Namespace], dict[str, float | int]]

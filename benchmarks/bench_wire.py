@@ -22,7 +22,6 @@ from swarmnode.crypto.signing import recover_address  # noqa: E402
 from swarmnode.protocol.codec import decode, encode, to_wire  # noqa: E402
 from swarmnode.protocol.envelope import ReplayWindow, open_envelope, seal  # noqa: E402
 from swarmnode.protocol.messages import RolloutSubmission  # noqa: E402
-
 from tests.conformance.keys import NOW_MS, RUN, vector_identity  # noqa: E402
 from tests.conformance.samples import rollout_submission  # noqa: E402
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import coincurve
 from eth_utils.address import to_checksum_address
+
 from swarmnode.crypto.signing import address_of_point, address_of_public_key, sign_digest_with
 
 _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from eth_account import Account
+
 from swarmnode.crypto.identity import NodeIdentity
 
 PASSWORD_ENV = "SWARMNODE_PASSWORD"

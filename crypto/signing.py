@@ -9,6 +9,7 @@ valid one and would let a third party mint a second "distinct" signature.
 from __future__ import annotations
 
 import coincurve
+
 from swarmnode.crypto.hashing import keccak256
 
 SIGNATURE_SIZE = 65

@@ -27,6 +27,10 @@ from eth_abi.abi import encode as abi_encode
 from eth_account import Account
 from eth_typing import ChecksumAddress, HexAddress, HexStr
 from eth_utils.abi import function_abi_to_4byte_selector, get_abi_input_types
+from web3 import Web3
+from web3.exceptions import TransactionNotFound
+from web3.types import Wei
+
 from swarmnode.crypto.identity import NodeIdentity, base58btc, format_address
 from swarmnode.ledger.artifact import load_artifact
 from swarmnode.ledger.batches import (
@@ -101,9 +105,6 @@ from swarmnode.protocol.ledger_messages import (
     StakeUnbond,
     VoidSlash,
 )
-from web3 import Web3
-from web3.exceptions import TransactionNotFound
-from web3.types import Wei
 
 ROLE_CODES = {role: i + 1 for i, role in enumerate(ROLES)}  # 0 = unregistered
 SLASH_STATUSES = {1: SLASH_PENDING, 2: SLASH_FINAL, 3: SLASH_VOIDED}

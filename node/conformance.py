@@ -197,6 +197,7 @@ def check_sampling(inp: dict[str, Any]) -> dict[str, Any]:
     """Tokens of the seeded Gumbel-max sampler, row p of `logits` being generated position p; with the
     position keys and the 32-bit noise hashes (exact integers) when the temperature is positive."""
     import torch
+
     from swarmnode.node.rl.sampling import noise_bits, position_key, sample_tokens
 
     logits = torch.tensor(inp["logits"], dtype=torch.float32)
@@ -212,6 +213,7 @@ def check_sampling(inp: dict[str, Any]) -> dict[str, Any]:
 def check_sampling_rule(inp: dict[str, Any]) -> dict[str, Any]:
     """The validator's sampling check (6d): positions whose claimed token is not within the tolerance."""
     import torch
+
     from swarmnode.node.rl.sampling import check_sampling as sampling_check
 
     logits = torch.tensor(inp["logits"], dtype=torch.float32).reshape(len(inp["tokens"]), -1)
@@ -235,6 +237,7 @@ def _rewards_descriptor(task_kind: str, length_target: int, length_penalty: floa
 
 def check_rewards(inp: dict[str, Any]) -> dict[str, Any]:
     import torch
+
     from swarmnode.node.rl.grpo import group_advantages
     from swarmnode.node.rl.rollouts import completion_rewards
 

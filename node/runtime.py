@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 import trio
 from libp2p.abc import IHost
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger import Ledger
 from swarmnode.ledger.errors import LedgerError

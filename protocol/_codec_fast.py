@@ -31,6 +31,7 @@ from operator import countOf
 from typing import Any
 
 import msgpack
+
 from swarmnode.protocol._codec_schema import U64_MAX, FieldSpec, cache_per_class, schema, unpack_limits
 
 

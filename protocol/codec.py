@@ -19,6 +19,7 @@ import types
 from typing import Any
 
 import msgpack
+
 from swarmnode.protocol._codec_fast import DECLINED, fast_decode, fast_encode
 
 # re-exported (`X as X`): the schema language is part of this module's API

@@ -33,6 +33,7 @@ from pathlib import Path
 import tokenizers
 import torch
 import transformers
+
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import file_sha256, model_commitment
 from swarmnode.node.rl.modelinit import DEFAULT_VOCAB_SIZE, chat_texts, init_model_folder

@@ -10,11 +10,12 @@ import sys
 import pytest
 from libp2p.crypto.secp256k1 import create_new_key_pair
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.keystore import load_keystore
 
 
 def swarmnode(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "swarmnode.node.cli", *args]
+    argv = [sys.executable, "-m", "swarmnode.node.cli.main", *args]
     return subprocess.run(argv, capture_output=True, text=True, env=env,
                           timeout=600)
 
@@ -80,6 +81,7 @@ def test_calibrate_prints_bounds_for_the_engine_pair_and_refuses_an_engine_it_ca
     assert bounds["honest_submissions"] == 1
     assert bounds["max_mean_exp_mismatches"] >= bounds["honest_max_mean_exp_mismatches"] >= 0
     import torch
+
     from swarmnode.node.rl.engines import vllm_installed
 
     if not (torch.cuda.is_available() and vllm_installed()):  # a clear refusal, never a silent fallback

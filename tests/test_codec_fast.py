@@ -13,6 +13,7 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.protocol._codec_fast import DECLINED, fast_decode, fast_encode
 from swarmnode.protocol.codec import (
     FieldSpec,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import Envelope, ReplayWindow, open_envelope, seal
 from swarmnode.protocol.errors import ProtocolError
 from swarmnode.protocol.messages import MESSAGE_TYPES
-
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.conformance.samples import every_message
 

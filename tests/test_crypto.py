@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from libp2p.crypto.secp256k1 import create_new_key_pair
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.hashing import keccak256
 from swarmnode.crypto.identity import NodeIdentity, format_address, parse_address
 from swarmnode.crypto.keystore import KeystoreError, load_keystore, save_keystore
@@ -103,6 +104,7 @@ def test_merkle_malformed_paths_are_refused():
 
 def test_the_address_a_peer_id_embeds_is_the_keys_address():
     from libp2p.peer.id import ID
+
     from swarmnode.crypto.identity import address_of_peer_id
 
     one, other = NodeIdentity(b"\x01" * 32), NodeIdentity(b"\x02" * 32)

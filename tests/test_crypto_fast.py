@@ -15,6 +15,7 @@ from eth_keys import KeyAPI
 from eth_keys.backends import NativeECCBackend
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.hashing import KECCAK_BACKEND, keccak256, keccak256_pycryptodome
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.signing import InvalidSignature, address_of_public_key, recover_address, sign_digest

@@ -8,7 +8,8 @@ import json
 import pytest
 from eth_utils import to_checksum_address
 from rich.console import Console
-from swarmnode.node.devnet_report import NodeFacts, ReportInputs, build_summary, plot_summary, summary_tables
+
+from swarmnode.node.devnet.report import NodeFacts, ReportInputs, build_summary, plot_summary, summary_tables
 
 STAKE = 2 * 10**9
 SLASH = 5 * 10**8

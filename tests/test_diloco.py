@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load, save
+
 from swarmnode.node.rl.diloco import (
     PRETRAIN_SEQ_LEN,
     PRETRAIN_TASKS,
@@ -34,7 +35,6 @@ from swarmnode.node.rl.diloco import pretraining_batches as lines_of
 from swarmnode.node.rl.model import ModelInfo, ModelRecipe, build_model, hf_config
 from swarmnode.node.rl.tasks.arithmetic import generate_tasks
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
-
 from tests.tinymodel import tiny_folder
 
 # smaller than the tiny folder's model (one layer, width 32), with its tokenizer and special tokens

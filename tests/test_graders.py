@@ -14,6 +14,7 @@ import mpmath
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.node.rl.tasks import Grade, GraderFault, Task, code, grade, math
 from swarmnode.node.rl.tasks.code import CODE_LIMITS, LINE_BUDGET, Outcome, SandboxLimits, run_python
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from swarmnode.node.rl.grpo import group_advantages, grpo_loss, has_signal, length_target_reward
 
 

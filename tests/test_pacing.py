@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from swarmnode.protocol.pacing import (
     MAX_STEP_INTERVAL_MS,
     MIN_STEP_INTERVAL_MS,

@@ -9,6 +9,7 @@ import hashlib
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from swarmnode.protocol.pacing import (
     DRAW_SPACE,
     HOLD_MARGIN,

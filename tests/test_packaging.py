@@ -42,7 +42,7 @@ def test_the_wheel_installs_only_swarmnode(tmp_path):
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     tops = {name.split("/")[0] for name in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"swarmnode"}
-    assert "swarmnode = swarmnode.node.cli:main" in entry_points
+    assert "swarmnode = swarmnode.node.cli.main:main" in entry_points
     assert "swarmnode/node/rl/assets/devnet-model/config.json" in names
     assert "swarmnode/ledger/contracts/SwarmLedger.vy" in names
 

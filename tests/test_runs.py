@@ -7,6 +7,7 @@ import dataclasses
 
 import msgpack
 import pytest
+
 from swarmnode.protocol.codec import decode, encode, to_wire
 from swarmnode.protocol.errors import Reason, Reject
 from swarmnode.protocol.messages import (
@@ -15,7 +16,6 @@ from swarmnode.protocol.messages import (
     RunDescriptor,
 )
 from swarmnode.protocol.runs import check_descriptor, run_trainers
-
 from tests.conformance.keys import vector_identity
 from tests.conformance.samples import every_message
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import swarmnode.crypto.toploc as toploc
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import swarmnode.crypto.toploc as toploc
 from swarmnode.crypto.toploc import (
     CALIBRATION_FLOOR,
     NO_MATCH,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.rl.engine import TransformersEngine
@@ -23,7 +24,6 @@ from swarmnode.node.rl.run import describe_run, devnet_dataset, devnet_grpo, dev
 from swarmnode.node.rl.validation import BadProof, ValidationContext, validate_submission
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.messages import RolloutSubmission
-
 from tests.tinymodel import eos_prone, tiny_engine, tiny_folder
 
 WORKER = NodeIdentity(sha256(b"validation-test-worker")).address

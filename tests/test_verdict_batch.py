@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import ENVELOPE_OVERHEAD, open_envelope, seal

@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 import torch
+
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.modelinit import chat_texts, init_model_folder
 from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks

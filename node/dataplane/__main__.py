@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity, parse_address
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, state_digest
 from swarmnode.node.dataplane.downloader import DownloadConfig

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import trio
+
 from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo
 from swarmnode.protocol.shards import manifest_head
 

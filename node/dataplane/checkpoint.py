@@ -34,6 +34,7 @@ from typing import Literal
 
 import safetensors.torch
 import torch
+
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.dataplane.errors import CheckpointInvalid
 from swarmnode.protocol.messages import CheckpointManifest, ShardInfo

@@ -24,6 +24,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import trio
+
 from swarmnode.node.dataplane.errors import BadResponse, Busy, FailureKind, NotHeld, PeerFault
 from swarmnode.node.dataplane.http_client import ClientResponse, HttpClient
 from swarmnode.node.dataplane.progress import NullProgress, ProgressSink

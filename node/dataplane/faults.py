@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from enum import StrEnum
 
 import trio
+
 from swarmnode.node.dataplane.http_server import BytesBody, Request, Response, StreamBody
 from swarmnode.node.dataplane.origin import Sealer
 from swarmnode.node.dataplane.service import MSGPACK, OCTETS, ShardService

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import trio
 import trio.lowlevel
+
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.errors import PeerFault
 from swarmnode.node.dataplane.http_client import HttpClient

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.downloader import Downloader
 from swarmnode.node.dataplane.heads import ManifestResolver, Unresolved

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
+
 from swarmnode.node.dataplane.errors import PeerFault
 from swarmnode.node.dataplane.http_client import HttpClient
 from swarmnode.node.dataplane.sources import SourceBook

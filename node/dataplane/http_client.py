@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import h11
 import trio
+
 from swarmnode.node.dataplane.errors import BadResponse, ConnectFailed, PeerFault, Stalled, Truncated
 from swarmnode.protocol.shards import Endpoint, parse_endpoint
 from swarmnode.protocol.types import KIB, MIB

@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl
 
 import h11
 import trio
+
 from swarmnode.node.dataplane.ratelimit import LOOPBACK_NETWORKS, TokenBucket, address_key, in_networks
 from swarmnode.node.p2p.ratelimit import Slots
 from swarmnode.protocol.types import KIB, MIB

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.downloader import DownloadConfig, Downloader

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 import trio
+
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.http_server import (
     BytesBody,

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import trio
+
 from swarmnode.node.dataplane.errors import FailureKind
 from swarmnode.protocol.errors import Reject
 from swarmnode.protocol.messages import CheckpointManifest, ShardHave

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.protocol.shards import STATS_PATH
 

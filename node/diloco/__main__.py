@@ -24,6 +24,7 @@ from typing import Any
 import safetensors.torch
 import torch
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity, parse_address
 from swarmnode.node.config import LivenessSettings, NodeConfig
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig

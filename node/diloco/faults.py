@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+
 from swarmnode.node.rl.diloco import LmBatch, LossFn, round_batches
 
 

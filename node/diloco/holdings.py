@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, verify_file

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+
 from swarmnode.node.dataplane.checkpoint import load_checkpoint
 from swarmnode.node.rl.diloco import decompress
 from swarmnode.protocol.diloco import Contribution

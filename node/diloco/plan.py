@@ -11,6 +11,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from transformers import PreTrainedModel
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.diloco import content_digest, trainable_state
@@ -19,7 +21,6 @@ from swarmnode.protocol.codec import decode
 from swarmnode.protocol.diloco import check_plan, verify_plan
 from swarmnode.protocol.envelope import Envelope, seal
 from swarmnode.protocol.messages import DilocoRun
-from transformers import PreTrainedModel
 
 
 def plan_config_hash(folder: str | os.PathLike[str]) -> bytes:

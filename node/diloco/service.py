@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import msgpack
 import trio
+
 from swarmnode.node.dataplane.http_server import (
     BytesBody,
     Handler,

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.testing import RoleProcess
-from swarmnode.node.devnet import free_port
+from swarmnode.node.devnet.network import free_port
 from swarmnode.node.diloco.__main__ import FINAL_FILE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import torch
 import trio
+
 from swarmnode.node.dataplane.errors import CheckpointInvalid, PeerFault
 from swarmnode.node.diloco.holdings import HeldContribution, HeldOuter, Holdings
 from swarmnode.node.diloco.payload import load_delta

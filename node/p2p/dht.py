@@ -55,6 +55,7 @@ from libp2p.peer.peerstore import PeerStoreError
 from libp2p.records.validator import NamespacedValidator
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr  # type: ignore[import-untyped]
+
 from swarmnode.node.p2p.clock import Clock
 from swarmnode.node.p2p.host import TRANSPORT_ERRORS, parse_peer_addr
 from swarmnode.node.p2p.records import (

@@ -29,6 +29,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
+
 from swarmnode.crypto.identity import NodeIdentity
 
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (

@@ -27,6 +27,7 @@ from libp2p.host.ping import perform_ping_roundtrip
 from libp2p.peer.id import ID
 from libp2p.peer.peerstore import PeerStoreError
 from multiaddr import Multiaddr  # type: ignore[import-untyped]
+
 from swarmnode.crypto.identity import address_of_peer_id
 from swarmnode.node.p2p.clock import Clock
 from swarmnode.node.p2p.host import TRANSPORT_ERRORS

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from libp2p.records.validator import Validator
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope, open_envelope

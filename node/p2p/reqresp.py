@@ -31,6 +31,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import SeqCounter, wall_ms
 from swarmnode.node.p2p.host import TRANSPORT_ERRORS

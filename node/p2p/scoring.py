@@ -30,6 +30,7 @@ from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
 from libp2p.network.exceptions import SwarmException
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr  # type: ignore[import-untyped]
+
 from swarmnode.node.p2p.clock import Clock
 from swarmnode.node.p2p.host import TRANSPORT_ERRORS
 from swarmnode.protocol.errors import Reason

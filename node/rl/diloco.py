@@ -49,10 +49,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
+from torch import Tensor
+
 from swarmnode.node.rl.model import ModelInfo
 from swarmnode.node.rl.tasks.arithmetic import ArithmeticParams, generate_tasks
 from swarmnode.node.rl.tokenizer import ChatTokenizer
-from torch import Tensor
 
 B = TypeVar("B")
 LossFn = Callable[[torch.nn.Module, B], Tensor]

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
+from transformers import PreTrainedModel
+
 from swarmnode.node.rl.model import ModelInfo, load_model, load_weights
 from swarmnode.node.rl.sampling import sample_tokens, token_logprobs
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
-from transformers import PreTrainedModel
 
 WeightsSource = Mapping[str, torch.Tensor] | str | os.PathLike[str]
 

@@ -29,6 +29,7 @@ import os
 from typing import Literal
 
 import torch
+
 from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
 
 ENGINES = ("auto", "transformers", "vllm")

@@ -47,8 +47,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from swarmnode.node.rl.model import SUPPORTED_MODEL_TYPES
 from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from swarmnode.node.rl.model import SUPPORTED_MODEL_TYPES
 
 PARAM_DTYPES = {"bf16": 2, "fp32": 4}  # bytes per element
 ADAM_MOMENTS_BYTES = 8  # exp_avg + exp_avg_sq, fp32

@@ -38,8 +38,6 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import safe_open
 from safetensors.torch import save_file
-from swarmnode.crypto.merkle import merkle_root
-from swarmnode.protocol.messages import FileDigest
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -51,6 +49,9 @@ from transformers import (
     Qwen3Config,
 )
 from transformers.utils import logging as hf_logging
+
+from swarmnode.crypto.merkle import merkle_root
+from swarmnode.protocol.messages import FileDigest
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 CONFIG_FILE = "config.json"

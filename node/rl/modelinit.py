@@ -13,9 +13,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from swarmnode.node.rl.model import ModelRecipe, build_model, hf_config, save_model_folder
 from swarmnode.node.rl.tokenizer import CHAT_TEMPLATE, prompt_messages, train_tokenizer
-from transformers import AutoTokenizer
 
 # Named sizes for `model init --size`; `tiny` is the devnet's (about 0.2M parameters).
 SIZES: Mapping[str, ModelRecipe] = {

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+
 from swarmnode.crypto.toploc import build_proofs_batch
 from swarmnode.node.rl.engine import Completion as EngineCompletion
 from swarmnode.node.rl.engine import InferenceEngine

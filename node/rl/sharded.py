@@ -42,6 +42,10 @@ import msgpack
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
 from swarmnode.node.dataplane.checkpoint import (
     ShardPlan,
     WeightsFile,
@@ -63,9 +67,6 @@ from swarmnode.node.rl.trainer import (
 )
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.messages import GrpoParams, RolloutGroup, ShardInfo
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 if TYPE_CHECKING:
     from swarmnode.node.rl.sharded_diloco import RankOuter
@@ -105,7 +106,7 @@ def launched_rank() -> int | None:
 
 
 def launch_group(argv: Sequence[str], nproc: int, max_restarts: int) -> None:
-    """Run `python -m swarmnode.node.cli_run <argv>` as `nproc` ranks under torchrun's elastic agent here.
+    """Run `python -m swarmnode.node.cli.run <argv>` as `nproc` ranks under torchrun's elastic agent here.
 
     The agent ends every rank when one dies and starts the group again, up to `max_restarts` times;
     raises `ChildFailedError` (naming the rank and its exit) once they are spent.
@@ -119,7 +120,7 @@ def launch_group(argv: Sequence[str], nproc: int, max_restarts: int) -> None:
             f"--max-restarts={max_restarts}",
             "--monitor-interval=1",
             "-m",
-            "swarmnode.node.cli_run",
+            "swarmnode.node.cli.run",
             *argv,
         ]
     )

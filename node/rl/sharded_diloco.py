@@ -42,6 +42,8 @@ import msgpack
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
+from torch.distributed.tensor import DTensor, distribute_tensor
+
 from swarmnode.node.dataplane.checkpoint import (
     PIECES_KEY,
     TENSOR_SUFFIX,
@@ -65,7 +67,6 @@ from swarmnode.node.rl.diloco import (
 )
 from swarmnode.node.rl.sharded import GroupInfo, all_gather_bytes, assign_files, write_file
 from swarmnode.protocol.messages import ShardInfo
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 if TYPE_CHECKING:
     from swarmnode.node.rl.sharded import ShardedGrpoTrainer, ShardedPolicy

@@ -16,8 +16,9 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from swarmnode.node.rl.model import ModelFolderError, ModelInfo, model_info, tokenizer_files
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from swarmnode.node.rl.model import ModelFolderError, ModelInfo, model_info, tokenizer_files
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.grpo import GrpoLoss, grpo_loss, has_signal
 from swarmnode.node.rl.model import ModelInfo, save_weights, state_dict_of

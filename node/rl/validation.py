@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+
 from swarmnode.crypto.toploc import (
     CalibratedPolicy,
     ChunkCheck,

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from swarmnode.node.rl.engine import (
     Completion,
     Prefill,

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import save_model_folder
 from swarmnode.node.rl.sync import eval_reward

@@ -19,6 +19,7 @@ import trio
 from libp2p.abc import IHost
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.dht import Discovery
 from swarmnode.node.p2p.gossip import Delivery, Gossip

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import trio
+
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.p2p.records import ROLES, role_key
 from swarmnode.node.roles.base import RoleNet, RoleService

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import ClassVar, Protocol
 
 from libp2p.peer.id import ID
+
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.p2p.records import open_run_record, run_record_key
 from swarmnode.node.p2p.reqresp import ProtocolSpec

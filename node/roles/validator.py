@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import ClassVar, Protocol
 
 from libp2p.peer.id import ID
+
 from swarmnode.node.p2p.reqresp import ProtocolSpec
 from swarmnode.node.roles.base import IdleWork, RoleNet, RoleService, RoleWork
 from swarmnode.protocol import ids

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trio
+
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.ledger_messages import Credit
 from swarmnode.protocol.messages import AcceptedRollout

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
+
 from swarmnode.node.rl.engine import InferenceEngine
 from swarmnode.node.rl.rollouts import (
     GeneratedGroup,

@@ -17,6 +17,7 @@ from typing import Generic, TypeVar
 
 import torch
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger import Ledger, LedgerError, open_ledger
 from swarmnode.ledger.errors import BackendError, CorruptLog, EpochRegression, ReplayedOperation, RunExists

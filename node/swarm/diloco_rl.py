@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import torch
 import trio
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger import Ledger
 from swarmnode.node.config import NodeConfig, run_validator_addresses

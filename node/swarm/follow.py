@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import trio
+
 from swarmnode.node.config import NodeConfig
 from swarmnode.node.dataplane.feeds import follow_haves, follow_manifests
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import trio
+
 from swarmnode.node.config import NodeConfig
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
 from swarmnode.node.p2p.gossip import Delivery

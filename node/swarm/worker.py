@@ -54,6 +54,7 @@ from typing import Any, Protocol
 import torch
 import trio
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.identity import NodeIdentity, format_address
 from swarmnode.ledger import Ledger
 from swarmnode.ledger.evidence import SLASHABLE_REASONS

@@ -8,7 +8,6 @@ from typing import Any
 from swarmnode.crypto.hashing import sha256
 from swarmnode.protocol import ledger_messages as lm
 from swarmnode.protocol import messages as m
-
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 
 

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from swarmnode.node.conformance import load_suites, run_case
 
 from scripts.gen_vectors import collect_suites, render
+from swarmnode.node.conformance import load_suites, run_case
 
 VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"
 SUITES = collect_suites()

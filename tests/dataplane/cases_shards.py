@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.dataplane.conformance import (
     check_bitfield_case,
@@ -39,7 +40,6 @@ from swarmnode.protocol.shards import (
     manifest_path,
     shard_path,
 )
-
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.vector_files import VectorFiles
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.checkpoint import build_manifest, shard_info

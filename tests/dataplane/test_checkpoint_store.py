@@ -12,6 +12,7 @@ import torch
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.checkpoint import (
     PIECES_KEY,
@@ -25,7 +26,6 @@ from swarmnode.node.dataplane.errors import CheckpointInvalid
 from swarmnode.node.dataplane.origin import Origin, Sealer
 from swarmnode.node.dataplane.store import WRITE_CHUNK, DigestMismatch, ShardStore
 from swarmnode.protocol.shards import PART_SUFFIX
-
 from tests.dataplane.helpers import RUN, TRAINER, blobs, manifest_for, signed, small_state
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import trio
+
 from swarmnode.node.dataplane.downloader import DownloadConfig, Downloader
 from swarmnode.node.dataplane.http_client import ClientConfig, HttpClient
 from swarmnode.node.dataplane.http_server import ServerConfig
 from swarmnode.node.dataplane.sources import ScoringConfig, SourceBook
 from swarmnode.node.dataplane.store import ShardStore
-
 from tests.dataplane.helpers import ServedCopy, blobs, have_all, manifest_for, wait_until
 
 SHARDS = blobs(8, 300_000)

@@ -6,6 +6,7 @@ import random
 
 import trio
 import trio.testing
+
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, state_digest
 from swarmnode.node.dataplane.downloader import DownloadConfig, Downloader
@@ -17,7 +18,6 @@ from swarmnode.node.dataplane.service import ShardService
 from swarmnode.node.dataplane.sources import ScoringConfig, SourceBook
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.protocol.shards import PART_SUFFIX
-
 from tests.dataplane.helpers import (
     RUN,
     STRANGER,

@@ -10,6 +10,7 @@ import trio
 import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
@@ -33,7 +34,6 @@ from swarmnode.protocol.shards import (
     verify_head,
     verify_manifest_for_head,
 )
-
 from tests.dataplane.helpers import RUN, STRANGER, TRAINER, blobs, have_all, manifest_for, now_ms, signed
 from tests.dataplane.test_follower import Harness, _run
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.dataplane.catalog import Catalog
@@ -26,7 +27,7 @@ from swarmnode.node.dataplane.http_server import ServerConfig
 from swarmnode.node.dataplane.roles import OriginNode
 from swarmnode.node.dataplane.sources import SourceBook
 from swarmnode.node.dataplane.store import ShardStore
-from swarmnode.node.devnet import free_port
+from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.gossip import MAX_GOSSIP_ENVELOPE, Delivery
 from swarmnode.node.roles import Relay, Trainer
 from swarmnode.node.roles.base import RoleNet
@@ -35,7 +36,6 @@ from swarmnode.node.runtime import NodeRuntime
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo
 from swarmnode.protocol.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, MAX_SHARDS
-
 from tests.p2p.helpers import node_config, replaced, wait_until
 
 PARAMS_32B = 32_000_000_000

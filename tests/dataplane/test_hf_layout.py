@@ -16,6 +16,8 @@ import torch
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM
+
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.checkpoint import (
@@ -38,8 +40,6 @@ from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import ModelFolderError, file_sha256, tokenizer_files
 from swarmnode.protocol.messages import CheckpointManifest, ShardInfo
-from transformers import AutoModelForCausalLM
-
 from tests.dataplane.helpers import RUN, TRAINER, follower_node, now_ms, run_node
 from tests.tinymodel import tiny_engine, tiny_folder
 

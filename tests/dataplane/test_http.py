@@ -7,6 +7,7 @@ import socket
 
 import pytest
 import trio
+
 from swarmnode.node.dataplane.errors import ConnectFailed, Stalled, Truncated
 from swarmnode.node.dataplane.http_client import ClientConfig, HttpClient
 from swarmnode.node.dataplane.http_server import (
@@ -17,7 +18,6 @@ from swarmnode.node.dataplane.http_server import (
     StreamBody,
     simple_response,
 )
-
 from tests.dataplane.helpers import wait_until
 
 DATA = os.urandom(3 * 1024 * 1024 + 17)

@@ -9,6 +9,7 @@ import socket
 
 import pytest
 import trio
+
 from swarmnode.node.dataplane.http_client import ClientConfig, HttpClient
 from swarmnode.node.dataplane.http_server import (
     FileBody,
@@ -17,7 +18,6 @@ from swarmnode.node.dataplane.http_server import (
     ServerConfig,
     simple_response,
 )
-
 from tests.dataplane.helpers import wait_until
 
 DATA = os.urandom(1024 * 1024 + 3)

@@ -7,6 +7,7 @@ import ipaddress
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from swarmnode.node.dataplane.http_server import Request, ServerConfig, is_long_poll
 from swarmnode.node.dataplane.ratelimit import address_key, in_networks
 from swarmnode.node.p2p.ratelimit import Slots

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from swarmnode.protocol.envelope import MAX_CLOCK_SKEW_MS, seal
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.messages import ShardHave, ShardInfo
@@ -27,7 +28,6 @@ from swarmnode.protocol.shards import (
     verify_manifest,
     versions_to_prune,
 )
-
 from tests.dataplane.helpers import RUN, STRANGER, TRAINER, blobs, manifest_for, now_ms, signed
 
 # --- manifest ------------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 import trio
+
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, state_digest
 from swarmnode.node.dataplane.roles import OriginNode
-
 from tests.dataplane.helpers import RUN, TRAINER, follower_node, run_node, wait_until
 
 

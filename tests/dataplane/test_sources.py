@@ -7,11 +7,11 @@ from collections import Counter
 
 import trio
 import trio.testing
+
 from swarmnode.node.dataplane.errors import FailureKind
 from swarmnode.node.dataplane.sources import ScoringConfig, SourceBook
 from swarmnode.protocol.messages import ShardHave
 from swarmnode.protocol.shards import encode_bitfield
-
 from tests.dataplane.helpers import blobs, manifest_for
 
 MANIFEST = manifest_for(blobs(4, 10))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from swarmnode.node.dataplane.conformance import SHARD_HANDLERS
 
+from swarmnode.node.dataplane.conformance import SHARD_HANDLERS
 from tests.dataplane.cases_shards import SUITES, file_for, render
 
 

@@ -51,7 +51,6 @@ from swarmnode.protocol.messages import (
     RunDescriptor,
     ShardInfo,
 )
-
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.conformance.samples import grpo_params, validator_policy
 from tests.vector_files import VectorFiles

@@ -24,6 +24,7 @@ from typing import Any
 import msgpack
 import torch
 import trio
+
 from swarmnode.node.dataplane.checkpoint import load_checkpoint
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.diloco.holdings import Holdings
@@ -36,7 +37,6 @@ from swarmnode.node.rl.sharded import ShardedGrpoTrainer, exit_rank, launched_ra
 from swarmnode.node.rl.trainer import GrpoTrainer
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.messages import GrpoParams, RolloutGroup
-
 from tests.diloco.helpers import FAST, identities, tiny_plan
 
 SHARD_SIZE = 20_000  # several files per rank

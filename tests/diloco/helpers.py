@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.diloco.holdings import Holdings
@@ -20,7 +21,6 @@ from swarmnode.node.rl.diloco import LmBatch, lm_loss, pretraining_batches
 from swarmnode.node.rl.model import ModelInfo
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
 from swarmnode.protocol.messages import DilocoRun
-
 from tests.tinymodel import tiny_folder
 
 RUN = "diloco-test"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from swarmnode.protocol.codec import encode
 
+from swarmnode.protocol.codec import encode
 from tests.test_trainer import fixed_groups, grpo_params
 from tests.tinymodel import tiny_engine, tiny_folder
 

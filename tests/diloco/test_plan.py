@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from swarmnode.node.diloco.__main__ import main
 from swarmnode.node.diloco.plan import (
     build_plan,
@@ -19,7 +20,6 @@ from swarmnode.node.diloco.plan import (
 )
 from swarmnode.node.rl.diloco import content_digest, trainable_state
 from swarmnode.node.rl.model import load_model, model_commitment
-
 from tests.diloco.helpers import OWNER, identities
 from tests.tinymodel import copy_folder, tiny_folder
 

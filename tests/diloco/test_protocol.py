@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.protocol import diloco as rules
 from swarmnode.protocol.envelope import seal
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.messages import DilocoEntry
-
 from tests.conformance.keys import NOW_MS, RUN
 from tests.diloco.cases_diloco import (
     DIGEST,

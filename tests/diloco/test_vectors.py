@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from swarmnode.node.diloco.conformance import DILOCO_HANDLERS
 
+from swarmnode.node.diloco.conformance import DILOCO_HANDLERS
 from tests.diloco.cases_diloco import SUITES, file_for, render
 
 

@@ -10,13 +10,13 @@ import torch
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, plan_shards, shard_info
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.rl.diloco import Compressor, content_digest, decompress
 from swarmnode.node.rl.sharded_diloco import rank_file_name
 from swarmnode.protocol import diloco as rules
 from swarmnode.protocol.messages import ShardInfo
-
 from tests.diloco.helpers import identities, tiny_plan
 
 SHARD = 4 * 1024

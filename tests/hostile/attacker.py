@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.protocol import ids
 from swarmnode.protocol.codec import decode, encode
@@ -441,6 +442,7 @@ class Generator:
 
     def __init__(self, swarm: Swarm) -> None:
         import torch
+
         from swarmnode.node.rl.engine import TransformersEngine
         from swarmnode.node.rl.run import DEVNET_MODEL, devnet_run
 
@@ -461,6 +463,7 @@ class Generator:
     def replay_cache(self, worker: bytes, limit: int = 0) -> dict[bytes, RolloutGroup]:
         """A group per dataset task on the base weights with seeds that ignore the assignment."""
         import torch
+
         from swarmnode.crypto.toploc import build_proofs
         from swarmnode.node.rl.grpo import group_advantages, length_target_reward
         from swarmnode.node.rl.rollouts import task_prompt_ids

@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
+
 from swarmnode.ledger.testing import PROJECT_ROOT, AnvilProcess, find_anvil
 
 INSTALL_SCRIPT = PROJECT_ROOT / "scripts" / "install_anvil.sh"

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.keystore import save_keystore
 from swarmnode.ledger import errors as E
@@ -49,7 +50,7 @@ print(len(ledger.contributions(run="run-a")), len(ledger.batches("run-a")))
 
 def cli(*args: str, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "swarmnode.node.cli_ledger", *args],
+        [sys.executable, "-m", "swarmnode.node.cli.ledger", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -63,7 +64,7 @@ def cli(*args: str, env: dict[str, str], check: bool = True) -> subprocess.Compl
 
 def spawn(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "swarmnode.node.cli_ledger", *args],
+        [sys.executable, "-m", "swarmnode.node.cli.ledger", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.identity import format_address
 from swarmnode.crypto.keystore import save_keystore
 from swarmnode.ledger import testing as T
@@ -41,7 +42,7 @@ from swarmnode.ledger.proofs import (
 )
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import WEI_PER_GWEI, BatchRecord, Params, RunInfo
-from swarmnode.node.cli_ledger import parse_amount, register_commands
+from swarmnode.node.cli.ledger import parse_amount, register_commands
 from swarmnode.protocol.envelope import signing_digest_of_body_hash
 from swarmnode.protocol.ledger_messages import RUN_LIMIT_MAX, Credit, SetRunValidators
 

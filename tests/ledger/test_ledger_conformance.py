@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.ledger import errors as E
 from swarmnode.ledger import testing as T

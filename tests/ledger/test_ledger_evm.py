@@ -11,6 +11,7 @@ import pytest
 from eth_account import Account
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.hashing import keccak256, sha256
 from swarmnode.crypto.identity import format_address
 from swarmnode.ledger import errors as E

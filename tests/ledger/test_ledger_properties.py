@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.ledger import errors as E
 from swarmnode.ledger import testing as T

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.crypto.merkle import is_included, merkle_root
 from swarmnode.ledger import errors as E

@@ -14,6 +14,7 @@ import eth_abi
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.hashing import keccak256
 from swarmnode.ledger import errors as E
 from swarmnode.ledger import testing as T

@@ -27,7 +27,6 @@ from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import Envelope, seal
 from swarmnode.protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
 from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, Verdict, VerdictBatch
-
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.vector_files import VectorFiles
 

@@ -9,9 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.config import LivenessSettings, NodeConfig
-from swarmnode.node.devnet import free_port
+from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.dht import DiscoverySettings
 from swarmnode.node.roles import ROLE_CLASSES
 from swarmnode.node.roles.base import RoleService

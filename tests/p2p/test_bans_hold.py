@@ -20,6 +20,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.utils.varint import encode_varint_prefixed
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import SeqCounter, wall_ms
 from swarmnode.node.p2p.host import TRANSPORT_ERRORS, build_host, listen_addrs, parse_peer_addr
@@ -30,7 +31,6 @@ from swarmnode.protocol import ids
 from swarmnode.protocol.envelope import open_envelope, seal
 from swarmnode.protocol.errors import Reason
 from swarmnode.protocol.messages import Hello, Ping
-
 from tests.p2p.helpers import RUN, swarm, wait_until
 
 pytestmark = pytest.mark.timeout(120)

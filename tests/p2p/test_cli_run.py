@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from swarmnode.node.cli_run import register_commands
+
+from swarmnode.node.cli.run import register_commands
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_devnet_command_until_discovered(tmp_path: Path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "swarmnode.node.cli_run",
+        "swarmnode.node.cli.run",
         "devnet",
         "--relays",
         "1",

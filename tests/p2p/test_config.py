@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from swarmnode.node.config import ConfigError, load_config, render_config
 
 TOML = """

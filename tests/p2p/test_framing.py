@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+
 from swarmnode.node.p2p.reqresp import FrameError, read_frame, read_request_frame, write_frame
 
 

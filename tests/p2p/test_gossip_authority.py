@@ -20,6 +20,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger.log import sign_operation
 from swarmnode.ledger.testing import SignedHarness, register_run, slash
@@ -47,7 +48,6 @@ from swarmnode.protocol.errors import Ignore, Reject
 from swarmnode.protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
 from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo, Verdict, VerdictBatch
 from swarmnode.protocol.shards import manifest_head
-
 from tests.p2p.helpers import RUN, swarm, wait_until
 
 NOW = 1_800_000_000_000

@@ -22,8 +22,9 @@ from libp2p.io.exceptions import MessageTooLarge
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_varint_prefixed
+
 from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.node.devnet import free_port
+from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.clock import SeqCounter
 from swarmnode.node.p2p.gossip import (
     DEFAULT_POLICIES,

@@ -9,6 +9,7 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import SeqCounter
 from swarmnode.node.p2p.gossip import DEFAULT_POLICIES, Gossip, GossipSettings, content_id
@@ -18,7 +19,6 @@ from swarmnode.node.p2p.scoring import PeerGuard
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import Envelope, seal
 from swarmnode.protocol.messages import ShardHave, Verdict
-
 from tests.p2p.adversary import forged_envelopes
 
 RUN = "gossip-test"

@@ -14,6 +14,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.tools.anyio_service import background_trio_service
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.p2p.host import build_host, listen_addrs, parse_peer_addr
@@ -24,7 +25,6 @@ from swarmnode.node.roles.probe import Probe, ProbePlan
 from swarmnode.protocol import ids
 from swarmnode.protocol.envelope import seal
 from swarmnode.protocol.messages import ShardHave
-
 from tests.p2p.adversary import forged_envelopes
 from tests.p2p.helpers import RUN, swarm, wait_until
 

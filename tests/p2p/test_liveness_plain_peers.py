@@ -12,10 +12,10 @@ from libp2p.custom_types import TProtocol
 from libp2p.identity.identify.identify import ID as IDENTIFY
 from libp2p.identity.identify_push.identify_push import ID_PUSH as IDENTIFY_PUSH
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.host import build_host, listen_addrs, parse_peer_addr
 from swarmnode.node.p2p.peers import IPFS_PING
-
 from tests.p2p.helpers import swarm, wait_until
 
 pytestmark = pytest.mark.timeout(120)

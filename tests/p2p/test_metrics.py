@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import trio
+
 from swarmnode.node.metrics import make_registry, serve_metrics
 from swarmnode.protocol.messages import ShardHave
-
 from tests.p2p.helpers import RUN, swarm, wait_until
 
 

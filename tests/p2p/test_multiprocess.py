@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from swarmnode.node.devnet import Devnet, DevnetPlan
+
+from swarmnode.node.devnet.network import Devnet, DevnetPlan
 from swarmnode.node.roles.probe import parse_probe_tag
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.node.p2p.records import (
     InvalidRecord,
@@ -24,7 +25,6 @@ from swarmnode.node.roles.trainer import dev_run_descriptor
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import Envelope, seal
 from swarmnode.protocol.messages import ShardHave
-
 from tests.conformance.keys import vector_identity
 
 RUN = "run-1"

@@ -9,6 +9,7 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import SeqCounter
 from swarmnode.node.p2p.host import TRANSPORT_ERRORS, build_host, listen_addrs, parse_peer_addr
@@ -16,7 +17,6 @@ from swarmnode.node.p2p.reqresp import ProtocolSpec, ReqRespSettings, RequestFai
 from swarmnode.node.p2p.scoring import PeerGuard
 from swarmnode.protocol.envelope import Opened
 from swarmnode.protocol.messages import Ping, Pong
-
 from tests.p2p.helpers import RUN, wait_until
 
 pytestmark = pytest.mark.timeout(90)

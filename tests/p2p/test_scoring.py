@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from swarmnode.node.p2p.scoring import Action, Fault, PeerScores, ScoreParams
 from swarmnode.protocol.errors import Reason
 

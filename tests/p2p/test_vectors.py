@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from swarmnode.node.p2p.conformance import P2P_HANDLERS
 
+from swarmnode.node.p2p.conformance import P2P_HANDLERS
 from tests.p2p.cases_p2p import SUITES, file_for, render
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.gossip.checks import check_gossip_message
 from swarmnode.node.p2p.gossip.policy import DEFAULT_POLICIES

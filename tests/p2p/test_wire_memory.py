@@ -20,12 +20,12 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.protocol.codec import decode, to_wire
 from swarmnode.protocol.envelope import Envelope, open_envelope, signing_digest
 from swarmnode.protocol.errors import Reason, Reject
 from swarmnode.protocol.messages import RolloutSubmission
 from swarmnode.protocol.types import MIB
-
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.conformance.samples import rollout_submission
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.protocol.envelope import MAX_CLOCK_SKEW_MS, ReplayWindow
 from swarmnode.protocol.errors import Ignore, Reason
 

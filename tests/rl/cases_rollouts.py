@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.node.conformance import (
     check_assignment,
@@ -68,7 +69,6 @@ from swarmnode.node.swarm.cheats import (
 from swarmnode.protocol.codec import encode as encode_message
 from swarmnode.protocol.envelope import seal
 from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
-
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.rl.cases_tasks import target_length_cases
 

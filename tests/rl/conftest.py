@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from swarmnode.node.rl.engine import TransformersEngine
 
+from swarmnode.node.rl.engine import TransformersEngine
 from tests.tinymodel import tiny_engine as fresh_engine
 
 

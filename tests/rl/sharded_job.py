@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import msgpack
+
 from swarmnode.node.dataplane.origin import model_folder_files
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.rl.diloco import DilocoParams

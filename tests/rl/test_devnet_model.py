@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import file_sha256, model_commitment
 from swarmnode.node.rl.run import DEVNET_MODEL, devnet_eval_tasks, devnet_grpo
@@ -23,7 +24,6 @@ from swarmnode.node.rl.warmstart import (
     training_pair,
     warm_start,
 )
-
 from tests.tinymodel import tiny_folder
 
 RECIPE_JSON = DEVNET_MODEL.with_name(DEVNET_MODEL.name + ".json")

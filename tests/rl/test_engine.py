@@ -7,10 +7,10 @@ import time
 
 import pytest
 import torch
+
 from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine, truncate_at_eos
 from swarmnode.node.rl.model import ModelMismatch, build_model, save_weights, state_dict_of
 from swarmnode.node.rl.sampling import check_sampling, check_termination, eos_probabilities
-
 from tests.tinymodel import eos_prone
 from tests.tinymodel import tiny_engine as fresh_engine
 

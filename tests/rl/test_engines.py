@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+
 from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
 from swarmnode.node.rl.engines import (
     ENGINES,
@@ -19,7 +20,6 @@ from swarmnode.node.rl.engines import (
     role_engine,
 )
 from swarmnode.node.rl.tokenizer import load_tokenizer
-
 from tests.tinymodel import tiny_folder
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without CUDA")

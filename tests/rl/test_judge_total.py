@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
 from swarmnode.node.rl.model import ModelInfo
@@ -32,7 +33,6 @@ from swarmnode.protocol.envelope import ReplayWindow, open_envelope, seal
 from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
 from swarmnode.protocol.messages import RolloutSubmission
 from swarmnode.protocol.runs import assignment_step
-
 from tests.tinymodel import eos_prone, tiny_engine, tiny_folder
 
 RUN = "judge-total"

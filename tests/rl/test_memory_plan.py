@@ -12,7 +12,9 @@ import torch
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from swarmnode.node.cli_plan import plan_memory as plan_command
+from transformers import AutoModelForCausalLM, GPT2Config, PretrainedConfig, Qwen2Config
+
+from swarmnode.node.cli.plan import plan_memory as plan_command
 from swarmnode.node.rl.memory_plan import (
     MAX_LAYERS,
     ParameterCounts,
@@ -23,7 +25,6 @@ from swarmnode.node.rl.memory_plan import (
 )
 from swarmnode.node.rl.model import ModelRecipe, hf_config
 from swarmnode.node.rl.sampling import token_logprobs
-from transformers import AutoModelForCausalLM, GPT2Config, PretrainedConfig, Qwen2Config
 
 ARCHS = ("qwen2", "llama", "qwen3")
 GIB = 1 << 30

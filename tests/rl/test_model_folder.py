@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 from safetensors.torch import load_file, save_file
-from swarmnode.node.cli_model import describe_folder, model_group
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from swarmnode.node.cli.model import describe_folder, model_group
 from swarmnode.node.rl.model import (
     ModelFolderError,
     ModelMismatch,
@@ -20,8 +22,6 @@ from swarmnode.node.rl.model import (
 from swarmnode.node.rl.tasks import write_tasks
 from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
 from swarmnode.node.rl.tokenizer import load_tokenizer
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from tests.tinymodel import copy_folder, tiny_folder
 
 ARCHS = ("qwen2", "llama", "qwen3")

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import torch
 from click.testing import CliRunner
-from swarmnode.node.cli import default_vectors_dir, main
+
+from swarmnode.node.cli.main import default_vectors_dir, main
 from swarmnode.node.conformance import HANDLERS, load_suites, run_case
 from swarmnode.node.rl.rollouts import unpack_logprobs
 from swarmnode.protocol.codec import decode, to_json
 from swarmnode.protocol.envelope import Envelope
 from swarmnode.protocol.messages import RolloutSubmission
-
 from tests.rl.cases_rollouts import OUT, SUITES, file_for, render
 
 Case = dict[str, Any]

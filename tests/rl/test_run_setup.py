@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.rl.model import (
     build_model,
@@ -26,7 +27,6 @@ from swarmnode.node.rl.model import (
 from swarmnode.node.rl.run import RunMismatch, describe_run, devnet_policy, devnet_run, load_run_setup
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
-
 from tests.tinymodel import copy_folder, tiny_folder
 
 TRAINER = b"\x01" * 20

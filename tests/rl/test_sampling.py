@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from swarmnode.node.rl.sampling import (
     TerminationFailure,
     check_sampling,

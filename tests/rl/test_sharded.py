@@ -16,6 +16,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
 from swarmnode.node.dataplane.checkpoint import WeightsFile, plan_model_files
 from swarmnode.node.dataplane.origin import model_folder_files
 from swarmnode.node.rl.model import state_dict_of
@@ -28,8 +30,6 @@ from swarmnode.node.rl.sharded import (
 )
 from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams, TrainerStateMismatch
 from swarmnode.protocol.codec import encode
-from transformers import AutoModelForCausalLM
-
 from tests.test_trainer import fixed_groups, grpo_params
 from tests.tinymodel import tiny_engine, tiny_folder
 

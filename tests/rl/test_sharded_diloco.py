@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.node.dataplane.checkpoint import build_manifest, load_checkpoint, plan_shards, shard_info
 from swarmnode.node.dataplane.errors import CheckpointInvalid
 from swarmnode.node.rl.diloco import (
@@ -42,7 +43,6 @@ from swarmnode.node.rl.sharded_diloco import (
 from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.messages import ShardInfo
-
 from tests.rl.test_sharded import folder_state
 from tests.test_trainer import fixed_groups, grpo_params
 from tests.tinymodel import tiny_engine, tiny_folder

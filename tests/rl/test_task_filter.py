@@ -8,12 +8,12 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
-from swarmnode.node.cli_tasks import tasks_group
+
+from swarmnode.node.cli.tasks import tasks_group
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.sampling import derive_seed
 from swarmnode.node.rl.tasks import Task, dataset_hash, grade, read_tasks, write_tasks
 from swarmnode.node.rl.tasks.filter import FILTER_RUN, FILTER_WORKER, filter_tasks, pass_rates, task_pass_rate
-
 from tests.tinymodel import tiny_engine, tiny_folder
 
 SAMPLES = 8

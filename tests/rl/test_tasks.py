@@ -6,6 +6,7 @@ import hashlib
 import time
 
 import pytest
+
 from swarmnode.node.rl.tasks import (
     MAX_TARGET_LENGTH,
     Task,

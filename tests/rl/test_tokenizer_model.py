@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import (
     ModelFolderError,
@@ -34,7 +35,6 @@ from swarmnode.node.rl.tokenizer import (
     load_tokenizer,
     train_tokenizer,
 )
-
 from tests.tinymodel import copy_folder, tiny_folder
 
 TINY = ModelRecipe(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
@@ -179,9 +179,9 @@ def test_an_index_that_is_not_one_is_refused(tmp_path: Path) -> None:
 def test_every_loader_tokenizes_as_the_file_says(arch):
     """transformers picks the tokenizer class from the folder's model_type (Qwen2Tokenizer rebuilds its own
     pipeline); the trained tokenizer.json states that pipeline, so `tokenizers` alone gives the same ids."""
-    from swarmnode.node.rl.tokenizer import load_tokenizer
     from tokenizers import Tokenizer
 
+    from swarmnode.node.rl.tokenizer import load_tokenizer
     from tests.tinymodel import tiny_folder
 
     folder = tiny_folder(arch)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.node.rl.sampling import perturbed_scores, position_key, sample_tokens
 from swarmnode.node.rl.vllm_engine import (
     EXTRA_KEY,

@@ -20,9 +20,9 @@ from functools import cache
 from pathlib import Path
 
 import torch
+
 from swarmnode.node.rl.model import load_model, save_model_folder
 from swarmnode.node.rl.tokenizer import load_tokenizer
-
 from tests.tinymodel import tiny_folder
 
 EOS_PROBABILITY = 0.3

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from swarmnode.node.swarm.inbox import InboxRow
 from swarmnode.node.swarm.trainer import BATCH_LIMIT_FACTOR, batch_limit, plan_batch
 

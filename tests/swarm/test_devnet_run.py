@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from swarmnode.node.devnet import Devnet, DevnetPlan
+
+from swarmnode.node.devnet.network import Devnet, DevnetPlan
 from swarmnode.node.swarm.trainer import INBOX_FILE
 from swarmnode.node.swarm.validator import STORE_FILE
 
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _devnet_cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "swarmnode.node.cli_run", "devnet", "--no-live", *args],
+        [sys.executable, "-m", "swarmnode.node.cli.run", "devnet", "--no-live", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from swarmnode.node.dataplane.store import ShardStore
-from swarmnode.node.devnet import Devnet, DevnetPlan
+from swarmnode.node.devnet.network import Devnet, DevnetPlan
 from swarmnode.node.diloco.holdings import MESSAGES_DIR
 from swarmnode.node.swarm.diloco_rl import DILOCO_DIR
 from swarmnode.node.swarm.trainer import CHECKPOINTS_DIR, INBOX_FILE
@@ -170,7 +171,7 @@ def test_a_killed_co_trainer_rejoins_and_both_trainers_end_on_the_same_weights(t
 
     ledger = f"signed:{devnet.folder / 'ledger.db'}"
     verify = subprocess.run(
-        [sys.executable, "-m", "swarmnode.node.cli", "ledger", "verify", "--ledger", ledger],
+        [sys.executable, "-m", "swarmnode.node.cli.main", "ledger", "verify", "--ledger", ledger],
         cwd=ROOT,
         capture_output=True,
         text=True,

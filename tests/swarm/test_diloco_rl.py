@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.config import ConfigError, NodeConfig, WorkSettings, load_config
@@ -42,7 +43,6 @@ from swarmnode.protocol.messages import (
     ShardInfo,
 )
 from swarmnode.protocol.shards import manifest_path
-
 from tests.tinymodel import tiny_folder
 
 RUN = "testrun"

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.checkpoint import load_checkpoint
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
 from swarmnode.node.dataplane.http_server import ServerConfig
 from swarmnode.node.dataplane.roles import OriginNode
-from swarmnode.node.devnet import free_port
+from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.p2p.peers import PeerRecord
 from swarmnode.node.roles import Relay, Trainer, Worker
@@ -28,7 +29,6 @@ from swarmnode.node.roles.trainer import IdleTrainerWork
 from swarmnode.node.runtime import NodeRuntime
 from swarmnode.node.swarm.follow import SOURCE_ROLES, SwarmFollower, checkpoint_sources
 from swarmnode.node.swarm.relay import SwarmRelayWork
-
 from tests.p2p.helpers import node_config, replaced, wait_until
 
 

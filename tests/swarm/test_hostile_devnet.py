@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from swarmnode.node.devnet import Devnet, DevnetPlan
-from swarmnode.protocol.types import MIB
 
+from swarmnode.node.devnet.network import Devnet, DevnetPlan
+from swarmnode.protocol.types import MIB
 from tests.hostile.attacker import enroll_attackers
 from tests.hostile.measure import Sampler
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.rollouts import build_submission
@@ -26,7 +27,6 @@ from swarmnode.protocol.envelope import envelope_digest, seal
 from swarmnode.protocol.errors import Ignore, Reason
 from swarmnode.protocol.messages import RolloutSubmission, Verdict
 from swarmnode.protocol.shards import is_retained
-
 from tests.tinymodel import tiny_engine, tiny_folder
 
 RUN = "testrun"

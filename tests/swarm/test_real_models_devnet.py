@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
+
 from swarmnode.ledger.testing import find_anvil
 from swarmnode.node.rl.tasks import Task, write_tasks
-from transformers import AutoModelForCausalLM
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def check_nodes(summary: dict, cheaters: int) -> None:
 
 def swarmnode(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "swarmnode.node.cli", *args],
+        [sys.executable, "-m", "swarmnode.node.cli.main", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

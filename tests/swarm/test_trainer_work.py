@@ -24,6 +24,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.ledger import testing as T
@@ -32,7 +33,7 @@ from swarmnode.ledger.types import Params
 from swarmnode.node.config import LivenessSettings, NodeConfig, WorkSettings
 from swarmnode.node.dataplane.checkpoint import MODEL_LAYOUT, plan_files, shard_info
 from swarmnode.node.dataplane.origin import model_folder_files
-from swarmnode.node.devnet import free_port
+from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.p2p.dht import DiscoverySettings
 from swarmnode.node.p2p.peers import PeerRecord
@@ -77,7 +78,6 @@ from swarmnode.protocol.messages import (
 )
 from swarmnode.protocol.pacing import HOLD_MARGIN, LAG_HISTORY
 from swarmnode.protocol.types import MIB
-
 from tests.p2p.helpers import wait_until
 from tests.swarm.models import eos_folder
 

@@ -13,6 +13,7 @@ import trio
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.ledger import testing as T
 from swarmnode.ledger.errors import BackendError
@@ -23,7 +24,6 @@ from swarmnode.node.swarm.accepted import MAX_JUDGED_PER_ASSIGNMENT, AcceptedSto
 from swarmnode.node.swarm.common import TtlCache, bounded_get
 from swarmnode.node.swarm.validator import judge as validator_module
 from swarmnode.protocol.errors import Ignore, Reason, Reject
-
 from tests.swarm.test_validator_work import (  # noqa: F401  (fixtures)
     FORGED,
     HONEST,

@@ -10,11 +10,12 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.ledger import testing as T
 from swarmnode.ledger.errors import MalformedOperation
 from swarmnode.ledger.signedlog import SignedLog
-from swarmnode.node.devnet_rl import (
+from swarmnode.node.devnet.rl import (
     DEVNET_CHALLENGE_WINDOW_EPOCHS,
     DevnetLedger,
     ledger_facts,
@@ -26,7 +27,6 @@ from swarmnode.node.swarm.accepted import AcceptedStore, CreditCounts, RunCredit
 from swarmnode.node.swarm.common import check_run_owner, ensure_run, run_registration, wait_run_owner
 from swarmnode.protocol.errors import Reason
 from swarmnode.protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, Credit
-
 from tests.swarm import test_validator_work as vw
 from tests.swarm.test_validator_work import (
     FORGED,

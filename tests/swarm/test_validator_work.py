@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import trio
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.ledger import testing as T
 from swarmnode.ledger.errors import BackendError, DuplicateSlash
@@ -34,7 +35,6 @@ from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.messages import AcceptedRequest, RolloutSubmission, Verdict, VerdictBatch
 from swarmnode.protocol.verdicts import check_opened_verdicts
-
 from tests.tinymodel import copy_folder, tiny_engine, tiny_folder
 
 RUN = "devnet"
@@ -871,11 +871,11 @@ def test_checkpoint_engines_keep_the_newest_versions(tmp_path, base, setup):
 def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base, setup, checkpoint):
     """The work inside a real validator node: SUBMIT from a worker node, the verdict on gossip, ACCEPTED."""
     from libp2p.peer.id import ID
-    from swarmnode.node.devnet import free_port
+
+    from swarmnode.node.devnet.network import free_port
     from swarmnode.node.p2p.records import RunRecord
     from swarmnode.node.roles.validator import SUBMIT, Validator
     from swarmnode.node.swarm.common import ACCEPTED
-
     from tests.p2p.helpers import RUN as P2P_RUN
     from tests.p2p.helpers import node_config, swarm, wait_until
 

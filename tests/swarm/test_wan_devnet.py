@@ -17,8 +17,9 @@ import multiaddr  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from swarmnode.node.config import ConfigError, load_config
-from swarmnode.node.devnet import DevnetPlan
+from swarmnode.node.devnet.network import DevnetPlan
 from swarmnode.node.p2p.host import announced_addrs, parse_announce
 from swarmnode.node.wan import WanUnavailable, check_available
 from swarmnode.node.wan.netns import namespaces
@@ -44,7 +45,7 @@ def test_the_rl_devnet_trains_over_a_wan_with_a_home_worker_and_a_cheater(tmp_pa
     summary_path = tmp_path / "summary.json"
     run = subprocess.run(
         [
-            sys.executable, "-m", "swarmnode.node.cli", "devnet", "--no-live", "--steps", str(STEPS),
+            sys.executable, "-m", "swarmnode.node.cli.main", "devnet", "--no-live", "--steps", str(STEPS),
             "--relays", "1", "--workers", "2", "--home-workers", "1", "--cheaters", "1",
             "--wan", WAN_PROFILE, "--out", str(tmp_path / "run"), "--summary", str(summary_path),
         ],

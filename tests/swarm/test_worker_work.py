@@ -15,6 +15,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.toploc import CalibratedPolicy, aggregate, judge, verify_proofs
@@ -69,7 +70,6 @@ from swarmnode.protocol.messages import RolloutSubmission, SubmitAck, Verdict, V
 from swarmnode.protocol.pacing import WORKER_WINDOW_VERSIONS, share_budget, share_draw
 from swarmnode.protocol.runs import assignment_step
 from swarmnode.protocol.verdicts import VerdictBatcher, check_opened_verdicts
-
 from tests.p2p.helpers import swarm, wait_until
 from tests.swarm.models import eos_folder
 

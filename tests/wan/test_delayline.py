@@ -9,6 +9,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.node.wan import linkemu
 from swarmnode.node.wan.linkemu import DelayLine, EmuLink, links_from_config
 

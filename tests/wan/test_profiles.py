@@ -9,6 +9,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.node.wan import PROFILES, Link, UnknownProfile, draw_links, pair_loss, pair_rtt_ms, profile
 from swarmnode.node.wan.harness import free_subnet, node_address
 from swarmnode.node.wan.profiles import Span

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+
 from swarmnode.node.wan import Link, Wan, WanUnavailable, check_available, destroy, destroy_stale
 from swarmnode.node.wan.netns import host_link_name, namespaces, run_ip
 

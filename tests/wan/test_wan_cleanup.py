@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from swarmnode.node.wan import Link, Wan, WanUnavailable, check_available
 from swarmnode.node.wan.harness import remove_stale_workdirs
 

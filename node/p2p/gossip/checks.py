@@ -7,6 +7,7 @@ Pure: the clock, the replay window and the authority view arrive as arguments. T
 from __future__ import annotations
 
 from libp2p.pubsub.pb import rpc_pb2
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.node.p2p.gossip.authority import AuthorityView, authorise, check_ledger_entry
 from swarmnode.node.p2p.gossip.policy import TopicPolicy

@@ -19,6 +19,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.rpc_queue import RpcQueue
+
 from swarmnode.protocol.types import KIB
 
 OUTBOUND_QUEUE_RPCS = 32

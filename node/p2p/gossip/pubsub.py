@@ -31,6 +31,7 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import GossipsubEvent, Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.pubsub.utils import maybe_consume_signed_record
+
 from swarmnode.node.p2p.gossip.outbound import BatchingRpcQueue
 from swarmnode.protocol.types import KIB
 

@@ -40,6 +40,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import Clock, SeqCounter, wall_ms, wall_us
 from swarmnode.node.p2p.gossip.authority import AuthorityView, LedgerView

@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
+
 from swarmnode.node.rl.tasks.core import MAX_TARGET_LENGTH, Task, task_to_json
 from swarmnode.node.rl.tasks.graders import GRADERS
 

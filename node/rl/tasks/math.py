@@ -33,6 +33,7 @@ from fractions import Fraction
 from typing import Any
 
 import mpmath
+
 from swarmnode.node.rl.tasks.core import Grade, Task
 
 KIND = "math"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import trio
+
 from swarmnode.node.dataplane.checkpoint import MODEL_LAYOUT
 from swarmnode.node.dataplane.origin import model_folder_files
 from swarmnode.node.rl.model import state_dict_of

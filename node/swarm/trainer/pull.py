@@ -23,6 +23,7 @@ from functools import partial
 
 import trio
 from libp2p.peer.id import ID
+
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.p2p.reqresp import RequestFailed
 from swarmnode.node.rl.model import ModelInfo

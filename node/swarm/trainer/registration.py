@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 import trio
+
 from swarmnode.ledger import Ledger
 from swarmnode.ledger.types import RunInfo
 from swarmnode.node.rl.run import RunMismatch

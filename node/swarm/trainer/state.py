@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger import Ledger
 from swarmnode.ledger.types import RunInfo

@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 
 import trio
+
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.trainer import StepStats
 from swarmnode.node.swarm.inbox import StepRecord

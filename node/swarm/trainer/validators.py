@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import trio
+
 from swarmnode.ledger import Ledger, LedgerError
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.node.p2p.peers import PeerRecord

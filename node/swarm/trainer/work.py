@@ -13,6 +13,7 @@ import logging
 
 import trio
 from libp2p.peer.id import ID
+
 from swarmnode.node.dataplane.http_server import Handler, ServerConfig
 from swarmnode.node.dataplane.roles import OriginNode
 from swarmnode.node.dataplane.store import ShardStore

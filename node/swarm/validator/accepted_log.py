@@ -14,6 +14,7 @@ import logging
 
 import trio
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.identity import address_of_peer_id
 from swarmnode.node.swarm.accepted import MAX_CURSOR
 from swarmnode.node.swarm.validator.limits import MAX_BATCH_BYTES

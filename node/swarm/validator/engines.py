@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.engines import open_engine
 

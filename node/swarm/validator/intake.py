@@ -11,6 +11,7 @@ import time
 
 import trio
 from libp2p.peer.id import ID
+
 from swarmnode.crypto.identity import address_of_peer_id
 from swarmnode.node.rl.validation import check_step
 from swarmnode.node.swarm.validator.judgement import clip_detail

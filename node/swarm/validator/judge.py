@@ -20,6 +20,7 @@ import time
 from typing import Any, Protocol
 
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.rl.validation import Accepted, ValidationContext, judge_fault
 from swarmnode.node.swarm.accepted import ACCEPTED as ACCEPTED_STATUS

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 import trio
+
 from swarmnode.ledger import Ledger, LedgerError
 from swarmnode.ledger.evidence import SLASHABLE_REASONS
 from swarmnode.ledger.signedlog import SignedLog

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 
 import trio
+
 from swarmnode.ledger import LedgerError
 from swarmnode.ledger.errors import ChallengeWindowOpen, DuplicateSlash, SlashNotPending
 from swarmnode.ledger.evidence import SLASHABLE_REASONS, slash_digest

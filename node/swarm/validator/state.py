@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger import Ledger
 from swarmnode.node.config import NodeConfig

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import torch
 import trio
+
 from swarmnode.node.dataplane.checkpoint import load_checkpoint
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
 from swarmnode.node.p2p.gossip import Delivery

@@ -15,9 +15,10 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore, save_keystore
-from swarmnode.node.cli_inputs import eval_tasks_option, load_run_inputs, run_model_options
+from swarmnode.node.cli.inputs import eval_tasks_option, load_run_inputs, run_model_options
 
 DEFAULT_KEY = Path(os.environ.get("SWARMNODE_KEY", Path.home() / ".swarmnode" / "node.key"))
 console = Console()
@@ -103,7 +104,7 @@ def keys_show(key: Path, as_json: bool) -> None:
 
 def default_vectors_dir() -> Path:
     """spec/vectors of the source tree this package was installed from."""
-    return Path(__file__).resolve().parent.parent / "spec" / "vectors"
+    return Path(__file__).resolve().parents[2] / "spec" / "vectors"
 
 
 @main.command()
@@ -269,13 +270,13 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
 
 def _register_groups() -> None:
     """Command groups that live beside their subsystems, added explicitly (no import-time registration)."""
-    from swarmnode.node import cli_ledger, cli_model, cli_plan, cli_run, cli_tasks
+    from swarmnode.node.cli import ledger, model, plan, run, tasks
 
-    cli_ledger.register_commands(main)
-    cli_model.register_commands(main)
-    cli_run.register_commands(main)
-    cli_tasks.register_commands(main)
-    main.add_command(cli_plan.plan_memory)
+    ledger.register_commands(main)
+    model.register_commands(main)
+    run.register_commands(main)
+    tasks.register_commands(main)
+    main.add_command(plan.plan_memory)
     main.add_command(diloco)
 
 

@@ -131,6 +131,7 @@ class DevnetLedger:
 def model_parameters(folder: Path) -> int:
     """The parameters a model folder's weights files hold, read from their headers (nothing loaded)."""
     from safetensors import safe_open
+
     from swarmnode.node.rl.model import weight_files
 
     total = 0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from swarmnode.node.rl.tasks import Task, TaskFileError, dataset_hash, read_tasks, write_tasks
 from swarmnode.node.rl.tasks.files import JSON_SUFFIXES, PARQUET_SUFFIXES
 

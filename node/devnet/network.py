@@ -35,11 +35,12 @@ import trio
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.keystore import PASSWORD_ENV, save_keystore
-from swarmnode.node.cli_inputs import eval_tasks_option, run_model_options
+from swarmnode.node.cli.inputs import eval_tasks_option, run_model_options
 from swarmnode.node.config import NodeConfig, render_config
-from swarmnode.node.devnet_rl import DEVNET_STAKE_GWEI, STAKED_ROLES, DevnetLedger, work_cell
+from swarmnode.node.devnet.rl import DEVNET_STAKE_GWEI, STAKED_ROLES, DevnetLedger, work_cell
 from swarmnode.node.wan import PROFILES, Wan, WanError, WanUnavailable, destroy_stale, draw_links
 
 KDF_ITERATIONS = 2  # devnet keys only: fast to open, useless to protect anything
@@ -401,7 +402,7 @@ class Devnet:
     def start(self, name: str, *args: str, command: str = "run") -> DevnetNode:
         """Start a node process (non-blocking); its output goes to <node>/stdout.log."""
         node = self.nodes[name]
-        module = "swarmnode.node.cli_run"
+        module = "swarmnode.node.cli.run"
         argv = [sys.executable, "-m", module, command, "--config", str(node.config_path), *args]
         options: dict[str, Any] = {"env": self.env(), "cwd": str(node.directory), "start_new_session": True}
         with (node.directory / "stdout.log").open("ab") as log:
@@ -878,14 +879,14 @@ def _run(
 
 def _report(devnet: Devnet, run_summary: dict[str, Any], console: Console, path: Path | None) -> None:
     """Held-out reward before and after, the final ledger, the tables, the plot and the JSON."""
-    from swarmnode.node.devnet_report import (
+    from swarmnode.node.devnet.report import (
         NodeFacts,
         ReportInputs,
         build_summary,
         plot_summary,
         summary_tables,
     )
-    from swarmnode.node.devnet_rl import (
+    from swarmnode.node.devnet.rl import (
         eval_tasks_of,
         final_checkpoint,
         held_out_rewards,

@@ -23,6 +23,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+
 from swarmnode.crypto.identity import NodeIdentity, format_address, parse_address
 from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
 from swarmnode.ledger import (
@@ -986,8 +987,9 @@ def ledger_deploy(
 
 
 def _deploy_contract(url: str, deployer: NodeIdentity, params: Params) -> str:
-    from swarmnode.ledger.evm import deploy_contract
     from web3 import Web3
+
+    from swarmnode.ledger.evm import deploy_contract
 
     w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
     if not w3.is_connected():
@@ -1007,7 +1009,7 @@ def register_commands(group: click.Group) -> None:
 
 @click.group()
 def standalone() -> None:
-    """swarmnode ledger commands (standalone entry point: python -m swarmnode.node.cli_ledger)."""
+    """swarmnode ledger commands (standalone entry point: python -m swarmnode.node.cli.ledger)."""
 
 
 register_commands(standalone)

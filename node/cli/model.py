@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 from safetensors import safe_open
+
 from swarmnode.node.rl.model import SUPPORTED_MODEL_TYPES, model_commitment, weight_files
 from swarmnode.node.rl.modelinit import DEFAULT_VOCAB_SIZE, SIZES, chat_texts, init_model_folder
 from swarmnode.node.rl.tasks import Task, TaskFileError, read_tasks
@@ -215,7 +216,7 @@ def register_commands(group: click.Group) -> None:
 
 @click.group()
 def standalone() -> None:
-    """swarmnode model commands (standalone entry point: python -m swarmnode.node.cli_model)."""
+    """swarmnode model commands (standalone entry point: python -m swarmnode.node.cli.model)."""
 
 
 register_commands(standalone)

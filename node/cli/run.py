@@ -1,6 +1,6 @@
 """`swarmnode run`, `swarmnode devnet` and `swarmnode probe`: the networked commands.
 
-`register_commands(group)` adds them to the main CLI group; `python -m swarmnode.node.cli_run ...` runs them
+`register_commands(group)` adds them to the main CLI group; `python -m swarmnode.node.cli.run ...` runs them
 standalone (the devnet starts its nodes that way, so it does not depend on the installed entry point).
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 import trio
+
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
 from swarmnode.ledger.errors import LedgerError
@@ -193,9 +194,10 @@ def _serve_rank(config: NodeConfig) -> None:
 
 def _launch_trainer_group(config: NodeConfig) -> None:
     """Start this same command as [work] nproc ranks (the key password checked once, here)."""
-    from swarmnode.node.rl.sharded import launch_group
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from swarmnode.node.rl.sharded import launch_group
 
     os.environ[PASSWORD_ENV] = _password()
     _identity(config)  # a wrong password fails here, not in rank 0 after the group formed
@@ -268,7 +270,7 @@ def probe_command(
 
 def register_commands(group: click.Group) -> None:
     """Add `run`, `devnet` and `probe` to the swarmnode CLI group."""
-    from swarmnode.node.devnet import devnet_command
+    from swarmnode.node.devnet.network import devnet_command
 
     group.add_command(run_command)
     group.add_command(devnet_command)

@@ -57,7 +57,7 @@ def load_run_inputs(
     model: Path | None, tasks: Path | None, eval_tasks: Path | None
 ) -> tuple[Path, list[Task], list[Task]]:
     """(model folder, training tasks, evaluation tasks) from the options, with clear errors."""
-    from swarmnode.node.devnet_rl import eval_tasks_of
+    from swarmnode.node.devnet.rl import eval_tasks_of
     from swarmnode.node.rl.run import DEVNET_MODEL, devnet_dataset
     from swarmnode.node.rl.tasks.files import TaskFileError, read_tasks
 

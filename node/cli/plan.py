@@ -14,6 +14,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+
 from swarmnode.node.rl import memory_plan
 from swarmnode.node.rl.memory_plan import (
     PARAM_DTYPES,

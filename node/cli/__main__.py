@@ -1,0 +1,5 @@
+"""`python -m swarmnode.node.cli ...`: the `swarmnode` command."""
+
+from swarmnode.node.cli.main import main
+
+main()
