@@ -6,8 +6,8 @@ Usage: `python benchmarks/bench_trainer.py [--size small] [--nproc 2] [--steps 5
 
 Baseline, measured in the same run: the one-process trainer (`GrpoTrainer`, the node's default) on the
 same model folder and the same batch, with as many torch threads as the N ranks have together, in its own
-process. The group runs `node.rl.sharded` under torch.distributed.run (gloo on the CPU, NCCL on GPUs), one
-thread per rank. Each process reports its median step time after one warm-up step, the bytes of its
+process. The group runs `node.trainer.sharded` under torch.distributed.run (gloo on the CPU, NCCL on
+GPUs), one thread per rank. Each process reports its median step time after one warm-up step, the bytes of its
 parameters and AdamW state (for a rank: its shards; FSDP2 divides them by N, the goal is a ratio near
 1/N), and its peak RSS (which also holds torch, transformers and the full model each rank loads before
 sharding it, so it does not shrink as 1/N on a model this small).
@@ -81,8 +81,8 @@ def grpo_for(info, completions: int, tokens: int) -> GrpoParams:
 
 def job(args: argparse.Namespace) -> None:
     """One measuring process: the one-process trainer, or one rank of the group (rank 0 reports)."""
-    from swarmnode.node.rl.sharded import ShardedGrpoTrainer, launched_rank, serve_rank
     from swarmnode.node.rl.tokenizer import load_tokenizer
+    from swarmnode.node.trainer.sharded import ShardedGrpoTrainer, launched_rank, serve_rank
 
     torch.set_num_threads(args.threads)
     if launched_rank() not in (None, 0):
@@ -195,6 +195,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    from swarmnode.node.rl.sharded import exit_rank
+    from swarmnode.node.trainer.sharded import exit_rank
 
     exit_rank(0)  # skip torch's racy C++ teardown at exit

@@ -1,0 +1,15 @@
+"""The node: everything with I/O (network, disk, processes, the CLI); the pure rules live in
+`swarmnode.protocol`, `swarmnode.crypto` and `swarmnode.ledger`.
+
+- `cli/`        the `swarmnode` command, one module per command group
+- `devnet/`     a whole swarm on this machine (orchestration, the RL run, the report)
+- `runtime`     the node process: one trio loop, every component a task; `config` its settings;
+                `metrics` the Prometheus endpoint; `conformance` replays spec/vectors
+- `roles/`      what every role shares (the service base, the factory, checkpoint following)
+- `trainer/`, `worker/`, `validator/`, `relay/`: one package per role, its network service and its work
+- `diloco/`     DiLoCo between trainers (the algorithm, pre-training rounds, RL runs, trainer groups)
+- `p2p/`        libp2p host, DHT, gossip, request/response, peer scoring
+- `dataplane/`  HTTP shard origin, relay and follower for checkpoints
+- `rl/`         models, engines, tasks, GRPO, TOPLOC capture, validation
+- `wan/`        the WAN emulator (namespaces, shaped links, NAT) for `devnet --wan`
+"""

@@ -167,7 +167,7 @@ class NodeRuntime:
         A read that fails keeps the last view (counted); until the first read succeeds the node judges
         ledger-backed topics in open mode, like a node without a ledger.
         """
-        from swarmnode.node.swarm.common import (
+        from swarmnode.node.roles.common import (
             open_work_ledger,  # imports torch: only nodes with a ledger pay
         )
 

@@ -1,10 +1,10 @@
 """Move source modules and rewrite every reference to them, in one pass (issue #17's restructuring).
 
-    python scripts/move_modules.py node/cli_run.py=node/cli/run.py node/swarm/trainer=node/trainer ...
+    python scripts/move_modules.py node/cli_run.py=node/cli/run.py node/trainer=node/trainer ...
 
 Each pair is a file or a package folder, old=new. The files move with `git mv` (history follows them),
 missing `__init__.py` files are created, and every dotted name (`swarmnode.node.cli_run`, `node.cli_run`
-in prose) and path (`node/cli_run.py`, `node/swarm/trainer/`) under the tree's text files is rewritten by
+in prose) and path (`node/cli_run.py`, `node/trainer/`) under the tree's text files is rewritten by
 its longest moved prefix. One pass per token, so a name is never rewritten twice; not idempotent: run once.
 """
 

@@ -9,6 +9,10 @@ mkdir -p "$tree/swarmnode"
 for part in node protocol crypto ledger; do
     ln -sfn "$PWD/$part" "$tree/swarmnode/$part"
 done
+# trio ships its own annotations, but py-libp2p pulls in trio-typing, whose older `trio-stubs` would win
+# (no trio.TaskStatus there): a link to trio itself, found first on MYPYPATH, puts trio's own types back.
+trio_dir=$(python -c "import os, trio; print(os.path.dirname(trio.__file__))")
+ln -sfn "$trio_dir" "$tree/trio"
 packages=("${@:-protocol crypto ledger}")
 args=()
 for part in ${packages[@]}; do

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load, save
 
-from swarmnode.node.rl.diloco import (
+from swarmnode.node.diloco.algorithm import (
     PRETRAIN_SEQ_LEN,
     PRETRAIN_TASKS,
     SCALE_SUFFIX,
@@ -31,7 +31,7 @@ from swarmnode.node.rl.diloco import (
     round_batches,
     trainable_state,
 )
-from swarmnode.node.rl.diloco import pretraining_batches as lines_of
+from swarmnode.node.diloco.algorithm import pretraining_batches as lines_of
 from swarmnode.node.rl.model import ModelInfo, ModelRecipe, build_model, hf_config
 from swarmnode.node.rl.tasks.arithmetic import generate_tasks
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
@@ -54,7 +54,7 @@ def factory() -> torch.nn.Module:
 
 
 def pretraining_batches(seed: int, n_batches: int, batch_size: int, **kwargs: int) -> list[LmBatch]:
-    """`node.rl.diloco.pretraining_batches` in the tiny folder's tokens."""
+    """`node.diloco.algorithm.pretraining_batches` in the tiny folder's tokens."""
     return lines_of(*_tokenizer(), seed, n_batches, batch_size, **kwargs)
 
 

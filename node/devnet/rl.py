@@ -76,7 +76,7 @@ class DevnetLedger:
         (self.folder / "contract.txt").write_text(contract + "\n")
 
     def open(self) -> Ledger:
-        from swarmnode.node.swarm.common import open_work_ledger
+        from swarmnode.node.roles.common import open_work_ledger
 
         ledger = open_work_ledger(self.url)
         assert ledger is not None
@@ -109,7 +109,7 @@ class DevnetLedger:
         for the built-in one) and the parameters its weights files hold."""
         from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, devnet_grpo
         from swarmnode.node.rl.tokenizer import load_tokenizer
-        from swarmnode.node.swarm.common import ensure_run, run_registration
+        from swarmnode.node.roles.common import ensure_run, run_registration
 
         folder = Path(model) if model else DEVNET_MODEL
         tokens = DEVNET_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens

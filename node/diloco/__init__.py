@@ -1,5 +1,5 @@
-"""DiLoCo between trainers over the swarm (spec/diloco.md is the normative text; the algorithm is
-`node.rl.diloco`).
+"""DiLoCo between trainers, in one place (spec/diloco.md is the normative text, `protocol.diloco` its pure
+rules): the algorithm, pre-training rounds over the swarm, RL runs with several trainers, trainer groups.
 
 Design decisions:
 
@@ -21,8 +21,13 @@ Design decisions:
   resyncs to the larger one's outer state, as a restarted trainer does.
 - Trio throughout; torch work (inner steps, compression, averaging, loading) in worker threads.
 
-Parts: `holdings` (what a trainer holds and serves), `service` (HTTP endpoints), `trainer` (the rounds),
-`role` (the node role), `plan` (build and sign a run),
-`__main__` (`python -m swarmnode.node.diloco plan|trainer`),
-`testing` (processes for tests), `conformance` (replays spec/vectors/diloco).
+Parts:
+- `algorithm`  DiLoCo itself (K trainers, H local AdamW steps, one averaged Nesterov outer step), in process
+- `trainer`    one trainer's rounds over the swarm (pre-training); `holdings` what it holds and serves,
+               `service` its HTTP endpoints, `payload` tensors in and out of contributions
+- `rl`         an RL run with several trainers: DiLoCo rounds around GRPO (`make_diloco_trainer`)
+- `sharded`    a trainer group of FSDP2 ranks as one DiLoCo participant, shard-wise
+- `role` (the node role), `plan` (build and sign a run), `__main__` (`python -m swarmnode.node.diloco
+  plan|trainer`), `testing` (processes for tests), `conformance` (replays spec/vectors/diloco),
+  `faults` (a straggler for tests and demos)
 """

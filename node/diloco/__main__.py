@@ -28,6 +28,7 @@ import trio
 from swarmnode.crypto.identity import NodeIdentity, parse_address
 from swarmnode.node.config import LivenessSettings, NodeConfig
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
+from swarmnode.node.diloco.algorithm import LmBatch, LossFn, content_digest, lm_loss, pretraining_batches
 from swarmnode.node.diloco.faults import straggling
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.plan import (
@@ -42,7 +43,6 @@ from swarmnode.node.diloco.role import DilocoTrainer, DilocoWork
 from swarmnode.node.diloco.service import DilocoService
 from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
 from swarmnode.node.p2p.dht import DiscoverySettings
-from swarmnode.node.rl.diloco import LmBatch, LossFn, content_digest, lm_loss, pretraining_batches
 from swarmnode.node.rl.model import ModelFolderError
 from swarmnode.node.rl.run import DEVNET_MODEL
 from swarmnode.node.rl.tokenizer import load_tokenizer

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from swarmnode.node.rl.diloco import LmBatch, LossFn, round_batches
+from swarmnode.node.diloco.algorithm import LmBatch, LossFn, round_batches
 
 
 def straggling(

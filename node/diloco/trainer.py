@@ -21,7 +21,7 @@ endpoint): the DHT's verified `trainer` providers in a node (`DilocoTrainer`), a
 
 What a participant holds, and where, is a `Participant`'s business: one process holds θ, the outer momentum
 and every payload whole (`WholeParticipant`); an FSDP2 trainer group deals them over its ranks, which
-write and read the signed files themselves (`GroupParticipant`, node/rl/sharded_diloco.py). Their bytes
+write and read the signed files themselves (`GroupParticipant`, node/diloco/sharded.py). Their bytes
 on the wire are the same kind (a group's payload splits into other files, so its Merkle root is its own),
 and both hold the same θ after each outer step.
 """
@@ -39,9 +39,7 @@ import torch
 import trio
 
 from swarmnode.node.dataplane.errors import CheckpointInvalid, PeerFault
-from swarmnode.node.diloco.holdings import HeldContribution, HeldOuter, Holdings
-from swarmnode.node.diloco.payload import load_delta
-from swarmnode.node.rl.diloco import (
+from swarmnode.node.diloco.algorithm import (
     THETA_PREFIX,
     Compressor,
     DilocoParams,
@@ -56,7 +54,9 @@ from swarmnode.node.rl.diloco import (
     round_batches,
     trainable_state,
 )
-from swarmnode.node.rl.sharded_diloco import PayloadFiles, ShardedDiloco, outer_keys, stream_theta_digest
+from swarmnode.node.diloco.holdings import HeldContribution, HeldOuter, Holdings
+from swarmnode.node.diloco.payload import load_delta
+from swarmnode.node.diloco.sharded import PayloadFiles, ShardedDiloco, outer_keys, stream_theta_digest
 from swarmnode.protocol import diloco as rules
 from swarmnode.protocol.diloco import Contribution, OuterState
 from swarmnode.protocol.envelope import ENVELOPE_OVERHEAD
@@ -64,7 +64,7 @@ from swarmnode.protocol.errors import ProtocolError, Reason, Reject
 from swarmnode.protocol.messages import DilocoEntry, DilocoOuterState, DilocoRun, ShardInfo
 
 if TYPE_CHECKING:
-    from swarmnode.node.rl.sharded import ShardedGrpoTrainer
+    from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +297,7 @@ class WholeParticipant:
 
 
 class GroupParticipant:
-    """The participant as an FSDP2 trainer group (node/rl/sharded_diloco.py), run from rank 0: θ, the
+    """The participant as an FSDP2 trainer group (node/diloco/sharded.py), run from rank 0: θ, the
     outer momentum and every payload are dealt over the ranks' files and never whole in this process.
 
     Payload and outer-state files are written by the ranks straight into our origin's partial directories

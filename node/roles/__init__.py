@@ -1,20 +1,10 @@
-"""The four roles (and the bootstrap entry point) as small services composed by node.runtime."""
+"""What every role shares; each role itself lives in its own package (node/trainer/, node/worker/,
+node/validator/, node/relay/), holding both its network service (`service.py`) and its work.
 
-from __future__ import annotations
-
-from swarmnode.node.roles.base import RoleService
-from swarmnode.node.roles.bootstrap import Bootstrap
-from swarmnode.node.roles.relay import Relay
-from swarmnode.node.roles.trainer import Trainer
-from swarmnode.node.roles.validator import Validator
-from swarmnode.node.roles.worker import Worker
-
-ROLE_CLASSES: dict[str, type[RoleService]] = {
-    "trainer": Trainer,
-    "relay": Relay,
-    "worker": Worker,
-    "validator": Validator,
-    "bootstrap": Bootstrap,
-}
-
-__all__ = ["ROLE_CLASSES", "Bootstrap", "Relay", "RoleService", "Trainer", "Validator", "Worker"]
+- `base`       `RoleService`, the network handle a role works through (`RoleNet`), the `RoleWork` seam
+- `factory`    `ROLE_CLASSES` and `make_role`: the role with its work, built from the node's config
+- `common`     what the works share: the run's setup from its descriptor, the ledger, the ACCEPTED protocol
+- `follow`     checkpoint following shared by relay, worker and validator (gossip + DHT + HTTP)
+- `bootstrap`  the well-known entry point (a DHT server and gossip relay, no work)
+- `probe`      a role-less node for measurements and tests
+"""

@@ -29,10 +29,10 @@ from swarmnode.node.dataplane.sources import SourceBook
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.gossip import MAX_GOSSIP_ENVELOPE, Delivery
-from swarmnode.node.roles import Relay, Trainer
+from swarmnode.node.relay.service import Relay
 from swarmnode.node.roles.base import RoleNet
-from swarmnode.node.roles.trainer import IdleTrainerWork
 from swarmnode.node.runtime import NodeRuntime
+from swarmnode.node.trainer.service import IdleTrainerWork, Trainer
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo
 from swarmnode.protocol.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, MAX_SHARDS

@@ -15,10 +15,16 @@ import pytest
 import torch
 import trio
 
+from swarmnode.node.diloco.algorithm import (
+    LmBatch,
+    content_digest,
+    lm_loss,
+    reference_diloco,
+    trainable_state,
+)
 from swarmnode.node.diloco.faults import straggling
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.trainer import params_of
-from swarmnode.node.rl.diloco import LmBatch, content_digest, lm_loss, reference_diloco, trainable_state
 from swarmnode.protocol import diloco as rules
 from tests.diloco.helpers import (
     LocalTrainer,

@@ -22,7 +22,7 @@ from swarmnode.node.p2p.conformance import (
 )
 from swarmnode.node.p2p.gossip import VIEW_LAG_MS
 from swarmnode.node.p2p.records import run_record_key
-from swarmnode.node.roles.trainer import dev_run_descriptor
+from swarmnode.node.trainer.service import dev_run_descriptor
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import Envelope, seal
 from swarmnode.protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode

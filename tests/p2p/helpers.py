@@ -14,8 +14,8 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.config import LivenessSettings, NodeConfig
 from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.dht import DiscoverySettings
-from swarmnode.node.roles import ROLE_CLASSES
 from swarmnode.node.roles.base import RoleService
+from swarmnode.node.roles.factory import ROLE_CLASSES
 from swarmnode.node.runtime import NodeRuntime
 
 RUN = "testrun"

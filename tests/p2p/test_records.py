@@ -21,7 +21,7 @@ from swarmnode.node.p2p.records import (
     run_record_key,
     select_run_record,
 )
-from swarmnode.node.roles.trainer import dev_run_descriptor
+from swarmnode.node.trainer.service import dev_run_descriptor
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import Envelope, seal
 from swarmnode.protocol.messages import ShardHave

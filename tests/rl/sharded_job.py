@@ -23,9 +23,9 @@ import msgpack
 
 from swarmnode.node.dataplane.origin import model_folder_files
 from swarmnode.node.dataplane.store import ShardStore
-from swarmnode.node.rl.diloco import DilocoParams
-from swarmnode.node.rl.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
-from swarmnode.node.rl.sharded_diloco import PayloadRefused, ShardedDiloco
+from swarmnode.node.diloco.algorithm import DilocoParams
+from swarmnode.node.diloco.sharded import PayloadRefused, ShardedDiloco
+from swarmnode.node.trainer.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.messages import GrpoParams, RolloutGroup, ShardInfo
 
@@ -127,4 +127,4 @@ def diloco_rounds(trainer: ShardedGrpoTrainer, groups: list[RolloutGroup], args:
 
 if __name__ == "__main__":
     main()
-    exit_rank(0)  # skip torch's racy C++ teardown at exit (node.rl.sharded.exit_rank)
+    exit_rank(0)  # skip torch's racy C++ teardown at exit (node.trainer.sharded.exit_rank)

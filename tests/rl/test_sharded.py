@@ -21,14 +21,14 @@ from transformers import AutoModelForCausalLM
 from swarmnode.node.dataplane.checkpoint import WeightsFile, plan_model_files
 from swarmnode.node.dataplane.origin import model_folder_files
 from swarmnode.node.rl.model import state_dict_of
-from swarmnode.node.rl.sharded import (
+from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams, TrainerStateMismatch
+from swarmnode.node.trainer.sharded import (
     GROUP_TIMEOUT_ENV,
     assign_files,
     dcp_dir,
     newest_sharded_step,
     rank_share,
 )
-from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams, TrainerStateMismatch
 from swarmnode.protocol.codec import encode
 from tests.test_trainer import fixed_groups, grpo_params
 from tests.tinymodel import tiny_engine, tiny_folder

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from swarmnode.node.dataplane.checkpoint import build_manifest, load_checkpoint, plan_shards, shard_info
 from swarmnode.node.dataplane.errors import CheckpointInvalid
-from swarmnode.node.rl.diloco import (
+from swarmnode.node.diloco.algorithm import (
     Compressor,
     DilocoParams,
     OuterOptimizer,
@@ -30,8 +30,7 @@ from swarmnode.node.rl.diloco import (
     pseudo_gradient,
     trainable_state,
 )
-from swarmnode.node.rl.model import load_model
-from swarmnode.node.rl.sharded_diloco import (
+from swarmnode.node.diloco.sharded import (
     PayloadFiles,
     check_payload_names,
     deal_tensors,
@@ -40,6 +39,7 @@ from swarmnode.node.rl.sharded_diloco import (
     stream_digest,
     stream_theta_digest,
 )
+from swarmnode.node.rl.model import load_model
 from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.messages import ShardInfo

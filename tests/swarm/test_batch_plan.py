@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swarmnode.node.swarm.inbox import InboxRow
-from swarmnode.node.swarm.trainer import BATCH_LIMIT_FACTOR, batch_limit, plan_batch
+from swarmnode.node.trainer import BATCH_LIMIT_FACTOR, batch_limit, plan_batch
+from swarmnode.node.trainer.inbox import InboxRow
 
 WORKER = b"\x01" * 20
 

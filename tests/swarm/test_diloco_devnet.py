@@ -20,8 +20,8 @@ import pytest
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.devnet.network import Devnet, DevnetPlan
 from swarmnode.node.diloco.holdings import MESSAGES_DIR
-from swarmnode.node.swarm.diloco_rl import DILOCO_DIR
-from swarmnode.node.swarm.trainer import CHECKPOINTS_DIR, INBOX_FILE
+from swarmnode.node.diloco.rl import DILOCO_DIR
+from swarmnode.node.trainer import CHECKPOINTS_DIR, INBOX_FILE
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.diloco import rollout_owner
 from swarmnode.protocol.envelope import Envelope

@@ -1,4 +1,4 @@
-"""Several trainers of one RL run (node.swarm.diloco_rl): the share of accepted rollouts each trains on,
+"""Several trainers of one RL run (node.diloco.rl): the share of accepted rollouts each trains on,
 the plan's fit to the run, who may be a trainer of it, the lead's manifests a co-trainer follows, the one
 HTTP endpoint, and the config keys.
 
@@ -23,13 +23,13 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.config import ConfigError, NodeConfig, WorkSettings, load_config
 from swarmnode.node.dataplane.http_server import BytesBody, Request, Response, simple_response
+from swarmnode.node.diloco.algorithm import content_digest, trainable_state
 from swarmnode.node.diloco.plan import build_plan, checkpoint_digest, sign_plan
+from swarmnode.node.diloco.rl import DilocoSwarmTrainerWork
 from swarmnode.node.p2p.clock import wall_ms
-from swarmnode.node.rl.diloco import content_digest, trainable_state
 from swarmnode.node.rl.run import devnet_run
-from swarmnode.node.swarm.common import RunMismatch
-from swarmnode.node.swarm.diloco_rl import DilocoSwarmTrainerWork
-from swarmnode.node.swarm.inbox import InboxEntry
+from swarmnode.node.roles.common import RunMismatch
+from swarmnode.node.trainer.inbox import InboxEntry
 from swarmnode.protocol.diloco import check_rl_plan, contribution_namespace, plan_path, rollout_owner
 from swarmnode.protocol.envelope import seal
 from swarmnode.protocol.errors import ProtocolError, Reason, Reject

@@ -22,13 +22,14 @@ from swarmnode.node.dataplane.roles import OriginNode
 from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.p2p.peers import PeerRecord
-from swarmnode.node.roles import Relay, Trainer, Worker
+from swarmnode.node.relay.service import Relay
+from swarmnode.node.relay.work import SwarmRelayWork
 from swarmnode.node.roles.base import RoleNet, RoleService
 from swarmnode.node.roles.bootstrap import Bootstrap
-from swarmnode.node.roles.trainer import IdleTrainerWork
+from swarmnode.node.roles.follow import SOURCE_ROLES, SwarmFollower, checkpoint_sources
 from swarmnode.node.runtime import NodeRuntime
-from swarmnode.node.swarm.follow import SOURCE_ROLES, SwarmFollower, checkpoint_sources
-from swarmnode.node.swarm.relay import SwarmRelayWork
+from swarmnode.node.trainer.service import IdleTrainerWork, Trainer
+from swarmnode.node.worker.service import Worker
 from tests.p2p.helpers import node_config, replaced, wait_until
 
 

@@ -21,8 +21,8 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.rollouts import build_submission
 from swarmnode.node.rl.run import devnet_grpo, devnet_run
-from swarmnode.node.swarm.inbox import MIN_RETENTION_VERSIONS, InboxEntry, RolloutInbox, prune_cutoff
-from swarmnode.node.swarm.trainer import check_checkpoint, plan_batch
+from swarmnode.node.trainer import check_checkpoint, plan_batch
+from swarmnode.node.trainer.inbox import MIN_RETENTION_VERSIONS, InboxEntry, RolloutInbox, prune_cutoff
 from swarmnode.protocol.envelope import envelope_digest, seal
 from swarmnode.protocol.errors import Ignore, Reason
 from swarmnode.protocol.messages import RolloutSubmission, Verdict

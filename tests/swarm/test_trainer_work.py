@@ -3,7 +3,7 @@
 Real parts throughout: secp256k1 identities and sealed envelopes, SQLite on disk, groups generated with
 TOPLOC proofs by a tiny model folder (tests.swarm.models: its completions end at random lengths), GRPO
 steps on it, the origin serving over loopback HTTP, and one test with two libp2p runtimes (the
-validator's side of ACCEPTED is a small stand-in here: the real one is `node.swarm.validator`'s).
+validator's side of ACCEPTED is a small stand-in here: the real one is `node.validator`'s).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from swarmnode.crypto.merkle import merkle_root
 from swarmnode.ledger import testing as T
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import Params
+from swarmnode.node import trainer as trainer_module
 from swarmnode.node.config import LivenessSettings, NodeConfig, WorkSettings
 from swarmnode.node.dataplane.checkpoint import MODEL_LAYOUT, plan_files, shard_info
 from swarmnode.node.dataplane.origin import model_folder_files
@@ -43,13 +44,9 @@ from swarmnode.node.rl.rollouts import build_submission
 from swarmnode.node.rl.run import RunMismatch, devnet_dataset, devnet_grpo, devnet_run, run_commitment
 from swarmnode.node.rl.trainer import signal_groups
 from swarmnode.node.roles.base import RoleNet
-from swarmnode.node.roles.trainer import Trainer
-from swarmnode.node.roles.validator import Validator
+from swarmnode.node.roles.common import ACCEPTED
 from swarmnode.node.runtime import NodeRuntime
-from swarmnode.node.swarm import trainer as trainer_module
-from swarmnode.node.swarm.common import ACCEPTED
-from swarmnode.node.swarm.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
-from swarmnode.node.swarm.trainer import (
+from swarmnode.node.trainer import (
     MANIFEST_OK,
     SwarmTrainerWork,
     check_batch,
@@ -59,8 +56,11 @@ from swarmnode.node.swarm.trainer import (
     plan_batch,
     verify_accepted,
 )
-from swarmnode.node.swarm.trainer import pull as pull_module
-from swarmnode.node.swarm.trainer import registration as registration_module
+from swarmnode.node.trainer import pull as pull_module
+from swarmnode.node.trainer import registration as registration_module
+from swarmnode.node.trainer.inbox import InboxEntry, InboxRow, RolloutInbox, StepRecord, Stored
+from swarmnode.node.trainer.service import Trainer
+from swarmnode.node.validator.service import Validator
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import Envelope, Opened, envelope_digest, seal
 from swarmnode.protocol.errors import Ignore, ProtocolError, Reason
@@ -575,7 +575,7 @@ def test_a_ready_step_is_held_for_the_rows_of_its_oldest_version_by_the_measured
 
 
 class ServingValidator(Validator):
-    """A validator whose ACCEPTED side serves a fixed list (the real one lives in node.swarm.validator)."""
+    """A validator whose ACCEPTED side serves a fixed list (the real one lives in node.validator)."""
 
     def __init__(self, items: list[AcceptedRollout]) -> None:
         super().__init__()

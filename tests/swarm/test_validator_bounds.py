@@ -20,9 +20,9 @@ from swarmnode.ledger.errors import BackendError
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.node.rl import validation as validation_module
 from swarmnode.node.rl.model import state_dict_of
-from swarmnode.node.swarm.accepted import MAX_JUDGED_PER_ASSIGNMENT, AcceptedStore
-from swarmnode.node.swarm.common import TtlCache, bounded_get
-from swarmnode.node.swarm.validator import judge as validator_module
+from swarmnode.node.roles.common import TtlCache, bounded_get
+from swarmnode.node.validator import judge as validator_module
+from swarmnode.node.validator.store import MAX_JUDGED_PER_ASSIGNMENT, AcceptedStore
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from tests.swarm.test_validator_work import (  # noqa: F401  (fixtures)
     FORGED,

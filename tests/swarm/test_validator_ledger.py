@@ -23,8 +23,8 @@ from swarmnode.node.devnet.rl import (
 )
 from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, RunMismatch, devnet_grpo
 from swarmnode.node.rl.tokenizer import load_tokenizer
-from swarmnode.node.swarm.accepted import AcceptedStore, CreditCounts, RunCredit
-from swarmnode.node.swarm.common import check_run_owner, ensure_run, run_registration, wait_run_owner
+from swarmnode.node.roles.common import check_run_owner, ensure_run, run_registration, wait_run_owner
+from swarmnode.node.validator.store import AcceptedStore, CreditCounts, RunCredit
 from swarmnode.protocol.errors import Reason
 from swarmnode.protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, Credit
 from tests.swarm import test_validator_work as vw
@@ -266,7 +266,7 @@ def test_a_run_owned_by_another_key_is_refused(tmp_path, setup):
 
 
 def test_a_worker_waits_for_the_run_and_refuses_one_another_key_owns(tmp_path, setup):
-    """The worker's gate (node.swarm.worker): it waits while the run is not on the ledger, goes on once the
+    """The worker's gate (node.worker.work): it waits while the run is not on the ledger, goes on once the
     descriptor's trainer registered it, and refuses (RunMismatch) a run another key registered."""
     ledger = SignedLog.create(tmp_path / "ledger.db", PARAMS, ledger_id="devnet")
     for who, role in ((TRAINER, "trainer"), (OTHER_TRAINER, "trainer"), (VALIDATOR, "validator")):

@@ -26,10 +26,10 @@ from swarmnode.node.dataplane.roles import OriginNode
 from swarmnode.node.rl.model import state_dict_of
 from swarmnode.node.rl.rollouts import build_submission
 from swarmnode.node.rl.run import RunMismatch, RunSetup, devnet_grpo, devnet_run, load_run_setup
-from swarmnode.node.swarm import cheats
-from swarmnode.node.swarm.accepted import AcceptedStore, Decided, PendingItem
-from swarmnode.node.swarm.validator import MAX_PENDING_PER_WORKER, SwarmValidatorWork, drawn_for_full_check
-from swarmnode.node.swarm.validator import judge as validator_module
+from swarmnode.node.validator import MAX_PENDING_PER_WORKER, SwarmValidatorWork, drawn_for_full_check
+from swarmnode.node.validator import judge as validator_module
+from swarmnode.node.validator.store import AcceptedStore, Decided, PendingItem
+from swarmnode.node.worker import cheats
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope, seal
 from swarmnode.protocol.errors import Ignore, Reason, Reject
@@ -874,8 +874,8 @@ def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base
 
     from swarmnode.node.devnet.network import free_port
     from swarmnode.node.p2p.records import RunRecord
-    from swarmnode.node.roles.validator import SUBMIT, Validator
-    from swarmnode.node.swarm.common import ACCEPTED
+    from swarmnode.node.roles.common import ACCEPTED
+    from swarmnode.node.validator.service import SUBMIT, Validator
     from tests.p2p.helpers import RUN as P2P_RUN
     from tests.p2p.helpers import node_config, swarm, wait_until
 

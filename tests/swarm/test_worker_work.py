@@ -33,9 +33,8 @@ from swarmnode.node.rl.grpo import group_advantages
 from swarmnode.node.rl.rollouts import assigned_tasks, completion_rewards
 from swarmnode.node.rl.run import RunSetup, devnet_grpo, devnet_run
 from swarmnode.node.rl.validation import BadProof, ValidationContext, validate_submission
-from swarmnode.node.roles.validator import IdleValidatorWork, Validator
-from swarmnode.node.roles.worker import Worker
-from swarmnode.node.swarm.cheats import (
+from swarmnode.node.validator.service import IdleValidatorWork, Validator
+from swarmnode.node.worker.cheats import (
     FORGED_REWARD,
     PERTURBED_MODEL,
     TAMPERED_PROMPT,
@@ -44,7 +43,8 @@ from swarmnode.node.swarm.cheats import (
     perturb_weights,
     tamper_weights,
 )
-from swarmnode.node.swarm.worker import (
+from swarmnode.node.worker.service import Worker
+from swarmnode.node.worker.work import (
     STATE_FILE,
     CheckpointRef,
     Counters,
@@ -739,7 +739,7 @@ def test_a_retried_submission_is_the_same_envelope_for_every_validator() -> None
     from types import SimpleNamespace
 
     from swarmnode.crypto.identity import NodeIdentity
-    from swarmnode.node.swarm.worker import NetTransport
+    from swarmnode.node.worker.work import NetTransport
     from swarmnode.protocol.envelope import seal
 
     identity = NodeIdentity(b"\x07" * 32)

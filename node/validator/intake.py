@@ -1,0 +1,115 @@
+"""SUBMIT: cheap checks, then the durable queue (spec/validation.md, step 1).
+
+Nothing is written for a refused submission, and only a staked sender takes queue room: its stake read is
+cached for `eligibility_ttl_s`, and `admits_submitter` resets an unstaked sender's streams before they
+take a slot.
+"""
+
+from __future__ import annotations
+
+import time
+
+import trio
+from libp2p.peer.id import ID
+
+from swarmnode.crypto.identity import address_of_peer_id
+from swarmnode.node.rl.validation import check_step
+from swarmnode.node.validator.judgement import clip_detail
+from swarmnode.node.validator.ledger_access import LedgerUnavailable
+from swarmnode.node.validator.limits import (
+    MAX_PENDING,
+    MAX_PENDING_BYTES,
+    MAX_PENDING_PER_WORKER,
+    QUEUED,
+)
+from swarmnode.node.validator.state import ValidatorState
+from swarmnode.protocol.codec import encode
+from swarmnode.protocol.envelope import Opened
+from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
+from swarmnode.protocol.messages import RolloutSubmission, SubmitAck
+
+
+class Intake(ValidatorState):
+    """SUBMIT's side of the validator's work."""
+
+    async def submit(self, peer: ID, opened: Opened, digest: bytes) -> SubmitAck:
+        """Cheap checks, then the durable queue; status 100 once it is on disk."""
+        sub = opened.message
+        try:
+            if not isinstance(sub, RolloutSubmission):
+                raise Reject(
+                    Reason.TYPE_MISMATCH, f"expected a rollout submission, got {opened.envelope.type}"
+                )
+            if sub.run != self.run_id or opened.envelope.run != self.run_id:
+                raise Ignore(Reason.WRONG_RUN, f"submission for run {sub.run!r}, not {self.run_id!r}")
+            if self.setup is None:
+                raise Ignore(Reason.BUSY, "not judging yet: the run is still loading")
+            check_step(sub, self.setup.descriptor)  # the store then holds at most the run's counters
+            if self.credits_queued >= self.max_queued_credits:
+                raise Ignore(Reason.BUSY, f"{self.credits_queued} credits wait for the ledger; try later")
+            self._check_fresh(sub)
+            self._check_known(sub)
+            await self._check_staked(opened.sender)
+            item = await trio.to_thread.run_sync(
+                lambda: self.store.enqueue(
+                    digest=digest,
+                    worker=opened.sender,
+                    step=sub.step,
+                    checkpoint_version=sub.checkpoint_version,
+                    received_ms=int(time.time() * 1000),
+                    envelope=encode(opened.envelope),
+                    max_items=MAX_PENDING,
+                    max_bytes=MAX_PENDING_BYTES,
+                    max_per_worker=MAX_PENDING_PER_WORKER,
+                )
+            )
+        except ProtocolError as exc:
+            self.refused += 1
+            return SubmitAck(submission_digest=digest, status=int(exc.reason), detail=clip_detail(exc.detail))
+        self._queue.append(item)
+        self._wake()
+        return SubmitAck(submission_digest=digest, status=QUEUED, detail=f"queued at {len(self._queue)}")
+
+    async def _check_staked(self, sender: bytes) -> None:
+        """Only a staked sender takes queue room: `Reject` NOT_STAKED, `Ignore` BUSY while the ledger
+        cannot answer. A read is cached for `eligibility_ttl_s` (an outage is not)."""
+        if self.ledger.ledger is None:
+            return
+        now = trio.current_time()
+        eligible = self._stake_reads.get(sender, now)
+        if eligible is None:
+            try:
+                eligible = bool(await self.ledger.call("is_eligible", lambda: self.ledger.eligible(sender)))
+            except LedgerUnavailable as exc:
+                raise Ignore(Reason.BUSY, f"cannot read the sender's stake now: {exc}") from None
+            self._stake_reads.put(sender, eligible, trio.current_time())
+        if not eligible:
+            raise Reject(Reason.NOT_STAKED, f"sender {sender.hex()} is not registered with enough stake")
+
+    def _check_fresh(self, sub: RolloutSubmission) -> None:
+        if self.engines is None or self.setup is None:
+            return
+        newest = self.engines.newest
+        if newest is not None and newest - sub.checkpoint_version > self.setup.descriptor.async_level:
+            raise Ignore(Reason.STALE, f"checkpoint v{sub.checkpoint_version} is too old (newest v{newest})")
+
+    def _check_known(self, sub: RolloutSubmission) -> None:
+        """A version above the newest trainer-signed manifest the follower has seen cannot exist yet."""
+        node = self.follower.node if self.follower is not None else None
+        latest = node.catalog.latest_version if node is not None else None
+        if latest is not None and sub.checkpoint_version > latest:
+            raise Ignore(
+                Reason.UNKNOWN_CHECKPOINT,
+                f"checkpoint v{sub.checkpoint_version} is newer than any manifest seen (v{latest})",
+            )
+
+    def admits_submitter(self, peer: ID) -> bool:
+        """SUBMIT before any slot or read: refuse a peer whose stake was read as too low within the TTL.
+
+        An unknown peer gets one frame read (its SUBMIT reads the stake and caches the answer); after that
+        an unstaked sender's streams are reset before they take a slot, however often it comes back.
+        """
+        address = address_of_peer_id(peer.to_bytes())
+        if address is None:
+            return False
+        return self._stake_reads.get(address, trio.current_time()) is not False
