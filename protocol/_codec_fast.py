@@ -1,32 +1,41 @@
-"""The canonical codec's fast path: a plan per message class, compiled once from its schema.
+"""The canonical codec's fast path: an encoder and a decoder per message class, generated from its schema.
 
-Fast accept, reference reject. A plan accepts exactly what the reference codec in `protocol.codec` accepts,
-with exact type checks and bounds held as plain ints; at the first fault, or at anything it does not
-handle, it raises one of `DECLINED` and the caller runs the reference, which names the fault (the same
-Reject with the same message, in the same precedence). So the plans carry no error text of their own and
-the reference stays the one definition of which fault is reported first. tests/test_codec_fast.py holds
-the two to the same outputs on generated and hostile messages of every registered type.
+Fast accept, reference reject. The generated functions accept exactly what the reference codec in
+`protocol.codec` accepts, with exact type checks and bounds written into their source as literals; at the
+first fault, or at anything they do not handle, they raise one of `DECLINED` and the caller runs the
+reference, which names the fault (the same Reject with the same message, in the same precedence). So the
+fast path carries no error text of its own and the reference stays the one definition of which fault is
+reported first. tests/test_codec_fast.py holds the two to the same outputs on generated and hostile
+messages of every registered type.
 
-Encoding checks each field, then one `msgpack.packb` writes every byte; its `default` hook turns each
-nested message into its field map, checking it on the way.
+Why generated source rather than a plan walked per call: a message such as a RolloutSubmission is mostly
+small nested messages (one Completion per sampled completion), so the cost was the interpreter's per-field
+dispatch (a closure call, a loop step, a tuple pack and unpack per field), not the bytes. One straight-line
+function per class pays none of it; the source of each is kept in `linecache`, so tracebacks and profilers
+show it (`<codec encode Completion>`).
+
+Encoding checks each field and builds the whole msgpack-ready tree (nested messages become their field
+maps, checked on the way), then one `msgpack.packb` writes every byte. A homogeneous list is checked in a
+few C passes (`countOf(map(type, ...))`, one `array("Q", ...)` for the u64 range, `max(map(len, ...))`).
 
 Decoding walks the buffer in wire order like the reference: a value's type byte and declared length are
-checked before the value is built (authenticate before allocate). Map headers and keys are compared as
-precomputed canonical bytes, scalars are parsed straight from the buffer and only in their shortest form,
-and only a tuple of scalars goes through msgpack (one call, stopped at the first nested container like
-the reference), checked canonical by packing it again. The message must end exactly at the end of the
-buffer, which stands in for the reference's framing pass: the walk never reads past a byte it checked.
+checked before the value is built (authenticate before allocate). A map header, each key and any constant
+header of the value after it (a fixed-size bin, a float64) are compared as one precomputed byte string;
+scalars are parsed straight from the buffer and only in their shortest form; only a tuple of scalars goes
+through msgpack (one call, stopped at the first nested container like the reference), checked canonical by
+packing it again. The message must end exactly at the end of the buffer, which stands in for the
+reference's framing pass: positions only grow, so a read cut short by the end of the buffer leaves the
+walk past the end, and that is declined.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import linecache
 import math
-import operator
 import struct
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 from operator import countOf
 from typing import Any
 
@@ -46,171 +55,122 @@ DECLINED = (
     RecursionError,
 )
 
-Check = Callable[[Any], None]
+Encoder = Callable[[Any], dict[str, Any]]
+Reader = Callable[[bytes, int, "Cursor"], tuple[Any, int]]
+
+
+def _compile(kind: str, cls_name: str, lines: list[str], namespace: dict[str, Any]) -> Any:
+    """The function `fn` defined by `lines`, its constants taken from `namespace`; its source is kept
+    in linecache under a readable name so that tracebacks and profilers show the generated lines."""
+    filename = f"<codec {kind} {cls_name}>"
+    source = "\n".join(lines) + "\n"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own source, built from schemas
+    return namespace["fn"]
+
+
+def _indent(lines: list[str], depth: int = 1) -> list[str]:
+    return ["    " * depth + line for line in lines]
+
 
 # --- encoding ------------------------------------------------------------------------------------
 
 
-def _scalar_check(spec: FieldSpec) -> Check:
-    """Raise Slow unless the value is one the reference's `_check_value` accepts for this scalar spec."""
-    kind, isfinite = spec.kind, math.isfinite
+def _check_lines(spec: FieldSpec, v: str, tag: str, ns: dict[str, Any]) -> list[str]:
+    """Source lines that raise Slow unless the value in variable `v` is one the reference's `_check_value`
+    accepts for `spec`, and leave in `v` its msgpack-ready form (a nested message becomes its field map).
+    Constants the lines need are put in `ns` under names ending in `tag`."""
+    kind = spec.kind
     if kind == "int":
-        lo, hi = spec.lo, spec.hi
-
-        def check_int(value: Any) -> None:
-            if type(value) is not int or not lo <= value <= hi:
-                raise Slow
-
-        return check_int
+        return [f"if type({v}) is not int or not {spec.lo} <= {v} <= {spec.hi}: raise Slow"]
     if kind == "bool":
-
-        def check_bool(value: Any) -> None:
-            if type(value) is not bool:
-                raise Slow
-
-        return check_bool
-    if kind == "float":
-
-        def check_float(value: Any) -> None:
-            if type(value) is not float or not isfinite(value):
-                raise Slow
-
-        return check_float
+        return [f"if type({v}) is not bool: raise Slow"]
+    if kind == "float":  # x - x is 0.0 exactly for a finite float, nan for inf and nan
+        return [f"if type({v}) is not float or {v} - {v} != 0.0: raise Slow"]
     if kind == "str":
-        cap, pattern = spec.max_len or 0, spec.pattern
-        short = cap // 4  # no code point takes more than 4 bytes in UTF-8: shorter strings fit unencoded
-
-        def check_str(value: Any) -> None:
-            if type(value) is not str:
-                raise Slow
-            if len(value) > short and len(value.encode("utf-8", "surrogatepass")) > cap:
-                raise Slow
-            if pattern is not None and not pattern.fullmatch(value):
-                raise Slow
-
-        return check_str
+        cap = spec.max_len or 0
+        lines = [
+            f"if type({v}) is not str: raise Slow",
+            # no code point takes more than 4 bytes in UTF-8: shorter strings fit unencoded
+            f"if len({v}) > {cap // 4} and len({v}.encode('utf-8', 'surrogatepass')) > {cap}: raise Slow",
+        ]
+        if spec.pattern is not None:
+            ns[f"P{tag}"] = spec.pattern
+            lines.append(f"if not P{tag}.fullmatch({v}): raise Slow")
+        return lines
     if kind == "bytes":
         size, cap = spec.size, spec.max_len or 0
-
-        def check_bytes(value: Any) -> None:
-            if type(value) is not bytes or len(value) > cap or size is not None and len(value) != size:
-                raise Slow
-
-        return check_bytes
-    raise AssertionError(kind)
-
-
-def _items_check(item: FieldSpec) -> Check:
-    """Raise Slow unless every item of a non-empty list or tuple passes `item`, in few C passes."""
-    kind = item.kind
-    if kind == "int":
-        lo, hi = item.lo, item.hi
-
-        def check_ints(values: Any) -> None:
-            if countOf(map(type, values), int) != len(values):  # exact ints: no bool, no IntEnum
-                raise Slow
-            if lo == 0 and hi == U64_MAX:
-                array("Q", values)  # OverflowError outside [0, 2**64 - 1]: one C pass for both bounds
-            elif min(values) < lo or max(values) > hi:
-                raise Slow
-
-        return check_ints
-    if kind == "bytes":
-        size, cap, kinds = item.size, item.max_len or 0, {bytes}
-
-        def check_bytes(values: Any) -> None:
-            if not set(map(type, values)) <= kinds or max(map(len, values)) > cap:
-                raise Slow
-            if size is not None and set(map(len, values)) != {size}:
-                raise Slow
-
-        return check_bytes
-    if kind == "float":
-        floats, isfinite = {float}, math.isfinite
-
-        def check_floats(values: Any) -> None:
-            if not set(map(type, values)) <= floats or not all(map(isfinite, values)):
-                raise Slow
-
-        return check_floats
+        if size is not None and size > cap:  # no value fits both bounds
+            return ["raise Slow"]
+        if size is not None:
+            return [f"if type({v}) is not bytes or len({v}) != {size}: raise Slow"]
+        return [f"if type({v}) is not bytes or len({v}) > {cap}: raise Slow"]
     if kind == "message":
-        classes = {item.message_cls}
-
-        def check_messages(values: Any) -> None:  # each item is checked in full as it is packed
-            if not set(map(type, values)) <= classes:
-                raise Slow
-
-        return check_messages
-    one = _tuple_check(item) if kind == "tuple" else _scalar_check(item)
-
-    def check_each(values: Any) -> None:
-        for value in values:
-            one(value)
-
-    return check_each
+        ns[f"C{tag}"], ns[f"E{tag}"] = spec.message_cls, encoder(spec.message_cls)  # type: ignore[arg-type]
+        return [f"if type({v}) is not C{tag}: raise Slow", f"{v} = E{tag}({v})"]
+    assert kind == "tuple" and spec.item is not None
+    return [
+        f"if type({v}) is not tuple and type({v}) is not list or len({v}) > {spec.max_len or 0}: raise Slow",
+        f"if {v}:",
+        *_indent(_items_lines(spec.item, v, tag, ns)),
+    ]
 
 
-def _tuple_check(spec: FieldSpec) -> Check:
-    assert spec.item is not None
-    cap, items = spec.max_len or 0, _items_check(spec.item)
+def _items_lines(item: FieldSpec, v: str, tag: str, ns: dict[str, Any]) -> list[str]:
+    """Source lines checking every item of the non-empty list or tuple in `v` against `item`: a few C
+    passes over the whole list for scalars, one generated call per item for anything else."""
+    kind = item.kind
+    every = f"countOf(map(type, {v}), {{}}) != len({v})"  # exact types: no bool for int, no IntEnum
+    if kind == "int":
+        lines = [f"if {every.format('int')}: raise Slow"]
+        if item.lo == 0 and item.hi == U64_MAX:
+            return [*lines, f"array('Q', {v})"]  # OverflowError outside [0, 2**64 - 1]: one C pass
+        return [*lines, f"if min({v}) < {item.lo} or max({v}) > {item.hi}: raise Slow"]
+    if kind == "bytes":
+        lines = [f"if {every.format('bytes')} or max(map(len, {v})) > {item.max_len or 0}: raise Slow"]
+        if item.size is not None:
+            lines.append(f"if countOf(map(len, {v}), {item.size}) != len({v}): raise Slow")
+        return lines
+    if kind == "float":
+        return [f"if {every.format('float')} or not all(map(isfinite, {v})): raise Slow"]
+    if kind == "bool":
+        return [f"if {every.format('bool')}: raise Slow"]
+    if kind == "message":
+        ns[f"C{tag}"], ns[f"E{tag}"] = item.message_cls, encoder(item.message_cls)  # type: ignore[arg-type]
+        return [f"if {every.format(f'C{tag}')}: raise Slow", f"{v} = list(map(E{tag}, {v}))"]
+    ns[f"I{tag}"] = _item_encoder(item)  # str, or a nested tuple: checked (and converted) one by one
+    return [f"{v} = tuple(map(I{tag}, {v}))"]
 
-    def check_tuple(value: Any) -> None:
-        if type(value) is not tuple and type(value) is not list or len(value) > cap:
-            raise Slow
-        if value:
-            items(value)
 
-    return check_tuple
-
-
-def _field_check(spec: FieldSpec) -> Check:
-    if spec.kind == "tuple":
-        return _tuple_check(spec)
-    if spec.kind == "message":
-        cls = spec.message_cls
-
-        def check_message(value: Any) -> None:  # checked in full by `wire` when it is packed
-            if type(value) is not cls:
-                raise Slow
-
-        return check_message
-    return _scalar_check(spec)
+def _item_encoder(spec: FieldSpec) -> Callable[[Any], Any]:
+    ns = _namespace()
+    lines = ["def fn(x):", *_indent(_check_lines(spec, "x", "", ns)), "    return x"]
+    fn: Callable[[Any], Any] = _compile("encode item", spec.name, lines, ns)
+    return fn
 
 
-@dataclass(frozen=True)
-class EncodePlan:
-    names: tuple[str, ...]
-    values: Callable[[Any], tuple[Any, ...]]  # the field values in wire order, in one C call
-    checks: tuple[Check, ...]
+def _namespace() -> dict[str, Any]:
+    return {"Slow": Slow, "countOf": countOf, "array": array, "isfinite": math.isfinite}
 
 
 @cache_per_class
-def encode_plan(cls: type) -> EncodePlan:
+def encoder(cls: type) -> Encoder:
+    """The generated function from a message of exactly `cls` to its checked msgpack-ready field map."""
     specs = schema(cls)
-    names = tuple(spec.name for spec in specs)
-    if len(names) > 1:
-        values: Callable[[Any], tuple[Any, ...]] = operator.attrgetter(*names)
-    else:  # attrgetter of one name returns the value itself, not a 1-tuple
-        getters = tuple(map(operator.attrgetter, names))
-
-        def values(message: Any) -> tuple[Any, ...]:
-            return tuple(get(message) for get in getters)
-
-    return EncodePlan(names, values, tuple(map(_field_check, specs)))
-
-
-def wire(message: Any) -> dict[str, Any]:
-    """The checked field map of one message; nested messages are left to msgpack's `default` hook."""
-    plan = encode_plan(type(message))
-    values = plan.values(message)
-    for check, value in zip(plan.checks, values, strict=True):
-        check(value)
-    return dict(zip(plan.names, values, strict=True))
+    ns = _namespace()
+    lines = ["def fn(m):"]
+    for i, spec in enumerate(specs):
+        lines.append(f"    v{i} = m.{spec.name}")
+        lines += _indent(_check_lines(spec, f"v{i}", str(i), ns))
+    fields = ", ".join(f"{spec.name!r}: v{i}" for i, spec in enumerate(specs))
+    lines.append(f"    return {{{fields}}}")
+    fn: Encoder = _compile("encode", cls.__name__, lines, ns)
+    return fn
 
 
 def fast_encode(message: Any) -> bytes:
     """The canonical bytes of `message`, or one of DECLINED where the reference must decide."""
-    data: bytes = msgpack.packb(wire(message), use_bin_type=True, default=wire)
+    data: bytes = msgpack.packb(encoder(type(message))(message), use_bin_type=True)
     return data
 
 
@@ -219,10 +179,10 @@ def fast_encode(message: Any) -> bytes:
 # Header byte -> (bytes of length after it, the least length that needs this form): a longer form than
 # the length needs is not canonical.
 _STR_HEADS = {0xD9: (1, 32), 0xDA: (2, 256), 0xDB: (4, 65536)}
-_BIN_HEADS = {0xC4: (1, 0), 0xC5: (2, 256), 0xC6: (4, 65536)}
 _ARRAY_HEADS = {0xDC: (2, 16), 0xDD: (4, 65536)}
 _UINT_HEADS = {0xCC: (1, 0x80), 0xCD: (2, 0x100), 0xCE: (4, 0x10000), 0xCF: (8, 1 << 32)}
 _F64 = struct.Struct(">d")
+WALKED_ITEMS = 16  # a tuple of scalars up to this long is read item by item, past it by one msgpack call
 
 
 def _long_length(data: bytes, p: int, heads: dict[int, tuple[int, int]]) -> tuple[int, int]:
@@ -232,6 +192,16 @@ def _long_length(data: bytes, p: int, heads: dict[int, tuple[int, int]]) -> tupl
     if n < least:
         raise Slow
     return n, p + 1 + width
+
+
+def _long_uint(data: bytes, p: int) -> tuple[int, int]:
+    """(value, where it ends) of a uint8..uint64 at p, refusing a longer form than the value needs; only
+    the unsigned forms: a non-negative value is never written signed."""
+    return _long_length(data, p, _UINT_HEADS)
+
+
+def _long_array_length(data: bytes, p: int) -> tuple[int, int]:
+    return _long_length(data, p, _ARRAY_HEADS)
 
 
 def _map_header(n: int) -> bytes:
@@ -250,7 +220,7 @@ def _array_length(data: bytes, p: int) -> tuple[int, int]:
     first = data[p]
     if 0x90 <= first <= 0x9F:
         return first - 0x90, p + 1
-    return _long_length(data, p, _ARRAY_HEADS)
+    return _long_array_length(data, p)
 
 
 class _Guard:
@@ -271,83 +241,52 @@ class _Guard:
 
 
 class Cursor:
-    """One buffer being decoded and, made when a tuple of scalars first needs it, an unpacker over it."""
+    """One buffer being decoded and, made when a long tuple of scalars first needs them, an unpacker over it
+    and a packer to check that tuple's bytes canonical (one per decode, not one per tuple)."""
 
-    __slots__ = ("at", "cls", "data", "guard", "unpacker")
+    __slots__ = ("at", "cls", "data", "guard", "packer", "unpacker")
 
     def __init__(self, data: bytes, cls: type) -> None:
         self.data = data
         self.cls = cls  # the root class: the unpacker's limits are its schema tree's, as in the reference
         self.unpacker: msgpack.Unpacker | None = None
-        self.guard = _Guard()
+        self.guard: _Guard | None = None
+        self.packer: msgpack.Packer | None = None
         self.at = 0  # where the unpacker stands
 
     def unpack(self, p: int) -> tuple[Any, int]:
         """The object msgpack builds from p in one call, and where it ends."""
-        unpacker = self.unpacker
-        if unpacker is None:
+        unpacker, guard = self.unpacker, self.guard
+        if unpacker is None or guard is None:
             limits = unpack_limits(self.cls)
+            guard = self.guard = _Guard()
             unpacker = self.unpacker = msgpack.Unpacker(
                 None, raw=False, use_list=False, strict_map_key=True, max_ext_len=0,
                 max_buffer_size=max(len(self.data), 1), max_str_len=limits.max_str_len,
                 max_bin_len=limits.max_bin_len, max_array_len=limits.max_array_len,
-                max_map_len=limits.max_map_len, list_hook=self.guard.on_array,
-                object_pairs_hook=self.guard.on_map,
+                max_map_len=limits.max_map_len, list_hook=guard.on_array, object_pairs_hook=guard.on_map,
             )
             unpacker.feed(self.data)
         if p != self.at:  # the walk only goes forward: step over what was parsed without msgpack
             unpacker.read_bytes(p - self.at)
-        self.guard.arrays = 0
+        guard.arrays = 0
         value = unpacker.unpack()
         self.at = unpacker.tell()
         return value, self.at
 
-
-Reader = Callable[[Cursor, bytes, int], tuple[Any, int]]
-
-
-def _int_reader(lo: int, hi: int) -> Reader:
-    heads = _UINT_HEADS
-
-    def read_int(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-        first = data[p]
-        if first < 0x80:
-            value, p = first, p + 1
-        else:  # only the unsigned forms: a non-negative value is never written signed
-            width, least = heads[first]
-            value = int.from_bytes(data[p + 1 : p + 1 + width], "big")
-            if value < least:
-                raise Slow
-            p += 1 + width
-        if not lo <= value <= hi:
-            raise Slow
-        return value, p
-
-    return read_int
+    def canonical(self, value: Any, p: int, end: int) -> bool:
+        """Whether the bytes from p to end are exactly what msgpack writes for `value`."""
+        packer = self.packer
+        if packer is None:
+            packer = self.packer = msgpack.Packer(use_bin_type=True)
+        packed = packer.pack(value)
+        return end - p == len(packed) and self.data.startswith(packed, p)
 
 
-def _read_bool(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-    first = data[p]
-    if first == 0xC3:
-        return True, p + 1
-    if first == 0xC2:
-        return False, p + 1
-    raise Slow
-
-
-def _read_float(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-    if data[p] != 0xCB:
-        raise Slow
-    (value,) = _F64.unpack_from(data, p + 1)
-    if not math.isfinite(value):
-        raise Slow
-    return value, p + 9
-
-
-def _str_reader(cap: int, pattern: Any) -> Reader:
+def _str_reader(cap: int, pattern: Any) -> Callable[[bytes, int], tuple[str, int]]:
     heads = _STR_HEADS
 
-    def read_str(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
+    def read_str(data: bytes, p: int) -> tuple[str, int]:
         first = data[p]
         if 0xA0 <= first <= 0xBF:
             n, start = first - 0xA0, p + 1
@@ -364,131 +303,186 @@ def _str_reader(cap: int, pattern: Any) -> Reader:
     return read_str
 
 
-def _bytes_reader(size: int | None, cap: int) -> Reader:
-    if size is not None and size > cap:  # no value fits both bounds
-
-        def read_none(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-            raise Slow
-
-        return read_none
-    if size is not None:  # an exact size has one canonical header: compare it whole
-        head = _bin_header(size)
-        skip = len(head)
-
-        def read_sized(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-            end = p + skip + size
-            if not data.startswith(head, p) or end > len(data):
-                raise Slow
-            return data[p + skip : end], end
-
-        return read_sized
-    heads = _BIN_HEADS
-
-    def read_bytes(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-        n, start = _long_length(data, p, heads)
-        end = start + n
-        if n > cap or end > len(data):
-            raise Slow
-        return data[start:end], end
-
-    return read_bytes
-
-
-def _scalar_tuple_reader(cap: int, item: FieldSpec) -> Reader:
-    items = _items_check(item)
-
-    def read_scalars(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-        n, _ = _array_length(data, p)
-        if n > cap:
-            raise Slow
-        value, end = cursor.unpack(p)
-        if value:
-            items(value)
-        packed = msgpack.packb(value, use_bin_type=True)
-        if end - p != len(packed) or not data.startswith(packed, p):
-            raise Slow
-        return value, end
-
-    return read_scalars
+def _scalar_tuple_reader(cap: int, item: FieldSpec) -> Callable[[Cursor, bytes, int], tuple[Any, int]]:
+    """A tuple of scalars. A short one is read item by item like a message's fields (cheaper than any
+    msgpack call); a long one in one msgpack call, its items checked in C passes and its bytes checked
+    canonical by packing it again."""
+    ns = _decode_namespace()
+    prefix, read_item = _read_lines(item, "x", "", ns)
+    ns["PREFIX"] = prefix
+    if item.kind == "int":
+        # array("Q") refuses every msgpack value but ints and bools, and turns a bool into 0 or 1, which
+        # packs unlike the bool that was read: so the canonical check refuses bools too, with no type pass.
+        check = ["w = array('Q', v)"]
+        if not (item.lo == 0 and item.hi == U64_MAX):
+            check.append(f"if min(w) < {item.lo} or max(w) > {item.hi}: raise Slow")
+        check.append("w = w.tolist()")
+    else:
+        check = [*_items_lines(item, "v", "", ns), "w = v"]
+    lines = [
+        "def fn(cur, data, p):",
+        "    b = data[p]",
+        "    if 0x90 <= b <= 0x9F:",
+        "        count = b - 0x90",
+        "        start = p + 1",
+        "    else:",
+        "        count, start = long_array_length(data, p)",
+        f"    if count > {cap}: raise Slow",  # before anything is allocated
+        f"    if count > {WALKED_ITEMS}:",
+        "        v, end = cur.unpack(p)",
+        *_indent(check, 2),
+        "        if not cur.canonical(w, p, end): raise Slow",
+        "        return v, end",
+        "    p = start",
+        "    items = []",
+        "    for _ in range(count):",
+    ]
+    if prefix:
+        lines += ["        if not data.startswith(PREFIX, p): raise Slow", f"        p += {len(prefix)}"]
+    lines += [*_indent(read_item, 2), "        items.append(x)", "    return tuple(items), p"]
+    fn: Callable[[Cursor, bytes, int], tuple[Any, int]] = _compile("read tuple", item.name, lines, ns)
+    return fn
 
 
-def _walked_tuple_reader(cap: int, item: FieldSpec) -> Reader:
-    read_item = _reader(item)
-
-    def read_walked(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-        n, p = _array_length(data, p)
-        if n > cap:
-            raise Slow
-        values = []
-        for _ in range(n):
-            value, p = read_item(cursor, data, p)
-            values.append(value)
-        return tuple(values), p
-
-    return read_walked
+def _uint_lines(v: str) -> list[str]:
+    return [
+        "b = data[p]",
+        "if b < 0x80:",
+        f"    {v} = b",
+        "    p += 1",
+        "else:",
+        f"    {v}, p = long_uint(data, p)",
+    ]
 
 
-def _message_reader(cls: type) -> Reader:
-    def read_nested(cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-        return read_message(decode_plan(cls), cursor, data, p)  # looked up when met: no recursion at build
+def _bin_lines(v: str, cap: int) -> list[str]:
+    """Read a bin of at most `cap` bytes in its shortest header form; forms longer than `cap` needs are
+    not written at all (their type byte declines)."""
+    lines = ["b = data[p]", "if b == 0xC4:", "    n = data[p + 1]", "    p += 2"]
+    if cap >= 256:
+        lines += [
+            "elif b == 0xC5:",
+            "    n = int.from_bytes(data[p + 1 : p + 3], 'big')",
+            "    if n < 256: raise Slow",
+            "    p += 3",
+        ]
+    if cap >= 65536:
+        lines += [
+            "elif b == 0xC6:",
+            "    n = int.from_bytes(data[p + 1 : p + 5], 'big')",
+            "    if n < 65536: raise Slow",
+            "    p += 5",
+        ]
+    lines += ["else:", "    raise Slow", f"if n > {cap}: raise Slow"]
+    return [*lines, f"{v} = data[p : p + n]", "p += n"]
 
-    return read_nested
 
-
-def _reader(spec: FieldSpec) -> Reader:
+def _read_lines(spec: FieldSpec, v: str, tag: str, ns: dict[str, Any]) -> tuple[bytes, list[str]]:
+    """(the constant bytes the value starts with, source lines that read the rest of it from `data` at `p`
+    into variable `v` and move `p` past it), raising Slow where the reference would reject or where it
+    might not; constants the lines need are put in `ns` under names ending in `tag`."""
     kind = spec.kind
     if kind == "int":
-        return _int_reader(spec.lo, spec.hi)
+        lines = _uint_lines(v)
+        if not (spec.lo == 0 and spec.hi == U64_MAX):
+            lines.append(f"if not {spec.lo} <= {v} <= {spec.hi}: raise Slow")
+        return b"", lines
     if kind == "bool":
-        return _read_bool
+        return b"", [
+            "b = data[p]",
+            "p += 1",
+            f"if b == 0xC3: {v} = True",
+            f"elif b == 0xC2: {v} = False",
+            "else: raise Slow",
+        ]
     if kind == "float":
-        return _read_float
+        return b"\xcb", [f"({v},) = f64(data, p)", "p += 8", f"if {v} - {v} != 0.0: raise Slow"]
     if kind == "str":
-        return _str_reader(spec.max_len or 0, spec.pattern)
+        ns[f"S{tag}"] = _str_reader(spec.max_len or 0, spec.pattern)
+        return b"", [f"{v}, p = S{tag}(data, p)"]
     if kind == "bytes":
-        return _bytes_reader(spec.size, spec.max_len or 0)
+        size, cap = spec.size, spec.max_len or 0
+        if size is not None and size > cap:  # no value fits both bounds
+            return b"", ["raise Slow"]
+        if size is not None:  # an exact size has one canonical header: part of the constant prefix
+            return _bin_header(size), [f"{v} = data[p : p + {size}]", f"p += {size}"]
+        return b"", _bin_lines(v, cap)
     if kind == "message":
         assert spec.message_cls is not None
-        return _message_reader(spec.message_cls)
+        ns[f"R{tag}"] = reader(spec.message_cls)
+        return b"", [f"{v}, p = R{tag}(data, p, cur)"]
     assert kind == "tuple" and spec.item is not None
-    if spec.item.kind in ("message", "tuple"):
-        return _walked_tuple_reader(spec.max_len or 0, spec.item)
-    return _scalar_tuple_reader(spec.max_len or 0, spec.item)
+    if spec.item.kind not in ("message", "tuple"):
+        ns[f"T{tag}"] = _scalar_tuple_reader(spec.max_len or 0, spec.item)
+        return b"", [f"{v}, p = T{tag}(cur, data, p)"]
+    item = spec.item
+    ns[f"R{tag}"] = reader(item.message_cls) if item.kind == "message" else _item_reader(item)  # type: ignore[arg-type]
+    return b"", [
+        "b = data[p]",
+        "if 0x90 <= b <= 0x9F:",
+        "    n = b - 0x90",
+        "    p += 1",
+        "else:",
+        "    n, p = long_array_length(data, p)",
+        f"if n > {spec.max_len or 0}: raise Slow",
+        "items = []",
+        "for _ in range(n):",
+        f"    item, p = R{tag}(data, p, cur)",
+        "    items.append(item)",
+        f"{v} = tuple(items)",
+    ]
 
 
-@dataclass(frozen=True)
-class DecodePlan:
-    cls: type
-    header: bytes  # the canonical map header of this many fields
-    fields: tuple[tuple[bytes, int, Reader], ...]  # canonical key bytes, their length, the value's reader
+def _decode_namespace() -> dict[str, Any]:
+    return {
+        **_namespace(), "f64": _F64.unpack_from, "long_uint": _long_uint,
+        "long_array_length": _long_array_length,
+    }
+
+
+def _item_reader(spec: FieldSpec) -> Reader:
+    """A standalone reader of one value (an item of a tuple of tuples)."""
+    ns = _decode_namespace()
+    prefix, lines = _read_lines(spec, "x", "", ns)
+    ns["PREFIX"] = prefix
+    head = ["    if not data.startswith(PREFIX, p): raise Slow", f"    p += {len(prefix)}"] if prefix else []
+    lines = ["def fn(data, p, cur):", *head, *_indent(lines), "    return x, p"]
+    fn: Reader = _compile("read item", spec.name, lines, ns)
+    return fn
+
+
+def _declined(data: bytes, p: int, cur: Cursor) -> tuple[Any, int]:
+    raise Slow
 
 
 @cache_per_class
-def decode_plan(cls: type) -> DecodePlan:
+def reader(cls: type) -> Reader:
+    """The generated reader of a message of `cls` at position p: (the message, where it ends)."""
     specs = schema(cls)
     if not all(f.init and not f.kw_only for f in dataclasses.fields(cls)):
-        raise Slow  # built by keyword only: the reference decides
-    keys = [msgpack.packb(spec.name) for spec in specs]
-    fields = tuple((key, len(key), _reader(spec)) for key, spec in zip(keys, specs, strict=True))
-    return DecodePlan(cls, _map_header(len(specs)), fields)
-
-
-def read_message(plan: DecodePlan, cursor: Cursor, data: bytes, p: int) -> tuple[Any, int]:
-    if not data.startswith(plan.header, p):
-        raise Slow
-    p += len(plan.header)
-    values = []
-    for key, key_len, read in plan.fields:
-        if not data.startswith(key, p):
-            raise Slow
-        value, p = read(cursor, data, p + key_len)
-        values.append(value)
-    return plan.cls(*values), p
+        return _declined  # built by keyword only: the reference decides
+    ns = _decode_namespace()
+    ns["cls"] = cls
+    lines = ["def fn(data, p, cur):"]
+    prefix = _map_header(len(specs))  # the bytes every message of cls starts with, up to its first value
+    for i, spec in enumerate(specs):
+        fixed, value_lines = _read_lines(spec, f"v{i}", str(i), ns)
+        prefix += msgpack.packb(spec.name) + fixed
+        ns[f"K{i}"] = prefix
+        lines += [f"    if not data.startswith(K{i}, p): raise Slow", f"    p += {len(prefix)}"]
+        lines += _indent(value_lines)
+        prefix = b""
+    if not specs:
+        ns["K"] = prefix
+        lines += ["    if not data.startswith(K, p): raise Slow", f"    p += {len(prefix)}"]
+    lines.append(f"    return cls({', '.join(f'v{i}' for i in range(len(specs)))}), p")
+    fn: Reader = _compile("read", cls.__name__, lines, ns)
+    return fn
 
 
 def fast_decode(cls: type, data: bytes) -> Any:
     """The message `data` encodes as `cls`, or one of DECLINED where the reference must decide."""
-    message, end = read_message(decode_plan(cls), Cursor(data, cls), data, 0)
+    message, end = reader(cls)(data, 0, Cursor(data, cls))
     if end != len(data):
         raise Slow
     return message
