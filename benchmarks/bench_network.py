@@ -57,6 +57,8 @@ SETTLE_S = 20.0  # DHT early refreshes (SECTIONS) end 15.5 s after start; idle C
 DROP_KINDS = ("outbound_drops", "upstream_drops", "queue_drops", "pending_full", "throttled")
 FLOW_COUNTERS = ("backpressure_waits", "backpressure_timeouts")
 PUBSUB_COUNTERS = ("rpc_copies", "rpc_duplicate_copies", "records_verified", "outbound_merged")
+GC_COUNTERS = ("gc_pause_ms", "gc_full_collections")  # summed over nodes, per phase
+GC_MAXIMA = ("gc_max_pause_ms",)  # the longest pass of any node since it was ready (not per phase)
 
 
 @dataclass(frozen=True)
@@ -177,16 +179,23 @@ def cpu_seconds(devnet: Devnet) -> float:
     return total / tick
 
 
-def counters(devnet: Devnet) -> dict[str, int]:
-    """Shards-topic drop and flow counters and pubsub counters, summed over every node's status.json."""
-    total = dict.fromkeys(DROP_KINDS + FLOW_COUNTERS + PUBSUB_COUNTERS, 0)
+def counters(devnet: Devnet) -> dict[str, float]:
+    """Shards-topic drop and flow counters, pubsub counters and garbage-collector passes, from every node's
+    status.json: summed over nodes, except `GC_MAXIMA` (the largest)."""
+    total = dict.fromkeys(DROP_KINDS + FLOW_COUNTERS + PUBSUB_COUNTERS + GC_COUNTERS + GC_MAXIMA, 0.0)
     for node in devnet.nodes.values():
-        gossip = (node.status() or {}).get("gossip") or {}
+        status = node.status() or {}
+        gossip = status.get("gossip") or {}
         shards = gossip.get("shards") or {}
         for key in DROP_KINDS + FLOW_COUNTERS:
             total[key] += int(shards.get(key, 0))
         for key in PUBSUB_COUNTERS:
             total[key] += int(gossip.get(key, 0))
+        gc = status.get("gc") or {}
+        if gc:
+            total["gc_pause_ms"] += sum(gc["pause_ms"])
+            total["gc_full_collections"] += gc["collections"][2]
+            total["gc_max_pause_ms"] = max(total["gc_max_pause_ms"], *gc["max_pause_ms"])
     return total
 
 
@@ -208,7 +217,7 @@ def gossip_phase(devnet: Devnet, rate: int, duration: float, subscribers: list[s
     )
     cpu_used, wall = cpu_seconds(devnet) - cpu_before, time.monotonic() - wall_before
     time.sleep(1.5)  # every node writes status.json each second: the counters catch up
-    counted = {k: v - counted_before[k] for k, v in counters(devnet).items()}
+    counted = {k: v if k in GC_MAXIMA else v - counted_before[k] for k, v in counters(devnet).items()}
     address = json.loads((devnet.nodes[name].data_dir / "status.json").read_text())["address"].lower()
     sent = {index: wall_ns for index, wall_ns in report["published"]}
     latencies: list[float] = []
@@ -246,9 +255,11 @@ def gossip_phase(devnet: Devnet, rate: int, duration: float, subscribers: list[s
         f"({result['p99_vs_goal_ratio']:.2f}x the {GOAL_P99_MS:.0f} ms goal), loss {result['loss']:.4f}; "
         f"drops {drops}; node CPU {result['node_cpu_ms_per_message']:.2f} ms per message per node "
         f"({result['node_cpu_cores_busy']:.2f} cores busy, {idle:.2f} idle); copies received "
-        f"{counted['rpc_copies']} ({counted['rpc_duplicate_copies']} duplicate), "
-        f"{counted['outbound_merged']} merged into queued RPCs, "
-        f"{counted['records_verified']} peer records verified",
+        f"{counted['rpc_copies']:.0f} ({counted['rpc_duplicate_copies']:.0f} duplicate), "
+        f"{counted['outbound_merged']:.0f} merged into queued RPCs, "
+        f"{counted['records_verified']:.0f} peer records verified; GC {counted['gc_pause_ms']:.0f} ms in "
+        f"{counted['gc_full_collections']:.0f} full passes over all nodes (longest pass so far "
+        f"{counted['gc_max_pause_ms']:.0f} ms)",
         flush=True,
     )
     return result

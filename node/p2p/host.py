@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import multiaddr  # type: ignore[import-untyped]
@@ -52,6 +53,42 @@ def apply_yamux_tuning() -> None:
     """Process set-up for a node entry point (CLI): go-yamux window-update batching, unless overridden."""
     for name, value in YAMUX_TUNING.items():
         os.environ.setdefault(name, value)
+
+
+ADDRS_CACHE_S = 1.0
+"""How long the host's advertised addresses are reused before they are computed again (`CachedAddrs`)."""
+
+
+class CachedAddrs:
+    """A host's `get_addrs`, computed at most once per `ttl` seconds while it returns any address.
+
+    py-libp2p attaches our signed peer record to every pubsub RPC it builds, and to check that the cached
+    record is current it computes `get_addrs()` each time (peerstore.py:92 `env_to_send_in_RPC`): listener
+    addresses, observed addresses, our `addrs_factory`, a multiaddr parse per address. Per forwarded
+    gossip message that was 9% of a node's CPU at 100 msg/s (py-spy). The addresses change when a
+    listener starts or identify confirms an observed address; either shows within `ttl`. An empty answer
+    (not listening yet) is never reused.
+    """
+
+    def __init__(
+        self,
+        compute: Callable[[], list[multiaddr.Multiaddr]],
+        ttl: float = ADDRS_CACHE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.compute = compute
+        self.ttl = ttl
+        self.clock = clock
+        self._addrs: list[multiaddr.Multiaddr] = []
+        self._at = 0.0
+        self.computed = 0
+
+    def __call__(self) -> list[multiaddr.Multiaddr]:
+        now = self.clock()
+        if not self._addrs or now - self._at >= self.ttl:
+            self._addrs, self._at = list(self.compute()), now
+            self.computed += 1
+        return list(self._addrs)
 
 
 @dataclass(frozen=True)
@@ -127,7 +164,8 @@ def build_host(
 ) -> IHost:
     """A host speaking only Noise over TCP with yamux, with our timeouts; `host.run(...)` listens.
 
-    `announce`, `dialable`: what the host advertises (`announced_addrs`).
+    `announce`, `dialable`: what the host advertises (`announced_addrs`), recomputed at most every
+    `ADDRS_CACHE_S` (`CachedAddrs`).
     """
     settings = settings or HostSettings()
     configured = parse_announce(announce)
@@ -150,6 +188,7 @@ def build_host(
         negotiate_timeout=int(settings.negotiate_timeout),
         addrs_factory=lambda candidates: announced_addrs(candidates, announce=configured, dialable=dialable),
     )
+    host.get_addrs = CachedAddrs(host.get_addrs)  # type: ignore[method-assign]  # every caller, libp2p's too
     if str(host.get_id()) != identity.peer_id:  # the two derivations must agree, or nothing is attributable
         raise RuntimeError(f"libp2p derived peer id {host.get_id()} for identity {identity.peer_id}")
     return host

@@ -10,6 +10,7 @@ back-pressure instead of a drop.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
@@ -73,6 +74,28 @@ class CountingGossipSub(GossipSub):
                 self._handle_dropped_rpc(peer_id, rpc, "queue_full")
             return
         super().send_rpc(peer_id, rpc, priority)
+
+    def _prune_pending_messages(self, peer_id: ID) -> None:
+        """gossipsub.py:599 without rebuilding the peer's queue on every call.
+
+        The router queues every message it forwards for each connected peer not (yet) subscribed to its
+        topic, and prunes that peer's queue (up to 100 entries) first, by copying it: per forwarded
+        message, per such peer (the trainer and the bootstrap node on `shards`). Entries are appended
+        with `time.time()` in order, so the expired ones are a prefix, cut here in place; the size cap
+        keeps the newest, as py-libp2p does.
+        """
+        queue = self._pending_messages.get(peer_id)
+        if queue is None:
+            return
+        cutoff = time.time() - self._pending_messages_ttl
+        expired = 0
+        while expired < len(queue) and queue[expired][0] < cutoff:
+            expired += 1
+        excess = len(queue) - expired - self._max_pending_messages_per_peer
+        if expired or excess > 0:
+            del queue[: expired + max(0, excess)]
+        if not queue:
+            self._pending_messages.pop(peer_id, None)
 
     def _handle_dropped_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC, reason: str) -> None:
         for message in rpc.publish:
