@@ -38,7 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swarmnode.node.devnet.network import Devnet, DevnetPlan  # noqa: E402
+from swarmnode.node.devnet.network import Devnet  # noqa: E402
+from swarmnode.node.devnet.plan import DevnetPlan  # noqa: E402
 from tests.hostile.attacker import enroll_attackers  # noqa: E402
 from tests.hostile.measure import Sampler, du_bytes  # noqa: E402
 

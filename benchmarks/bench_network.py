@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.wan_bench import open_wan, probe_rtt, require_wan  # noqa: E402
-from swarmnode.node.devnet.network import WAN_P2P_PORT, Devnet, DevnetNode, DevnetPlan  # noqa: E402
+from swarmnode.node.devnet.network import WAN_P2P_PORT, Devnet  # noqa: E402
+from swarmnode.node.devnet.plan import DevnetNode, DevnetPlan  # noqa: E402
 from swarmnode.node.roles.probe import parse_probe_tag  # noqa: E402
 from swarmnode.node.wan import PROFILES, draw_links  # noqa: E402
 

@@ -270,7 +270,7 @@ def probe_command(
 
 def register_commands(group: click.Group) -> None:
     """Add `run`, `devnet` and `probe` to the swarmnode CLI group."""
-    from swarmnode.node.devnet.network import devnet_command
+    from swarmnode.node.devnet.command import devnet_command
 
     group.add_command(run_command)
     group.add_command(devnet_command)

@@ -351,9 +351,8 @@ def _headline_table(summary: Mapping[str, Any]) -> Table:
     reasons = ", ".join(f"{r} {n}" for r, n in _mapping(validators.get("by_reason")).items()) or "none"
     table.add_row("verdicts by reason (rejected, ignored)", reasons)
     ledger = _mapping(summary.get("ledger"))
-    verified = {True: "[green]verified[/]", False: "[bold red]NOT verified[/]"}.get(
-        ledger.get("verified"), "unchecked"
-    )
+    verdicts: dict[Any, str] = {True: "[green]verified[/]", False: "[bold red]NOT verified[/]"}
+    verified = verdicts.get(ledger.get("verified"), "unchecked")
     table.add_row("ledger", f"{ledger.get('kind', '')} {verified}  {ledger.get('url', '')}")
     every = summary.get("every_cheater_slashed")
     unslashed = ", ".join(summary.get("cheaters_unslashed", []))

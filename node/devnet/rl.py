@@ -164,7 +164,7 @@ def ledger_facts(devnet_ledger: DevnetLedger) -> LedgerFacts:
     ledger = devnet_ledger.open()
     try:
         stakes = {"0x" + s.address.hex(): s.bonded_gwei + s.unbonding_gwei for s in ledger.stakes()}
-        slashes = []
+        slashes: list[dict[str, Any]] = []
         for record in ledger.slashes():
             try:
                 reason = Reason(record.reason_code).name

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from swarmnode.node.devnet.network import Devnet, DevnetPlan
+from swarmnode.node.devnet.network import Devnet
+from swarmnode.node.devnet.plan import DevnetPlan
 from swarmnode.node.roles.probe import parse_probe_tag
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.node.devnet.network import Devnet, DevnetPlan
+from swarmnode.node.devnet.network import Devnet
+from swarmnode.node.devnet.plan import DevnetPlan
 from swarmnode.node.trainer import INBOX_FILE
 from swarmnode.node.validator import STORE_FILE
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from swarmnode.node.dataplane.store import ShardStore
-from swarmnode.node.devnet.network import Devnet, DevnetPlan
+from swarmnode.node.devnet.network import Devnet
+from swarmnode.node.devnet.plan import DevnetPlan
 from swarmnode.node.diloco.holdings import MESSAGES_DIR
 from swarmnode.node.diloco.rl import DILOCO_DIR
 from swarmnode.node.trainer import CHECKPOINTS_DIR, INBOX_FILE

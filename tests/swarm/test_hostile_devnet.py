@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from swarmnode.node.devnet.network import Devnet, DevnetPlan
+from swarmnode.node.devnet.network import Devnet
+from swarmnode.node.devnet.plan import DevnetPlan
 from swarmnode.protocol.types import MIB
 from tests.hostile.attacker import enroll_attackers
 from tests.hostile.measure import Sampler

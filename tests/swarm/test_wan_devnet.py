@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swarmnode.node.config import ConfigError, load_config
-from swarmnode.node.devnet.network import DevnetPlan
+from swarmnode.node.devnet.plan import DevnetPlan
 from swarmnode.node.p2p.host import announced_addrs, parse_announce
 from swarmnode.node.wan import WanUnavailable, check_available
 from swarmnode.node.wan.netns import namespaces
