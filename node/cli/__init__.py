@@ -3,7 +3,11 @@
 - `main`    the group itself (`swarmnode = swarmnode.node.cli.main:main`): version, keys, conformance,
             train --sync, calibrate, diloco
 - `run`     run (a node with a role), probe, devnet; also the module devnets and torchrun start
-- `ledger`  stake, register, ledger (contributions, slashes, runs, batches, proofs, deploy)
+- `stake`   stake deposit / unbond / withdraw / status, register: staking and registering compute
+- `ledger`  the ledger group and its queries (nodes, stakes, contributions, batches, totals, slashes,
+            prove, verify); `register_commands` adds stake, register and ledger
+- `ledger_admin`   ledger deploy, ledger run ..., ledger slash void / finalize
+- `ledger_common`  the --ledger / --key / --json plumbing and output the three share
 - `model`   model init / show
 - `tasks`   tasks show / filter
 - `plan`    plan-memory: what a trainer group needs per device

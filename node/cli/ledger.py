@@ -1,302 +1,35 @@
-"""CLI for the ledger: `swarmnode stake …`, `swarmnode register`, `swarmnode ledger …`.
+"""`swarmnode ledger …`: the group, and the queries and audits anyone holding the ledger may run.
 
-Both backends behind one set of commands: `--ledger signed:PATH` (a signed-log file) or `--ledger evm:URL`
-with `--contract ADDR` (also from SWARMNODE_LEDGER / SWARMNODE_CONTRACT). Writes sign with the node key
-from `--key PATH` (a keystore; the password comes from SWARMNODE_PASSWORD or a prompt). Every query takes
-`--json` for one machine-readable document; otherwise it prints a rich table. A refused operation exits
-with status 1 and the ledger's typed error on stderr.
+Reads only: nodes, stakes, contributions, batches, totals, slashes, prove (make or check a credit proof)
+and verify (audit every record). The writes that govern the ledger (deploy, run, slash) are in
+cli/ledger_admin.py; staking and registering a node in cli/stake.py; the options and printing they share in
+cli/ledger_common.py. `register_commands` adds `stake`, `register` and `ledger` to a CLI group;
+`python -m swarmnode.node.cli.ledger` runs those three alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from decimal import Decimal, InvalidOperation
-from functools import wraps
 from pathlib import Path
-from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from swarmnode.crypto.identity import NodeIdentity, format_address, parse_address
-from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
-from swarmnode.ledger import (
-    Ledger,
-    LedgerError,
-    Params,
-    SignedLog,
-    SlashRecord,
-    open_ledger,
-    parse_ledger_url,
-    verify_log,
-)
+from swarmnode.crypto.identity import format_address
+from swarmnode.ledger import LedgerError, SlashRecord, parse_ledger_url, verify_log
 from swarmnode.ledger.proofs import ProofFormatError, dump_proof, load_proof, proof_to_json
-from swarmnode.ledger.types import GWEI_PER_NATIVE, ROLES, SLASH_PENDING, SLASH_VOIDED
-from swarmnode.protocol.codec import Pattern
-from swarmnode.protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, U32_MAX
-from swarmnode.protocol.types import RunId
-
-LEDGER_ENV = "SWARMNODE_LEDGER"
-CONTRACT_ENV = "SWARMNODE_CONTRACT"
-KEY_ENV = "SWARMNODE_KEY"
-RUN_ID = re.compile(next(m.regex for m in RunId.__metadata__ if isinstance(m, Pattern)))
-_AMOUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gwei|eth|ether)?\s*$", re.IGNORECASE)
-
-
-# --- helpers -----------------------------------------------------------------------------------
-
-
-def parse_amount(text: str) -> int:
-    """`1500` or `1500gwei` → gwei; `0.5eth` → 500000000 gwei. Must be a whole, positive number of gwei."""
-    match = _AMOUNT.match(text)
-    if not match:
-        raise click.BadParameter(f"{text!r}: expected an amount like 1500, 1500gwei or 0.5eth")
-    number, unit = match.group(1), (match.group(2) or "gwei").lower()
-    try:
-        gwei = Decimal(number) * (GWEI_PER_NATIVE if unit in ("eth", "ether") else 1)
-    except InvalidOperation as exc:
-        raise click.BadParameter(f"{text!r} is not a number") from exc
-    if gwei != gwei.to_integral_value() or gwei <= 0:
-        raise click.BadParameter(f"{text!r} is not a positive whole number of gwei")
-    return int(gwei)
-
-
-def to_jsonable(value: Any) -> Any:
-    """Dataclasses to dicts; 20-byte values as checksummed addresses, other bytes as 0x hex."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, bytes):
-        return format_address(value) if len(value) == 20 else "0x" + value.hex()
-    if isinstance(value, list | tuple):
-        return [to_jsonable(v) for v in value]
-    return value
-
-
-def emit_json(document: Any) -> None:
-    click.echo(json.dumps(to_jsonable(document), sort_keys=True))
-
-
-def _short(data: bytes) -> str:
-    return "0x" + data.hex()[:12] + "…"
-
-
-def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, overflow="fold")  # addresses and digests wrap, never cut
-    for row in rows:
-        table.add_row(*(str(cell) for cell in row))
-    Console().print(table)
-
-
-def load_identity(key: str | None) -> NodeIdentity:
-    if not key:
-        raise click.UsageError(f"this command signs: pass --key PATH (or set {KEY_ENV})")
-    password = os.environ.get(PASSWORD_ENV)
-    if password is None:
-        password = click.prompt(f"password for {key}", hide_input=True)
-    try:
-        return load_keystore(Path(key), password)
-    except KeystoreError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-@contextmanager
-def opened(spec: str, contract: str | None) -> Iterator[Ledger]:
-    try:
-        ledger = open_ledger(spec, contract=contract)
-    except (ValueError, FileNotFoundError, LedgerError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    try:
-        yield ledger
-    except LedgerError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        ledger.close()
-
-
-def ledger_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--ledger and --contract, shared by every command."""
-
-    @click.option(
-        "--ledger",
-        "ledger_spec",
-        envvar=LEDGER_ENV,
-        required=True,
-        metavar="signed:PATH|evm:URL",
-        help=f"which ledger (env {LEDGER_ENV})",
-    )
-    @click.option(
-        "--contract",
-        envvar=CONTRACT_ENV,
-        default=None,
-        metavar="ADDR",
-        help=f"the ledger contract on an evm: ledger (env {CONTRACT_ENV})",
-    )
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
-
-
-def key_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--key",
-        envvar=KEY_ENV,
-        default=None,
-        metavar="PATH",
-        help=f"node keystore that signs (env {KEY_ENV})",
-    )(func)
-
-
-def json_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--json", "as_json", is_flag=True, help="print one JSON document")(func)
-
-
-def address_arg(text: str | None) -> bytes | None:
-    if text is None:
-        return None
-    try:
-        return parse_address(text)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-
-
-def report_receipt(what: str, receipt: Any, as_json: bool) -> None:
-    if as_json:
-        emit_json({"operation": what, "receipt": receipt})
-    else:
-        click.echo(
-            f"{what}: accepted at position {receipt.position} (epoch {receipt.epoch}), "
-            f"ref 0x{receipt.ref.hex()}"
-        )
-
-
-# --- stake ---------------------------------------------------------------------------------------
-
-
-@click.group("stake")
-def stake_group() -> None:
-    """Deposit, unbond and withdraw stake; show a node's stake."""
-
-
-@stake_group.command("deposit")
-@click.argument("amount")
-@ledger_options
-@key_option
-@json_option
-def stake_deposit(
-    amount: str, ledger_spec: str, contract: str | None, key: str | None, as_json: bool
-) -> None:
-    """Bond AMOUNT (1500, 1500gwei, 0.5eth). On evm: real native currency; on a signed log: declared."""
-    gwei = parse_amount(amount)
-    identity = load_identity(key)
-    with opened(ledger_spec, contract) as ledger:
-        report_receipt("stake_deposit", ledger.deposit(identity, gwei), as_json)
-
-
-@stake_group.command("unbond")
-@click.argument("amount")
-@ledger_options
-@key_option
-@json_option
-def stake_unbond(amount: str, ledger_spec: str, contract: str | None, key: str | None, as_json: bool) -> None:
-    """Start unbonding AMOUNT; it stays slashable for the unbonding delay."""
-    gwei = parse_amount(amount)
-    identity = load_identity(key)
-    with opened(ledger_spec, contract) as ledger:
-        report_receipt("stake_unbond", ledger.unbond(identity, gwei), as_json)
-
-
-@stake_group.command("withdraw")
-@ledger_options
-@key_option
-@json_option
-def stake_withdraw(ledger_spec: str, contract: str | None, key: str | None, as_json: bool) -> None:
-    """Withdraw all unbonded stake whose release epoch has come."""
-    identity = load_identity(key)
-    with opened(ledger_spec, contract) as ledger:
-        report_receipt("stake_withdraw", ledger.withdraw(identity), as_json)
-
-
-@stake_group.command("status")
-@click.option("--node", "node_text", default=None, metavar="ADDR", help="default: the --key's address")
-@ledger_options
-@key_option
-@json_option
-def stake_status(
-    node_text: str | None, ledger_spec: str, contract: str | None, key: str | None, as_json: bool
-) -> None:
-    """A node's stake, its requirement and whether it gets work."""
-    address = address_arg(node_text) if node_text else load_identity(key).address
-    assert address is not None
-    with opened(ledger_spec, contract) as ledger:
-        stake = ledger.stake(address)
-        epoch = ledger.current_epoch()
-    if stake is None:
-        raise click.ClickException(f"{format_address(address)} is not registered")
-    if as_json:
-        emit_json({"epoch": epoch, "stake": stake})
-        return
-    _table(
-        f"stake of {format_address(address)} (epoch {epoch})",
-        ["bonded gwei", "unbonding gwei", "release epoch", "required gwei", "eligible"],
-        [[stake.bonded_gwei, stake.unbonding_gwei, stake.release_epoch, stake.required_gwei, stake.eligible]],
-    )
-
-
-# --- register ------------------------------------------------------------------------------------
-
-
-@click.command("register")
-@click.option("--role", type=click.Choice(ROLES), required=True)
-@click.option("--accelerator", required=True, help="kind, e.g. h100, a100, cpu")
-@click.option("--count", type=int, required=True, help="number of accelerators (compute units)")
-@click.option("--memory-gb", type=int, required=True)
-@click.option("--benchmark-gflops", type=int, default=0, show_default=True, help="measured throughput")
-@ledger_options
-@key_option
-@json_option
-def register_command(
-    role: str,
-    accelerator: str,
-    count: int,
-    memory_gb: int,
-    benchmark_gflops: int,
-    ledger_spec: str,
-    contract: str | None,
-    key: str | None,
-    as_json: bool,
-) -> None:
-    """Register this node's role and compute in the ledger.
-
-    The node's libp2p peer id is derived from the --key, and the ledger binds it to that key: a node can
-    only register its own peer id. Stake the required amount next (`swarmnode stake deposit`): the minimum
-    per compute unit times --count.
-    """
-    from swarmnode.protocol.ledger_messages import ComputeSpec
-
-    identity = load_identity(key)
-    spec = ComputeSpec(
-        accelerator=accelerator, count=count, memory_gb=memory_gb, benchmark_gflops=benchmark_gflops
-    )
-    with opened(ledger_spec, contract) as ledger:
-        receipt = ledger.register(identity, role, spec)
-    if as_json:
-        emit_json({"operation": "register_node", "peer_id": identity.peer_id, "receipt": receipt})
-    else:
-        report_receipt("register_node", receipt, as_json)
-        click.echo(f"{identity.checksum_address} is a {role} with peer id {identity.peer_id}")
-
+from swarmnode.ledger.types import SLASH_PENDING
+from swarmnode.node.cli.ledger_admin import ledger_deploy, run_group, slash_group
+from swarmnode.node.cli.ledger_common import (
+    CONTRACT_ENV,
+    address_arg,
+    emit_json,
+    json_option,
+    ledger_options,
+    opened,
+    print_table,
+    short_hex,
+)
+from swarmnode.node.cli.stake import register_command, stake_group
 
 # --- ledger --------------------------------------------------------------------------------------
 
@@ -319,6 +52,12 @@ def ledger_group() -> None:
     """
 
 
+# The writes that govern the ledger live in ledger_admin; they join the group here, explicitly.
+ledger_group.add_command(ledger_deploy)
+ledger_group.add_command(run_group)
+ledger_group.add_command(slash_group)
+
+
 @ledger_group.command("nodes")
 @ledger_options
 @json_option
@@ -329,7 +68,7 @@ def ledger_nodes(ledger_spec: str, contract: str | None, as_json: bool) -> None:
     if as_json:
         emit_json({"nodes": nodes})
         return
-    _table(
+    print_table(
         "nodes",
         ["address", "role", "compute", "peer id", "since epoch", "slashes", "ejected"],
         [
@@ -358,7 +97,7 @@ def ledger_stakes(ledger_spec: str, contract: str | None, as_json: bool) -> None
     if as_json:
         emit_json({"epoch": epoch, "stakes": stakes})
         return
-    _table(
+    print_table(
         f"stakes (epoch {epoch})",
         ["address", "bonded", "unbonding", "release", "required", "eligible"],
         [
@@ -393,7 +132,7 @@ def ledger_contributions(
     if as_json:
         emit_json({"contributions": records, "total_tokens": sum(r.tokens for r in records)})
         return
-    _table(
+    print_table(
         "contributions",
         ["#", "batch", "run", "step", "worker", "validator", "tokens", "flops", "rollout", "epoch"],
         [
@@ -406,7 +145,7 @@ def ledger_contributions(
                 format_address(r.validator),
                 r.tokens,
                 r.flops,
-                _short(r.rollout_digest),
+                short_hex(r.rollout_digest),
                 r.epoch,
             ]
             for r in records
@@ -429,7 +168,7 @@ def ledger_batches(run: str | None, ledger_spec: str, contract: str | None, as_j
     if as_json:
         emit_json({"batches": records})
         return
-    _table(
+    print_table(
         "batches",
         ["#", "run", "validator", "credits", "first contribution", "root", "epoch"],
         [
@@ -439,7 +178,7 @@ def ledger_batches(run: str | None, ledger_spec: str, contract: str | None, as_j
                 format_address(b.validator),
                 b.count,
                 b.first_contribution,
-                _short(b.root),
+                short_hex(b.root),
                 b.epoch,
             ]
             for b in records
@@ -458,7 +197,7 @@ def ledger_totals(run: str | None, ledger_spec: str, contract: str | None, as_js
     if as_json:
         emit_json({"totals": records})
         return
-    _table(
+    print_table(
         "totals",
         ["run", "worker", "credits", "tokens", "flops"],
         [[t.run, format_address(t.worker), t.credits, t.tokens, t.flops] for t in records],
@@ -501,7 +240,7 @@ def ledger_slashes(
     if as_json:
         emit_json({"epoch": epoch, "slashes": records})
         return
-    _table(
+    print_table(
         f"slashes (epoch {epoch})",
         [
             "#",
@@ -536,229 +275,6 @@ def _slash_status(record: SlashRecord) -> str:
     if record.status == SLASH_PENDING:
         return f"pending, final from epoch {record.final_epoch}"
     return f"{record.status}{ejected}"
-
-
-@ledger_group.group("slash")
-def slash_group() -> None:
-    """Settle a pending slash: void it within its challenge window, or finalize it after.
-
-    Validators file slashes as they validate (the node does it); these commands settle them. See
-    `swarmnode ledger slashes --pending`.
-    """
-
-
-@slash_group.command("void")
-@click.argument("index", type=click.IntRange(min=0))
-@ledger_options
-@key_option
-@json_option
-def slash_void(index: int, ledger_spec: str, contract: str | None, key: str | None, as_json: bool) -> None:
-    """Void pending slash INDEX, or vote to.
-
-    Signed by the run's owner, it voids the slash at once; signed by another of the run's validators, it is
-    one vote, and the vote that reaches a majority of the run's validators other than the slasher voids it.
-    A voided slash leaves the worker's stake alone and takes what the slash asked from the slasher.
-    Refused once the challenge window has closed.
-    """
-    identity = load_identity(key)
-    with opened(ledger_spec, contract) as ledger:
-        receipt = ledger.void_slash(identity, index)
-        record = ledger.slashes()[index]
-    if as_json:
-        emit_json({"operation": "void_slash", "receipt": receipt, "slash": record})
-        return
-    report_receipt("void_slash", receipt, as_json)
-    if record.status == SLASH_VOIDED:
-        click.echo(f"slash {index} is voided: the slasher paid {record.penalty_gwei} gwei")
-    else:
-        click.echo(
-            f"slash {index} has {record.votes} void vote(s); still pending until epoch {record.final_epoch}"
-        )
-
-
-@slash_group.command("finalize")
-@click.argument("index", type=click.IntRange(min=0))
-@ledger_options
-@key_option
-@json_option
-def slash_finalize(
-    index: int, ledger_spec: str, contract: str | None, key: str | None, as_json: bool
-) -> None:
-    """Finalize pending slash INDEX once its challenge window has passed (anyone may; --key signs).
-
-    Takes up to the requested amount from the worker's stake (bonded first, then unbonding); at the
-    ledger's ejection threshold the worker is ejected.
-    """
-    identity = load_identity(key)
-    with opened(ledger_spec, contract) as ledger:
-        receipt = ledger.finalize_slash(identity, index)
-        record = ledger.slashes()[index]
-    if as_json:
-        emit_json({"operation": "finalize_slash", "receipt": receipt, "slash": record})
-        return
-    report_receipt("finalize_slash", receipt, as_json)
-    ejected = ", the worker is ejected" if record.ejected else ""
-    click.echo(
-        f"slash {index} is final: {record.taken_gwei} gwei taken from "
-        f"{format_address(record.worker)}{ejected}"
-    )
-
-
-# --- runs ---------------------------------------------------------------------------------------
-
-
-def parse_run_id(ctx: click.Context | None, param: click.Parameter | None, value: str | None) -> str | None:
-    if value is not None and not RUN_ID.fullmatch(value):
-        raise click.BadParameter(
-            f"{value!r}: a run id is 1..64 of a-z, 0-9, '.', '_', '-', starting alphanumeric"
-        )
-    return value
-
-
-def parse_validators(
-    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
-) -> tuple[bytes, ...]:
-    """The --validator addresses in the ledger's one canonical order (ascending), each once."""
-    addresses = []
-    for text in values:
-        try:
-            addresses.append(parse_address(text))
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from None
-    if len(set(addresses)) != len(addresses):
-        raise click.BadParameter("a validator is named twice")
-    if not 1 <= len(addresses) <= MAX_RUN_VALIDATORS:
-        raise click.BadParameter(f"a run has 1..{MAX_RUN_VALIDATORS} validators, got {len(addresses)}")
-    return tuple(sorted(addresses))
-
-
-def validators_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--validator",
-        "validators",
-        multiple=True,
-        required=True,
-        metavar="ADDR",
-        callback=parse_validators,
-        help=f"a validator the run trusts to credit and slash (repeat: 1..{MAX_RUN_VALIDATORS})",
-    )(func)
-
-
-@ledger_group.group("run")
-def run_group() -> None:
-    """Put a run on the ledger and choose who may credit and slash in it.
-
-    A run's owner is the trainer that signs its RunDescriptor; it registers the run with the validators it
-    trusts and the bounds of a credit, and may change the validator set later. Only those validators may
-    commit credits or file slashes in the run.
-    """
-
-
-@run_group.command("register")
-@click.argument("run", callback=parse_run_id)
-@validators_option
-@click.option(
-    "--challenge-window",
-    "window",
-    type=click.IntRange(0, U32_MAX),
-    required=True,
-    metavar="EPOCHS",
-    help="epochs a slash waits, voidable, before it may take stake",
-)
-@click.option(
-    "--max-tokens",
-    type=click.IntRange(1, RUN_LIMIT_MAX),
-    required=True,
-    metavar="N",
-    help="most tokens one credit may claim: the longest completion times the group size",
-)
-@click.option(
-    "--max-flops-per-token",
-    type=click.IntRange(0, FLOPS_PER_TOKEN_MAX),
-    required=True,
-    metavar="F",
-    help="most flops a credit may claim per token (validators credit 2 x the model's parameters)",
-)
-@ledger_options
-@key_option
-@json_option
-def run_register(
-    run: str,
-    validators: tuple[bytes, ...],
-    window: int,
-    max_tokens: int,
-    max_flops_per_token: int,
-    ledger_spec: str,
-    contract: str | None,
-    key: str | None,
-    as_json: bool,
-) -> None:
-    """Register RUN with the --key's trainer as its owner (first come; a run id is registered once)."""
-    from swarmnode.protocol.ledger_messages import RegisterRun
-
-    identity = load_identity(key)
-    op = RegisterRun(run, validators, window, max_tokens, max_flops_per_token)
-    with opened(ledger_spec, contract) as ledger:
-        receipt = ledger.register_run(identity, op)
-    report_receipt("register_run", receipt, as_json)
-
-
-@run_group.command("set-validators")
-@click.argument("run", callback=parse_run_id)
-@validators_option
-@ledger_options
-@key_option
-@json_option
-def run_set_validators(
-    run: str,
-    validators: tuple[bytes, ...],
-    ledger_spec: str,
-    contract: str | None,
-    key: str | None,
-    as_json: bool,
-) -> None:
-    """Replace RUN's validator set (the run's owner signs with --key). Pending slashes keep their votes."""
-    from swarmnode.protocol.ledger_messages import SetRunValidators
-
-    identity = load_identity(key)
-    with opened(ledger_spec, contract) as ledger:
-        receipt = ledger.set_run_validators(identity, SetRunValidators(run, validators))
-    report_receipt("set_run_validators", receipt, as_json)
-
-
-@run_group.command("show")
-@click.argument("run", required=False, callback=parse_run_id)
-@ledger_options
-@json_option
-def run_show(run: str | None, ledger_spec: str, contract: str | None, as_json: bool) -> None:
-    """RUN's owner, validators and bounds; every registered run without RUN."""
-    with opened(ledger_spec, contract) as ledger:
-        if run is None:
-            runs = ledger.runs()
-        else:
-            info = ledger.run(run)
-            if info is None:
-                raise click.ClickException(f"run {run!r} is not registered on this ledger")
-            runs = [info]
-    if as_json:
-        emit_json({"runs": runs})
-        return
-    _table(
-        "runs",
-        ["run", "owner", "validators", "challenge window", "max tokens", "max flops/token", "since epoch"],
-        [
-            [
-                r.run,
-                format_address(r.owner),
-                "\n".join(format_address(v) for v in r.validators),
-                r.challenge_window_epochs,
-                r.max_tokens_per_credit,
-                r.max_flops_per_token,
-                r.registered_epoch,
-            ]
-            for r in runs
-        ],
-    )
 
 
 # --- proofs --------------------------------------------------------------------------------------
@@ -926,78 +442,6 @@ def _verify_contract(url: str, contract: str | None, as_json: bool) -> None:
             f"{report.batches} batches ({report.credits} credits), {report.slashes} slashes; "
             "the money checks out"
         )
-
-
-@ledger_group.command("deploy")
-@click.option(
-    "--min-stake-per-unit",
-    "min_stake",
-    default=str(Params().min_stake_per_unit_gwei),
-    show_default=True,
-    help="gwei per compute unit (or e.g. 0.1eth)",
-)
-@click.option(
-    "--unbonding-delay", type=int, default=Params().unbonding_delay_epochs, show_default=True, help="epochs"
-)
-@click.option("--slash-amount", default=str(Params().slash_gwei), show_default=True, help="gwei")
-@click.option("--ejection-threshold", type=int, default=Params().ejection_threshold, show_default=True)
-@click.option("--epoch-seconds", type=int, default=Params().epoch_seconds, show_default=True)
-@click.option("--ledger-id", default="default", show_default=True, help="signed log only: its id")
-@ledger_options
-@key_option
-@json_option
-def ledger_deploy(
-    min_stake: str,
-    unbonding_delay: int,
-    slash_amount: str,
-    ejection_threshold: int,
-    epoch_seconds: int,
-    ledger_id: str,
-    ledger_spec: str,
-    contract: str | None,
-    key: str | None,
-    as_json: bool,
-) -> None:
-    """Create a signed log file, or deploy the contract to an EVM URL (signed with --key)."""
-    try:
-        params = Params(
-            min_stake_per_unit_gwei=parse_amount(min_stake),
-            unbonding_delay_epochs=unbonding_delay,
-            slash_gwei=parse_amount(slash_amount),
-            ejection_threshold=ejection_threshold,
-            epoch_seconds=epoch_seconds,
-        )
-        kind, target = parse_ledger_url(ledger_spec)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if kind == "signed":
-        try:
-            SignedLog.create(Path(target), params, ledger_id=ledger_id).close()
-        except (FileExistsError, LedgerError) as exc:
-            raise click.ClickException(str(exc)) from exc
-        document: dict[str, Any] = {"ledger": ledger_spec, "ledger_id": ledger_id, "params": params}
-    else:
-        address = _deploy_contract(target, load_identity(key), params)
-        document = {"ledger": ledger_spec, "contract": address, "params": params}
-    if as_json:
-        emit_json(document)
-    else:
-        where = document.get("contract") or target
-        click.echo(f"deployed {kind} ledger at {where} with {to_jsonable(params)}")
-
-
-def _deploy_contract(url: str, deployer: NodeIdentity, params: Params) -> str:
-    from web3 import Web3
-
-    from swarmnode.ledger.evm import deploy_contract
-
-    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": 60}))
-    if not w3.is_connected():
-        raise click.ClickException(f"cannot reach a JSON-RPC node at {url}")
-    try:
-        return deploy_contract(w3, deployer, params)
-    except LedgerError as exc:
-        raise click.ClickException(str(exc)) from exc
 
 
 def register_commands(group: click.Group) -> None:

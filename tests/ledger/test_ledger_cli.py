@@ -42,7 +42,8 @@ from swarmnode.ledger.proofs import (
 )
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import WEI_PER_GWEI, BatchRecord, Params, RunInfo
-from swarmnode.node.cli.ledger import parse_amount, register_commands
+from swarmnode.node.cli.ledger import register_commands
+from swarmnode.node.cli.ledger_common import parse_amount
 from swarmnode.protocol.envelope import signing_digest_of_body_hash
 from swarmnode.protocol.ledger_messages import RUN_LIMIT_MAX, Credit, SetRunValidators
 
