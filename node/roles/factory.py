@@ -50,7 +50,8 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
 
         return cls(SwarmRelayWork(config))
     if role == "worker":
-        from swarmnode.node.worker.work import SwarmWorkerWork, require_eligible
+        from swarmnode.node.worker.eligibility import require_eligible
+        from swarmnode.node.worker.work import SwarmWorkerWork
 
         ledger = open_work_ledger(config.ledger_url)
         if ledger is not None:

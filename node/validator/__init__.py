@@ -49,6 +49,9 @@ One concern per module (each module's docstring records its design decisions):
 - `settlement`: the run on the ledger, slashes filed and finalized, credits committed in batches.
 - `accepted_log`: ACCEPTED, served to the run's trainers, and the store's retention.
 - `work`: `SwarmValidatorWork`, the role's work: holds checkpoints and runs the loops.
+- `store`: `AcceptedStore`, the durable SQLite state (queue, decisions, judged, accepted log, credits);
+  `store_schema` its tables and migration, `store_rows` the rows it hands out.
+- `service`: the network service (`Validator`): the SUBMIT and ACCEPTED endpoints.
 
 Import from here: `from node.validator import SwarmValidatorWork, ...` is the public surface.
 """

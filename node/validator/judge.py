@@ -33,8 +33,8 @@ from swarmnode.node.validator.judgement import (
 )
 from swarmnode.node.validator.ledger_access import LedgerUnavailable, credit_for
 from swarmnode.node.validator.settlement import Settlement
-from swarmnode.node.validator.store import ACCEPTED as ACCEPTED_STATUS
-from swarmnode.node.validator.store import PendingItem, RunCredit
+from swarmnode.node.validator.store_rows import PendingItem, RunCredit
+from swarmnode.node.validator.store_schema import ACCEPTED as ACCEPTED_STATUS
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope
 from swarmnode.protocol.errors import Ignore, Reason, Reject
@@ -276,9 +276,9 @@ class Judge(Settlement):
                     deadline = trio.current_time() + self.verdict_flush_s
                 continue
             deadline = float("inf")  # the interval ran out (or the channel closed): flush what is pending
-            batch = batcher.take()
-            if batch is not None:
-                await self._publish_batch(out, batch)
+            last = batcher.take()
+            if last is not None:
+                await self._publish_batch(out, last)
 
     async def _publish_batch(self, out: VerdictOut, batch: VerdictBatch) -> None:
         await out.publish("verdicts", batch)

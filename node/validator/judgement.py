@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from swarmnode.node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, judge_total
 from swarmnode.node.validator.engines import CheckpointEngines
 from swarmnode.node.validator.limits import MAX_DETAIL_BYTES, MAX_VERDICT_CHUNKS, UNSAMPLED
-from swarmnode.node.validator.store import ACCEPTED as ACCEPTED_STATUS
-from swarmnode.node.validator.store import Decided, PendingItem
+from swarmnode.node.validator.store_rows import Decided, PendingItem
+from swarmnode.node.validator.store_schema import ACCEPTED as ACCEPTED_STATUS
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
 from swarmnode.protocol.messages import RolloutSubmission, Verdict

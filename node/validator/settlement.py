@@ -15,6 +15,7 @@ Decisions:
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import trio
@@ -252,7 +253,7 @@ class Settlement(ValidatorState):
             if epoch is None or epoch < final_epoch:
                 continue
             result = await self.ledger.attempt(
-                "finalize_slash", lambda index=index: ledger.finalize_slash(self.identity, index)
+                "finalize_slash", functools.partial(ledger.finalize_slash, self.identity, index)
             )
             if isinstance(result, ChallengeWindowOpen):
                 continue

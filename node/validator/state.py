@@ -44,8 +44,9 @@ from swarmnode.node.validator.limits import (
     VERDICT_FLUSH_S,
     WAIT_FOR_CHECKPOINT_S,
 )
-from swarmnode.node.validator.store import ACCEPTED as ACCEPTED_STATUS
-from swarmnode.node.validator.store import AcceptedStore, PendingItem, StoreStatistics
+from swarmnode.node.validator.store import AcceptedStore
+from swarmnode.node.validator.store_rows import PendingItem, StoreStatistics
+from swarmnode.node.validator.store_schema import ACCEPTED as ACCEPTED_STATUS
 from swarmnode.protocol.errors import Ignore, ProtocolError
 from swarmnode.protocol.ledger_messages import MAX_CREDITS_PER_BATCH
 from swarmnode.protocol.messages import VERDICT_BATCH_MAX_ITEMS

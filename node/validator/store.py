@@ -1,25 +1,9 @@
-"""The validator's durable state: submissions queued for judgement, what was judged, what was accepted.
+"""The validator's durable state (`AcceptedStore`): submissions queued for judgement, what was judged, what
+was accepted, and the credits owed on the ledger.
 
-One SQLite file (WAL, synchronous=FULL: a commit is on disk when it returns) holds three tables:
-- `pending`: signed submissions received but not yet judged, in arrival order. A submission is written
-  here before its SUBMIT is acknowledged as queued (status 100), so a validator killed at any point
-  judges, after a restart, everything it ever acknowledged.
-- `judged`: one row per judged submission (its digest, the worker, assignment step and its version, the
-  outcome code, whether the outcome was an ignore, the sealed verdict), so a resend of the same submission
-  is refused as a duplicate (201), and another submission for an assignment step queued or judged with a
-  verdict as a reuse (610), even after a restart. An ignore (the `ignored` flag: every `Ignore`, whatever
-  its code, 607 included) leaves the step free, but one assignment is judged at most
-  `MAX_JUDGED_PER_ASSIGNMENT` times.
-- `decided`: the decision on a pending submission, written (`decide`) right after the judgement and
-  before any ledger write: the outcome's class, its code, tokens, the `Verdict` body (with the failing
-  chunks) and the sealed verdict envelope. A pending submission with a decision is never judged again.
-- `accepted`: the append-only log the trainer pulls with `AcceptedRequest`: index (from 1), the
-  validator's sealed accepting verdict and the worker's signed submission, digest unique, and the version.
-- `pruned`: the outcome counts of judged rows pruned, so the status counts survive pruning.
-- `credits`: what each acceptance is owed on the ledger (run, worker, assignment step, tokens, flops, the
-  submission's digest), written in the same transaction as the acceptance (`finish`), so a credit is never
-  lost to a crash. The validator's committer sends the queued ones in batches (`CommitCredits`) and marks
-  them committed, or dropped with the reason (already credited, a worker no longer eligible, ...).
+One SQLite file (WAL, synchronous=FULL: a commit is on disk when it returns); its tables, the values of
+their columns and the migration of an older file are in `store_schema`, the rows this class hands out in
+`store_rows`.
 
 Retention (`prune`): every table is bounded. `pending` and `decided` by the queue's caps; queued
 `credits` by the validator (SUBMIT answers BUSY while too many wait for the ledger), settled ones below the
@@ -42,6 +26,14 @@ before a crash (not yet marked) is refused as a duplicate and dropped when it is
 Every method is blocking and thread-safe (one lock around one connection): call them from
 `trio.to_thread.run_sync`. `finish_async` and `wait_after` are the trio side: a finished acceptance
 wakes the long polls waiting for something newer than their cursor.
+
+Why one class, in a module of ~600 lines: its transactions cross the tables. `enqueue` checks `pending`
+and `judged` under one write lock; `finish` moves a submission from `pending` and `decided` to `judged`,
+`accepted` and `credits` in one commit (what makes a crash lose or double nothing); `prune` raises the
+floor and cuts `judged`, `pruned`, `accepted` and `credits` together. One connection behind one lock
+carries them; split into a class per table, those transactions would have to be reassembled across
+objects. What is not a transaction (the schema, the migration, the row types) lives in the two modules
+above.
 """
 
 from __future__ import annotations
@@ -49,180 +41,39 @@ from __future__ import annotations
 import secrets
 import sqlite3
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
+from swarmnode.node.validator.store_rows import (
+    CreditCounts,
+    Decided,
+    JudgedCounts,
+    PendingItem,
+    Pruned,
+    RunCredit,
+    StoreStatistics,
+)
+from swarmnode.node.validator.store_schema import (
+    ACCEPTED,
+    CREDIT_COMMITTED,
+    CREDIT_DROPPED,
+    CREDIT_QUEUED,
+    FLOOR_KEY,
+    JUDGED_INDEX,
+    OUTCOMES,
+    SCHEMA,
+    SECRET_KEY,
+    migrate,
+    u64,
+)
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.ledger_messages import Credit
 from swarmnode.protocol.messages import AcceptedRollout
 from swarmnode.protocol.runs import step_version
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS pending (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    digest BLOB NOT NULL UNIQUE,
-    worker BLOB NOT NULL,
-    step BLOB NOT NULL,
-    checkpoint_version BLOB NOT NULL,
-    received_ms INTEGER NOT NULL,
-    envelope BLOB NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS pending_assignment ON pending (worker, step);
-CREATE TABLE IF NOT EXISTS pruned (
-    status INTEGER NOT NULL,
-    ignored INTEGER NOT NULL,
-    count INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    PRIMARY KEY (status, ignored)
-);
-CREATE TABLE IF NOT EXISTS judged (
-    digest BLOB PRIMARY KEY,
-    worker BLOB NOT NULL,
-    step BLOB NOT NULL,
-    status INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    verdict BLOB NOT NULL,
-    judged_ms INTEGER NOT NULL,
-    ignored INTEGER NOT NULL DEFAULT 0,
-    version INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS decided (
-    id INTEGER PRIMARY KEY,
-    outcome TEXT NOT NULL,
-    status INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    verdict BLOB NOT NULL,
-    sealed BLOB NOT NULL,
-    full INTEGER NOT NULL,
-    cpu_s REAL NOT NULL,
-    decided_ms INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS accepted (
-    idx INTEGER PRIMARY KEY AUTOINCREMENT,
-    digest BLOB NOT NULL UNIQUE,
-    verdict BLOB NOT NULL,
-    submission BLOB NOT NULL,
-    version INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS credits (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run TEXT NOT NULL,
-    worker BLOB NOT NULL,
-    step BLOB NOT NULL,
-    version INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    flops BLOB NOT NULL,
-    rollout_digest BLOB NOT NULL,
-    state INTEGER NOT NULL DEFAULT 0,
-    detail TEXT NOT NULL DEFAULT ''
-);
-CREATE UNIQUE INDEX IF NOT EXISTS credits_assignment ON credits (run, worker, step);
-CREATE INDEX IF NOT EXISTS credits_queue ON credits (state, run, id);
-"""
-# After `judged` and `accepted` have their `ignored` and `version` columns (`_migrate` adds them to an
-# older store). One verdict per assignment, except the reuse rejections (610) that name a second submission.
-JUDGED_INDEX = f"""
-DROP INDEX IF EXISTS judged_assignment;
-DROP INDEX IF EXISTS judged_verdict_assignment;
-CREATE UNIQUE INDEX IF NOT EXISTS judged_one_verdict ON judged (worker, step)
-    WHERE ignored = 0 AND status != {int(Reason.ASSIGNMENT_REUSED)};
-CREATE INDEX IF NOT EXISTS judged_tries ON judged (worker, step);
-CREATE INDEX IF NOT EXISTS judged_version ON judged (version);
-CREATE INDEX IF NOT EXISTS accepted_version ON accepted (version);
-"""
-
-ACCEPTED = 0  # the `judged.status` of an acceptance; otherwise the reason code (`judged.ignored`: an ignore)
-OUTCOMES = ("accepted", "rejected", "ignored")  # `decided.outcome`: the class of the outcome
 MAX_CURSOR = 2**63 - 1  # accepted indices are SQLite INTEGERs
-SECRET_KEY = "sample_secret"
-FLOOR_KEY = "floor"  # the oldest version whose assignments are kept (and may be queued)
 MAX_JUDGED_PER_ASSIGNMENT = 4  # judgements of one (worker, step): a verdict, or ignores and then a verdict
-# `credits.state`: waiting for the ledger, in a committed batch, or dropped (the reason in `detail`)
-CREDIT_QUEUED, CREDIT_COMMITTED, CREDIT_DROPPED = 0, 1, 2
-
-
-def _u64(value: int) -> bytes:
-    return value.to_bytes(8, "big")
-
-
-@dataclass(frozen=True)
-class PendingItem:
-    """A queued submission as the judge's scheduler sees it (the envelope stays on disk)."""
-
-    id: int  # arrival order
-    digest: bytes
-    worker: bytes
-    step: int
-    checkpoint_version: int
-    received_ms: int
-    size: int
-
-
-@dataclass(frozen=True)
-class Decided:
-    """A pending submission's decision, made before its ledger write (the `decided` table)."""
-
-    outcome: str  # one of OUTCOMES
-    status: int  # ACCEPTED, or the reason code
-    tokens: int
-    verdict: bytes  # the encoded `Verdict` body (reason, detail, failing chunks, tokens, TOPLOC means)
-    sealed: bytes  # the verdict envelope, sealed once; b"" for an ignore
-    full: bool  # the prefill checks ran
-    cpu_s: float
-
-
-@dataclass(frozen=True)
-class RunCredit:
-    """A credit an acceptance is owed in one run (the `credits` table)."""
-
-    run: str
-    credit: Credit
-
-
-@dataclass(frozen=True)
-class CreditCounts:
-    """The `credits` table by state (settled rows pruned below the floor are no longer counted)."""
-
-    queued: int
-    committed: int
-    dropped: int
-
-
-@dataclass(frozen=True)
-class JudgedCounts:
-    """What the `judged` table says, for the status after a restart."""
-
-    by_status: dict[int, int]  # verdicts (acceptances and rejections) by status
-    ignored: dict[int, int]  # ignores by reason code
-    per_worker: dict[bytes, dict[int, int]]  # verdicts only
-    tokens: int
-
-
-@dataclass(frozen=True)
-class Pruned:
-    """What one `prune` did."""
-
-    floor: int  # the floor version now
-    judged: int  # judged rows dropped
-    accepted: int  # accepted items dropped
-
-
-@dataclass(frozen=True)
-class StoreStatistics:
-    pending: int
-    pending_bytes: int
-    decided: int
-    judged: int
-    accepted: int
-    accepted_bytes: int
-    floor: int
-    credits_queued: int = 0
 
 
 class AcceptedStore:
@@ -236,45 +87,12 @@ class AcceptedStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
-        self._migrate()
+        migrate(self._db)
         self._db.executescript(JUDGED_INDEX)
         self._newest = self._newest_index()
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (FLOOR_KEY,)).fetchone()
         self._floor = int.from_bytes(row[0], "big") if row is not None else 0
         self._changed = trio.Event()
-
-    def _migrate(self) -> None:
-        """An older store: `judged` gets the `ignored` flag (set for the ignores of then: 2xx and 607) and,
-        with `accepted`, the `version` column (the assignment step's high 32 bits)."""
-        judged = {row[1] for row in self._db.execute("PRAGMA table_info(judged)")}
-        accepted = {row[1] for row in self._db.execute("PRAGMA table_info(accepted)")}
-        if "ignored" in judged and "version" in judged and "version" in accepted:
-            return
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            if "ignored" not in judged:
-                self._db.execute("ALTER TABLE judged ADD COLUMN ignored INTEGER NOT NULL DEFAULT 0")
-                self._db.execute(
-                    "UPDATE judged SET ignored = 1 WHERE status BETWEEN 200 AND 299 OR status = ?",
-                    (int(Reason.UNKNOWN_CHECKPOINT),),
-                )
-            if "version" not in judged:
-                self._db.execute("ALTER TABLE judged ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
-                steps = self._db.execute("SELECT rowid, step FROM judged").fetchall()
-                self._db.executemany(
-                    "UPDATE judged SET version = ? WHERE rowid = ?",
-                    [(step_version(int.from_bytes(step, "big")), rowid) for rowid, step in steps],
-                )
-            if "version" not in accepted:
-                self._db.execute("ALTER TABLE accepted ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
-                self._db.execute(
-                    "UPDATE accepted SET version = COALESCE("
-                    "(SELECT judged.version FROM judged WHERE judged.digest = accepted.digest), 0)"
-                )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
 
     def _newest_index(self) -> int:
         """The last index ever given (AUTOINCREMENT's counter): pruning the log never lowers it."""
@@ -346,7 +164,7 @@ class AcceptedStore:
                 cursor = self._db.execute(
                     "INSERT INTO pending (digest, worker, step, checkpoint_version, received_ms, envelope)"
                     " VALUES (?, ?, ?, ?, ?, ?)",
-                    (digest, worker, _u64(step), _u64(checkpoint_version), received_ms, envelope),
+                    (digest, worker, u64(step), u64(checkpoint_version), received_ms, envelope),
                 )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -371,7 +189,7 @@ class AcceptedStore:
                 f"assignment step {step:#x} of this worker is held by submission {holder.hex()[:16]}",
             )
         (tries,) = self._db.execute(
-            "SELECT COUNT(*) FROM judged WHERE worker = ? AND step = ?", (worker, _u64(step))
+            "SELECT COUNT(*) FROM judged WHERE worker = ? AND step = ?", (worker, u64(step))
         ).fetchone()
         if tries >= MAX_JUDGED_PER_ASSIGNMENT:
             raise Reject(Reason.ASSIGNMENT_REUSED, f"assignment step {step:#x} was judged {tries} times")
@@ -382,7 +200,7 @@ class AcceptedStore:
             "SELECT digest FROM pending WHERE worker = ? AND step = ? AND digest != ? UNION ALL"
             " SELECT digest FROM judged WHERE worker = ? AND step = ? AND digest != ? AND ignored = 0"
             " AND status != ?",
-            (worker, _u64(step), digest, worker, _u64(step), digest, int(Reason.ASSIGNMENT_REUSED)),
+            (worker, u64(step), digest, worker, u64(step), digest, int(Reason.ASSIGNMENT_REUSED)),
         ).fetchone()
         return None if row is None else bytes(row[0])
 
@@ -523,7 +341,7 @@ class AcceptedStore:
         self._db.execute(
             "INSERT INTO credits (run, worker, step, version, tokens, flops, rollout_digest)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (owed.run, c.worker, _u64(c.step), version, c.tokens, _u64(c.flops), c.rollout_digest),
+            (owed.run, c.worker, u64(c.step), version, c.tokens, u64(c.flops), c.rollout_digest),
         )
 
     def _insert_judged(
@@ -535,7 +353,7 @@ class AcceptedStore:
             (
                 item.digest,
                 item.worker,
-                _u64(item.step),
+                u64(item.step),
                 status,
                 tokens,
                 verdict,
@@ -644,7 +462,7 @@ class AcceptedStore:
                     marked += self._db.execute(
                         "UPDATE credits SET state = ?, detail = ?"
                         " WHERE run = ? AND worker = ? AND step = ? AND state = ?",
-                        (state, detail, run, credit.worker, _u64(credit.step), CREDIT_QUEUED),
+                        (state, detail, run, credit.worker, u64(credit.step), CREDIT_QUEUED),
                     ).rowcount
                 self._db.execute("COMMIT")
             except BaseException:
@@ -676,7 +494,7 @@ class AcceptedStore:
                 self._db.execute(
                     "INSERT INTO meta (key, value) VALUES (?, ?)"
                     " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                    (FLOOR_KEY, _u64(new_floor)),
+                    (FLOOR_KEY, u64(new_floor)),
                 )
                 self._db.execute(
                     "INSERT INTO pruned (status, ignored, count, tokens)"

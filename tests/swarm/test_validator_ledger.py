@@ -24,7 +24,8 @@ from swarmnode.node.devnet.rl import (
 from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, RunMismatch, devnet_grpo
 from swarmnode.node.rl.tokenizer import load_tokenizer
 from swarmnode.node.roles.common import check_run_owner, ensure_run, run_registration, wait_run_owner
-from swarmnode.node.validator.store import AcceptedStore, CreditCounts, RunCredit
+from swarmnode.node.validator.store import AcceptedStore
+from swarmnode.node.validator.store_rows import CreditCounts, RunCredit
 from swarmnode.protocol.errors import Reason
 from swarmnode.protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, Credit
 from tests.swarm import test_validator_work as vw

@@ -28,7 +28,8 @@ from swarmnode.node.rl.rollouts import build_submission
 from swarmnode.node.rl.run import RunMismatch, RunSetup, devnet_grpo, devnet_run, load_run_setup
 from swarmnode.node.validator import MAX_PENDING_PER_WORKER, SwarmValidatorWork, drawn_for_full_check
 from swarmnode.node.validator import judge as validator_module
-from swarmnode.node.validator.store import AcceptedStore, Decided, PendingItem
+from swarmnode.node.validator.store import AcceptedStore
+from swarmnode.node.validator.store_rows import Decided, PendingItem
 from swarmnode.node.worker import cheats
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope, seal

@@ -34,6 +34,7 @@ from swarmnode.node.rl.rollouts import assigned_tasks, completion_rewards
 from swarmnode.node.rl.run import RunSetup, devnet_grpo, devnet_run
 from swarmnode.node.rl.validation import BadProof, ValidationContext, validate_submission
 from swarmnode.node.validator.service import IdleValidatorWork, Validator
+from swarmnode.node.worker.build import CheckpointRef, make_submission, prepare_weights
 from swarmnode.node.worker.cheats import (
     FORGED_REWARD,
     PERTURBED_MODEL,
@@ -43,27 +44,13 @@ from swarmnode.node.worker.cheats import (
     perturb_weights,
     tamper_weights,
 )
+from swarmnode.node.worker.counters import STATE_FILE, Counters, WorkerStateError
+from swarmnode.node.worker.delivery import NetTransport, Rotation, deliver, try_another
+from swarmnode.node.worker.eligibility import NotEligible, ledger_cli_args, require_eligible
+from swarmnode.node.worker.pacing import Pacer, plan_counter, submission_budget
 from swarmnode.node.worker.service import Worker
-from swarmnode.node.worker.work import (
-    STATE_FILE,
-    CheckpointRef,
-    Counters,
-    NetTransport,
-    NotEligible,
-    Pacer,
-    Rotation,
-    SwarmWorkerWork,
-    WorkerStateError,
-    WorkerStats,
-    deliver,
-    ledger_cli_args,
-    make_submission,
-    plan_counter,
-    prepare_weights,
-    require_eligible,
-    submission_budget,
-    try_another,
-)
+from swarmnode.node.worker.stats import WorkerStats
+from swarmnode.node.worker.work import SwarmWorkerWork
 from swarmnode.protocol.envelope import Opened, open_envelope, seal
 from swarmnode.protocol.errors import Reason, Reject
 from swarmnode.protocol.messages import RolloutSubmission, SubmitAck, Verdict, VerdictBatch
@@ -739,7 +726,7 @@ def test_a_retried_submission_is_the_same_envelope_for_every_validator() -> None
     from types import SimpleNamespace
 
     from swarmnode.crypto.identity import NodeIdentity
-    from swarmnode.node.worker.work import NetTransport
+    from swarmnode.node.worker.delivery import NetTransport
     from swarmnode.protocol.envelope import seal
 
     identity = NodeIdentity(b"\x07" * 32)
