@@ -82,7 +82,9 @@ def grpo_for(info, completions: int, tokens: int) -> GrpoParams:
 def job(args: argparse.Namespace) -> None:
     """One measuring process: the one-process trainer, or one rank of the group (rank 0 reports)."""
     from swarmnode.node.rl.tokenizer import load_tokenizer
-    from swarmnode.node.trainer.sharded import ShardedGrpoTrainer, launched_rank, serve_rank
+    from swarmnode.node.trainer.commands import serve_rank
+    from swarmnode.node.trainer.group import launched_rank
+    from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
 
     torch.set_num_threads(args.threads)
     if launched_rank() not in (None, 0):
@@ -195,6 +197,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    from swarmnode.node.trainer.sharded import exit_rank
+    from swarmnode.node.trainer.group import exit_rank
 
     exit_rank(0)  # skip torch's racy C++ teardown at exit

@@ -128,7 +128,7 @@ def run_command(
     work = {k: v for k, v in overrides if v is not None}
     if work:
         kwargs["work"] = work
-    from swarmnode.node.trainer.sharded import launched_rank
+    from swarmnode.node.trainer.group import launched_rank
 
     config = _config(config_path, {"role": role, **_overrides(kwargs)})
     rank = launched_rank()
@@ -158,7 +158,7 @@ def run_command(
     trio.run(run_until_signalled, runtime)
     skip_final_collection()
     if rank == 0:  # rank 0 of a trainer group: stopped cleanly; skip torch's racy C++ teardown
-        from swarmnode.node.trainer.sharded import exit_rank
+        from swarmnode.node.trainer.group import exit_rank
 
         exit_rank(0)
 
@@ -185,7 +185,7 @@ def _write_rank_pid(config: NodeConfig, rank: int) -> None:
 
 def _serve_rank(config: NodeConfig) -> None:
     from swarmnode.node.roles.common import set_threads
-    from swarmnode.node.trainer.sharded import serve_rank
+    from swarmnode.node.trainer.commands import serve_rank
 
     configure_logging(config)
     set_threads(config.work.threads)
@@ -197,7 +197,7 @@ def _launch_trainer_group(config: NodeConfig) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from swarmnode.node.trainer.sharded import launch_group
+    from swarmnode.node.trainer.launch import launch_group
 
     os.environ[PASSWORD_ENV] = _password()
     _identity(config)  # a wrong password fails here, not in rank 0 after the group formed

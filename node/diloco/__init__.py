@@ -23,7 +23,10 @@ Design decisions:
 
 Parts:
 - `algorithm`  DiLoCo itself (K trainers, H local AdamW steps, one averaged Nesterov outer step), in process
-- `trainer`    one trainer's rounds over the swarm (pre-training); `holdings` what it holds and serves,
+- `trainer`    one trainer's rounds over the swarm (pre-training): the round's control flow; its network
+               phases `collect` (contributions, votes, decided fetches) and `resync` (join, adopt, skip)
+               over what they share (`exchange`); `participant` where θ and payloads live (one process or
+               a trainer group); `holdings` what it holds and serves (`namespace` one store namespace),
                `service` its HTTP endpoints, `payload` tensors in and out of contributions
 - `rl`         an RL run with several trainers: DiLoCo rounds around GRPO (`make_diloco_trainer`)
 - `sharded`    a trainer group of FSDP2 ranks as one DiLoCo participant, shard-wise

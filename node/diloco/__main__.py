@@ -29,8 +29,10 @@ from swarmnode.crypto.identity import NodeIdentity, parse_address
 from swarmnode.node.config import LivenessSettings, NodeConfig
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.diloco.algorithm import LmBatch, LossFn, content_digest, lm_loss, pretraining_batches
+from swarmnode.node.diloco.exchange import TrainerSettings
 from swarmnode.node.diloco.faults import straggling
 from swarmnode.node.diloco.holdings import Holdings
+from swarmnode.node.diloco.participant import params_of
 from swarmnode.node.diloco.plan import (
     build_plan,
     checkpoint_digest,
@@ -41,7 +43,7 @@ from swarmnode.node.diloco.plan import (
 )
 from swarmnode.node.diloco.role import DilocoTrainer, DilocoWork
 from swarmnode.node.diloco.service import DilocoService
-from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork, TrainerSettings, params_of
+from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork
 from swarmnode.node.p2p.dht import DiscoverySettings
 from swarmnode.node.rl.model import ModelFolderError
 from swarmnode.node.rl.run import DEVNET_MODEL

@@ -1,12 +1,12 @@
 """What a DiLoCo trainer holds and serves: contributions (its own and fetched), its votes, its outer state.
 
 Shards live in the data plane's stores, one store namespace per (trainer, kind): contributions of trainer i
-under run id `<run>.t<i>`, its outer states under `<run>.o<i>`, version = round (protocol.diloco). Our own
-are written by an `Origin` (sharded safetensors, signed manifest); fetched ones by a `Downloader` that
-verifies every shard against the author's signed manifest, so a fetched contribution is served again as
-soon as it is whole, and any trainer holding it can stand in for its author. Our own signed messages are
-kept on disk under `messages/`, so a restarted trainer serves and reuses them instead of signing a second,
-different contribution for a round.
+under run id `<run>.t<i>`, its outer states under `<run>.o<i>`, version = round (protocol.diloco; each a
+`Namespace`, node/diloco/namespace.py). Our own are written by an `Origin` (sharded safetensors, signed
+manifest); fetched ones by a `Downloader` that verifies every shard against the author's signed manifest, so a
+fetched contribution is served again as soon as it is whole, and any trainer holding it can stand in for its
+author. Our own signed messages are kept on disk under `messages/`, so a restarted trainer serves and reuses
+them instead of signing a second, different contribution for a round.
 
 Long polls (`wait_changed`) follow the `Catalog` pattern: one `trio.Event` swapped on every change.
 """
@@ -23,16 +23,13 @@ import torch
 import trio
 
 from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, verify_file
-from swarmnode.node.dataplane.downloader import DownloadConfig, Downloader
+from swarmnode.node.dataplane.downloader import DownloadConfig
 from swarmnode.node.dataplane.errors import CheckpointInvalid
 from swarmnode.node.dataplane.follower import wall_ms
 from swarmnode.node.dataplane.http_client import HttpClient
 from swarmnode.node.dataplane.origin import Origin, Sealer
-from swarmnode.node.dataplane.service import ShardService
-from swarmnode.node.dataplane.sources import SourceBook
-from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.diloco.namespace import Namespace
 from swarmnode.node.diloco.payload import load_delta
 from swarmnode.protocol.diloco import (
     KEEP_ROUNDS,
@@ -55,63 +52,14 @@ from swarmnode.protocol.messages import (
     DilocoOuterState,
     DilocoRun,
     DilocoVote,
-    ShardHave,
     ShardInfo,
 )
-from swarmnode.protocol.shards import encode_bitfield
 from swarmnode.protocol.types import MIB
 
 log = logging.getLogger(__name__)
 
 MESSAGES_DIR = "messages"
 
-
-class Namespace:
-    """One store namespace: files, catalog and shard endpoints, plus a downloader fed with local claims."""
-
-    def __init__(
-        self, root: Path, name: str, seal: Sealer, client: HttpClient, download: DownloadConfig
-    ) -> None:
-        self.name = name
-        self.store = ShardStore(root, name)
-        self.catalog = Catalog(name)
-        self.service = ShardService(self.catalog, self.store, endpoint="", seal=seal)
-        self.book = SourceBook()
-        self.downloader = Downloader(client, self.book, download)
-
-    async def fetch(self, manifest: CheckpointManifest, envelope: bytes, sources: Iterable[str]) -> Path:
-        """The version's verified directory, downloading its shards from `sources` if not held yet.
-
-        A source is asked for a version only because it served the signed message naming it, so each
-        is recorded as holding every shard; the downloader still checks every byte against the manifest.
-        """
-        version = manifest.version
-        entry = self.catalog.get(version)
-        if entry is not None and entry.manifest.merkle_root != manifest.merkle_root:
-            await trio.to_thread.run_sync(self.store.remove, [version])
-            self.catalog.remove(version)
-            entry = None
-        if entry is not None and entry.complete:
-            return self.store.complete_dir(version)
-        if entry is None:
-            self.store.save_manifest(version, envelope)
-            entry = self.catalog.add(manifest, envelope)
-        every = encode_bitfield(range(len(manifest.shards)), len(manifest.shards))
-        for source in sources:
-            self.book.observe(ShardHave(self.name, version, manifest.merkle_root, every, source))
-        await self.downloader.fetch(
-            self.store, manifest, set(entry.held), lambda i: self.catalog.mark_held(version, i)
-        )
-        directory = await trio.to_thread.run_sync(self.store.finalize, version)
-        self.catalog.mark_complete(version)
-        return directory
-
-    def drop(self, versions: Iterable[int]) -> None:
-        versions = list(versions)
-        for version in versions:
-            self.catalog.remove(version)
-            self.book.forget_version(version)
-        self.store.remove(versions)
 
 
 @dataclass

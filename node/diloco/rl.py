@@ -43,11 +43,13 @@ from swarmnode.node.config import NodeConfig, run_validator_addresses
 from swarmnode.node.dataplane.http_server import Handler
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.diloco.algorithm import load_trainable, trainable_state
+from swarmnode.node.diloco.exchange import TrainerSettings
 from swarmnode.node.diloco.holdings import Holdings
+from swarmnode.node.diloco.participant import GroupParticipant, Participant
 from swarmnode.node.diloco.plan import read_plan
 from swarmnode.node.diloco.role import trainer_endpoints
 from swarmnode.node.diloco.service import DilocoService, mounted
-from swarmnode.node.diloco.trainer import DilocoTrainerWork, GroupParticipant, Participant, TrainerSettings
+from swarmnode.node.diloco.trainer import DilocoTrainerWork
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.p2p.reqresp import RequestFailed
@@ -64,9 +66,10 @@ from swarmnode.node.trainer import (
     submission_of,
     trainer_bounds,
 )
+from swarmnode.node.trainer.group import launched_rank
 from swarmnode.node.trainer.inbox import InboxEntry, RolloutInbox
 from swarmnode.node.trainer.service import MANIFEST, Trainer
-from swarmnode.node.trainer.sharded import ShardedGrpoTrainer, launched_rank
+from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.diloco import check_rl_plan, rollout_owner
 from swarmnode.protocol.errors import ProtocolError, Reason

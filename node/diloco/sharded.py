@@ -65,11 +65,13 @@ from swarmnode.node.diloco.algorithm import (
     decompress,
     pseudo_gradient,
 )
-from swarmnode.node.trainer.sharded import GroupInfo, all_gather_bytes, assign_files, write_file
+from swarmnode.node.trainer.group import GroupInfo, all_gather_bytes
+from swarmnode.node.trainer.rank import assign_files, write_file
 from swarmnode.protocol.messages import ShardInfo
 
 if TYPE_CHECKING:
-    from swarmnode.node.trainer.sharded import ShardedGrpoTrainer, ShardedPolicy
+    from swarmnode.node.trainer.rank import ShardedPolicy
+    from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
 
 OP_PREFIX = "diloco_"
 RANK_FILE_PREFIX = "rank-"

@@ -52,6 +52,9 @@ One concern per module (each module's docstring records its design decisions):
 - `pull`: the pull loops over the network, and each batch verified and stored (`ingest_batch`).
 - `registration`: the run on the ledger.
 - `work`: `SwarmTrainerWork`, the role's work and the hooks `node.diloco.rl` overrides.
+- `sharded`: the trainer as an FSDP2 process group (`ShardedGrpoTrainer`, rank 0's handle); its parts
+  `group` (join, leave, timeouts, bytes between ranks), `rank` (one rank's shard and step), `commands`
+  (rank 0's commands and pings), `launch` (the ranks under torchrun).
 
 Import from here: `from node.trainer import SwarmTrainerWork, ...` is the public surface. A cadence
 is read from the module that uses it (a test shortens `PULL_BACKOFF_S` in `pull`, `RUN_WAIT_S` in

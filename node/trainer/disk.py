@@ -23,7 +23,7 @@ from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, RunMismatch, devnet_run
 from swarmnode.node.rl.tasks import Task
-from swarmnode.node.trainer.sharded import dcp_dir
+from swarmnode.node.trainer.rank import dcp_dir
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.errors import ProtocolError
 from swarmnode.protocol.messages import RunDescriptor

@@ -24,11 +24,12 @@ from swarmnode.node.rl.trainer import GrpoTrainer
 from swarmnode.node.roles.base import RoleNet
 from swarmnode.node.roles.common import set_threads
 from swarmnode.node.trainer.disk import load_or_create_descriptor, restore_published
+from swarmnode.node.trainer.group import launched_rank
 from swarmnode.node.trainer.inbox import RolloutInbox
 from swarmnode.node.trainer.limits import MANIFEST_OK
 from swarmnode.node.trainer.pull import Pulling
 from swarmnode.node.trainer.registration import Registration
-from swarmnode.node.trainer.sharded import ShardedGrpoTrainer, launched_rank
+from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
 from swarmnode.node.trainer.state import Policy, count_verdict
 from swarmnode.node.trainer.steps import StepLoop
 from swarmnode.protocol.errors import Reason

@@ -29,12 +29,15 @@ from swarmnode.node.dataplane.checkpoint import load_checkpoint
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.diloco.algorithm import THETA_PREFIX, load_trainable, trainable_state
 from swarmnode.node.diloco.holdings import Holdings
+from swarmnode.node.diloco.participant import GroupParticipant
 from swarmnode.node.diloco.plan import checkpoint_digest
 from swarmnode.node.diloco.service import DilocoService
-from swarmnode.node.diloco.trainer import DilocoTrainerWork, GroupParticipant
+from swarmnode.node.diloco.trainer import DilocoTrainerWork
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.trainer import GrpoTrainer
-from swarmnode.node.trainer.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
+from swarmnode.node.trainer.commands import serve_rank
+from swarmnode.node.trainer.group import exit_rank, launched_rank
+from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.messages import GrpoParams, RolloutGroup
 from tests.diloco.helpers import FAST, identities, tiny_plan
@@ -181,4 +184,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    exit_rank(0)  # skip torch's racy C++ teardown at exit (node.trainer.sharded.exit_rank)
+    exit_rank(0)  # skip torch's racy C++ teardown at exit (node.trainer.group.exit_rank)

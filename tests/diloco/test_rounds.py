@@ -24,7 +24,7 @@ from swarmnode.node.diloco.algorithm import (
 )
 from swarmnode.node.diloco.faults import straggling
 from swarmnode.node.diloco.holdings import Holdings
-from swarmnode.node.diloco.trainer import params_of
+from swarmnode.node.diloco.participant import params_of
 from swarmnode.protocol import diloco as rules
 from tests.diloco.helpers import (
     LocalTrainer,

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from swarmnode.node.trainer.sharded import RESTART_ENV, exit_rank, join_group, launched_rank, leave_group
+from swarmnode.node.trainer.group import RESTART_ENV, exit_rank, join_group, launched_rank, leave_group
 
 
 def main() -> None:

@@ -25,7 +25,9 @@ from swarmnode.node.dataplane.origin import model_folder_files
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.diloco.algorithm import DilocoParams
 from swarmnode.node.diloco.sharded import PayloadRefused, ShardedDiloco
-from swarmnode.node.trainer.sharded import ShardedGrpoTrainer, exit_rank, launched_rank, serve_rank
+from swarmnode.node.trainer.commands import serve_rank
+from swarmnode.node.trainer.group import exit_rank, launched_rank
+from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.messages import GrpoParams, RolloutGroup, ShardInfo
 
@@ -127,4 +129,4 @@ def diloco_rounds(trainer: ShardedGrpoTrainer, groups: list[RolloutGroup], args:
 
 if __name__ == "__main__":
     main()
-    exit_rank(0)  # skip torch's racy C++ teardown at exit (node.trainer.sharded.exit_rank)
+    exit_rank(0)  # skip torch's racy C++ teardown at exit (node.trainer.group.exit_rank)

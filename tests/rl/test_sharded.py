@@ -22,13 +22,9 @@ from swarmnode.node.dataplane.checkpoint import WeightsFile, plan_model_files
 from swarmnode.node.dataplane.origin import model_folder_files
 from swarmnode.node.rl.model import state_dict_of
 from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams, TrainerStateMismatch
-from swarmnode.node.trainer.sharded import (
-    GROUP_TIMEOUT_ENV,
-    assign_files,
-    dcp_dir,
-    newest_sharded_step,
-    rank_share,
-)
+from swarmnode.node.trainer.group import GROUP_TIMEOUT_ENV
+from swarmnode.node.trainer.rank import assign_files, dcp_dir, rank_share
+from swarmnode.node.trainer.sharded import newest_sharded_step
 from swarmnode.protocol.codec import encode
 from tests.test_trainer import fixed_groups, grpo_params
 from tests.tinymodel import tiny_engine, tiny_folder
