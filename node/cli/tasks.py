@@ -60,8 +60,11 @@ def show_command(file: Path, head: int, as_json: bool) -> None:
     """Count per kind, the dataset hash a RunDescriptor names, and the first tasks of FILE."""
     tasks = _read(file)
     summary = dataset_summary(tasks)
-    first = [{"task_id": "0x" + t.task_id.hex(), "kind": t.kind, "prompt": t.prompt, "target": t.target,
-              "target_length": t.target_length} for t in tasks[:head]]
+    first: list[dict[str, Any]] = [
+        {"task_id": "0x" + t.task_id.hex(), "kind": t.kind, "prompt": t.prompt, "target": t.target,
+         "target_length": t.target_length}
+        for t in tasks[:head]
+    ]
     if as_json:
         click.echo(json.dumps({"file": str(file), **summary, "head": first}, ensure_ascii=False))
         return
@@ -134,7 +137,7 @@ def filter_command(model_dir: Path, tasks_file: Path, out: Path, samples: int, m
                        seed=seed, progress=progress)
     kept, easy, hard = filter_tasks(tasks, rates, min_pass, max_pass)
     histogram = Counter(round(r * samples) for r in rates)
-    document = {
+    document: dict[str, Any] = {
         "tasks": len(tasks),
         "kept": len(kept),
         "dropped_easy": len(easy),

@@ -162,7 +162,9 @@ async def run_trainer(args: argparse.Namespace, prepared: Prepared) -> None:
     )
     plan = holdings.plan
 
-    async def finished(theta: dict[str, torch.Tensor]) -> None:
+    async def finished(theta: dict[str, torch.Tensor] | None) -> None:
+        if theta is None:  # a process of its own trains a whole model: it always holds θ
+            raise TypeError("a DiLoCo trainer process finished without its weights")
         path = data_dir / FINAL_FILE
         await trio.to_thread.run_sync(lambda: safetensors.torch.save_file(theta, str(path)))
         emit("final", path=str(path), theta=content_digest(theta).hex(), round=trainer.round)

@@ -24,7 +24,8 @@ from swarmnode.protocol.messages import DilocoEntry, DilocoOuterState, DilocoRun
 
 PeerSource = Callable[[], Mapping[bytes, str]]
 Emit = Callable[..., None]
-OnOuter = Callable[[int, dict[str, torch.Tensor], tuple[DilocoEntry, ...]], Awaitable[None]]
+# θ is None for a trainer group: its ranks hold it
+OnOuter = Callable[[int, dict[str, torch.Tensor] | None, tuple[DilocoEntry, ...]], Awaitable[None]]
 MAX_MESSAGE_BYTES = DilocoOuterState.MAX_SIZE + ENVELOPE_OVERHEAD
 
 

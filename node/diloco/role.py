@@ -30,7 +30,7 @@ class DilocoWork:
     def __init__(
         self,
         trainer: DilocoTrainerWork,
-        on_finished: Callable[[dict[str, torch.Tensor]], Awaitable[None]] | None = None,
+        on_finished: Callable[[dict[str, torch.Tensor] | None], Awaitable[None]] | None = None,
     ) -> None:
         self.trainer = trainer
         self.on_finished = on_finished

@@ -55,8 +55,11 @@ B = TypeVar("B")
 class InnerRound(Protocol):
     """A trainer's H inner steps of one round: what it trains on is its own business (data, rollouts)."""
 
-    async def __call__(self, round_index: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Start from the outer weights θ_r, take the round's inner steps, return the trained weights."""
+    async def __call__(
+        self, round_index: int, theta: dict[str, torch.Tensor] | None
+    ) -> dict[str, torch.Tensor] | None:
+        """Start from the outer weights θ_r, take the round's inner steps, return the trained weights
+        (None in and out for a trainer group: its ranks' model is set to θ_r and holds the result)."""
         ...
 
     def statistics(self) -> dict[str, Any]:
@@ -75,7 +78,11 @@ class DataInnerRound(Generic[B]):
         self.loss_fn = loss_fn
         self.inner_steps = params.inner_steps
 
-    async def __call__(self, round_index: int, theta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    async def __call__(
+        self, round_index: int, theta: dict[str, torch.Tensor] | None
+    ) -> dict[str, torch.Tensor]:
+        if theta is None:
+            raise TypeError("pre-training rounds train a whole model in this process: they need θ")
         batches = round_batches(self.data, round_index, self.inner_steps)
         return await trio.to_thread.run_sync(self.inner.run_round, theta, batches, self.loss_fn)
 

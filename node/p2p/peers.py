@@ -51,6 +51,8 @@ HELLO = ProtocolSpec(ids.HELLO, Hello, Hello, timeout=5.0)
 PING = ProtocolSpec(ids.PING, Ping, Pong, timeout=5.0)
 IPFS_PING = TProtocol(IPFS_PING_ID)  # /ipfs/ping/1.0.0, served by every py-libp2p (and go/js/rust) host
 IPFS_PING_TIMEOUT = 5.0
+# ValueError: the pong differs from the ping
+PING_ERRORS: tuple[type[BaseException], ...] = (*TRANSPORT_ERRORS, ValueError, EOFError)
 MAX_DIRECTORY_RECORDS = 4096  # Hellos remembered; a Hello is free, so the oldest disconnected go first
 
 
@@ -256,7 +258,7 @@ class Liveness:
                         await stream.close()
         except trio.TooSlowError:
             raise PeerUnreachable(peer, IPFS_PING, f"no pong within {IPFS_PING_TIMEOUT}s") from None
-        except (*TRANSPORT_ERRORS, ValueError, EOFError) as exc:  # ValueError: the pong differs
+        except PING_ERRORS as exc:
             raise PeerUnreachable(peer, IPFS_PING, f"{type(exc).__name__}: {exc}") from None
         self.ipfs_pings_answered += 1
         return trio.current_time() - start

@@ -324,7 +324,7 @@ class PeerGuard:
                 raise PeerBanned(f"peer {peer} is banned")
             return await dial(peer)
 
-        network.dial_peer = gated_dial  # type: ignore[method-assign]
+        network.dial_peer = gated_dial  # type: ignore[method-assign, assignment]
         network.register_notifee(_BanNotifee(self))
 
     def on_ban(self, hook: BanHook) -> None:

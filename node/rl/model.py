@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -310,7 +310,7 @@ class ModelRecipe:
     init_std: float = 0.02
 
 
-_CONFIG_CLASSES: Mapping[str, type[PretrainedConfig]] = {
+_CONFIG_CLASSES: Mapping[str, Callable[..., PretrainedConfig]] = {
     "qwen2": Qwen2Config,
     "qwen3": Qwen3Config,
     "llama": LlamaConfig,

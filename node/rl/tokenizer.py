@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import cast
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -66,7 +67,7 @@ class ChatTokenizer:
             tokenize=True,
             return_dict=False,
         )
-        return [int(i) for i in ids]
+        return [int(i) for i in cast(list[int], ids)]  # one conversation, tokenized: a flat list of ids
 
     def encode(self, text: str) -> list[int]:
         """Plain token ids of `text`, no special tokens (supervised targets)."""
@@ -82,7 +83,7 @@ class ChatTokenizer:
             if i in self._eos:
                 break
             body.append(int(i))
-        return self.tokenizer.decode(body, skip_special_tokens=True)
+        return cast(str, self.tokenizer.decode(body, skip_special_tokens=True))  # one sequence: one str
 
 
 def load_tokenizer(folder: str | os.PathLike[str]) -> tuple[ChatTokenizer, ModelInfo]:

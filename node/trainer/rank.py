@@ -233,7 +233,7 @@ class ShardedPolicy:
 
     def load_state(self, directory: Path, step: int) -> None:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(dcp_dir(directory, step)))
         set_state_dict(
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
