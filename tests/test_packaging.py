@@ -46,6 +46,27 @@ def test_the_wheel_installs_only_swarmnode(tmp_path):
     assert "swarmnode/node/rl/assets/devnet-model/config.json" in names
     assert "swarmnode/ledger/contracts/SwarmLedger.vy" in names
 
+    # Installed into a fresh environment (dependencies left out: this checks what the wheel itself puts
+    # there), it adds one package, its metadata and one console script, and `swarmnode` resolves there.
+    env = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, timeout=120)
+    python = env / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    before = {p.name for p in site.iterdir()}
+    scripts_before = {p.name for p in (env / "bin").iterdir()}
+    installed = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    added = {p.name for p in site.iterdir()} - before
+    version = wheel.name.split("-")[1]
+    assert added == {"swarmnode", f"swarmnode-{version}.dist-info"}
+    assert {p.name for p in (env / "bin").iterdir()} - scripts_before == {"swarmnode"}
+    where = subprocess.run([python, "-c", "import swarmnode; print(*swarmnode.__path__)"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert where.returncode == 0, where.stderr[-2000:]
+    assert where.stdout.split() == [str(site / "swarmnode")]
+
 
 def test_no_source_imports_a_bare_top_level_name():
     """Run from the checkout, `import node` would still work (the working directory is on sys.path), but
