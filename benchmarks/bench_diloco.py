@@ -6,7 +6,7 @@ Usage: `python benchmarks/bench_diloco.py [--model DIR] [--trainers 4] [--steps 
 Sections (each a function returning its own keys; `SECTIONS` runs them in order):
 - loss: pre-training of the project's tiny model (the config of the `--model` folder, the devnet's by
   default, with fresh weights from a seed: `node.diloco.plan.fresh_model`) on arithmetic lines in that
-  folder's tokens (`node.diloco.algorithm.pretraining_batches`), held-out next-token loss on lines from
+  folder's tokens (`node.diloco.pretraining.pretraining_batches`), held-out next-token loss on lines from
   another seed. Every configuration takes the same number of inner steps per trainer (`--steps`, so equal
   compute) on the same data: trainer k owns `--steps` batches of `--batch-size` lines.
   - DiLoCo with K=`--trainers` trainers for each H in `--inner-steps` (`--steps / H` rounds, fp16
@@ -102,23 +102,18 @@ from safetensors.torch import save
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.testing import RoleProcess, stop_all
 from swarmnode.node.diloco.algorithm import (
-    Compressor,
     DilocoParams,
-    LmBatch,
     OuterOptimizer,
     RoundRecord,
     average,
-    decompress,
-    eval_loss,
-    lm_loss,
-    load_trainable,
-    pretraining_batches,
     pseudo_gradient,
     reference_diloco,
-    trainable_state,
 )
+from swarmnode.node.diloco.compression import Compressor, decompress
 from swarmnode.node.diloco.plan import build_plan, fresh_model, sign_plan
+from swarmnode.node.diloco.pretraining import LmBatch, eval_loss, lm_loss, pretraining_batches
 from swarmnode.node.diloco.testing import TrainerSpec, spawn_trainer, trainer_key
+from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.rl.run import DEVNET_MODEL
 from swarmnode.node.rl.tokenizer import load_tokenizer
 

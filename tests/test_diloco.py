@@ -12,26 +12,25 @@ from hypothesis import strategies as st
 from safetensors.torch import load, save
 
 from swarmnode.node.diloco.algorithm import (
-    PRETRAIN_SEQ_LEN,
-    PRETRAIN_TASKS,
-    SCALE_SUFFIX,
-    Compressor,
     DilocoParams,
     InnerTrainer,
-    LmBatch,
     OuterOptimizer,
     RoundRecord,
     average,
-    decompress,
-    eval_loss,
-    lm_loss,
-    load_trainable,
     pseudo_gradient,
     reference_diloco,
-    round_batches,
-    trainable_state,
 )
-from swarmnode.node.diloco.algorithm import pretraining_batches as lines_of
+from swarmnode.node.diloco.compression import SCALE_SUFFIX, Compressor, decompress
+from swarmnode.node.diloco.pretraining import (
+    PRETRAIN_SEQ_LEN,
+    PRETRAIN_TASKS,
+    LmBatch,
+    eval_loss,
+    lm_loss,
+    round_batches,
+)
+from swarmnode.node.diloco.pretraining import pretraining_batches as lines_of
+from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.rl.model import ModelInfo, ModelRecipe, build_model, hf_config
 from swarmnode.node.rl.tasks.arithmetic import generate_tasks
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
@@ -54,7 +53,7 @@ def factory() -> torch.nn.Module:
 
 
 def pretraining_batches(seed: int, n_batches: int, batch_size: int, **kwargs: int) -> list[LmBatch]:
-    """`node.diloco.algorithm.pretraining_batches` in the tiny folder's tokens."""
+    """`node.diloco.pretraining.pretraining_batches` in the tiny folder's tokens."""
     return lines_of(*_tokenizer(), seed, n_batches, batch_size, **kwargs)
 
 

@@ -23,6 +23,7 @@ Design decisions:
 
 Parts:
 - `algorithm`  DiLoCo itself (K trainers, H local AdamW steps, one averaged Nesterov outer step), in process
+               over `weights` (θ by name), `compression` (payloads) and `pretraining` (reference data)
 - `trainer`    one trainer's rounds over the swarm (pre-training): the round's control flow; its network
                phases `collect` (contributions, votes, decided fetches) and `resync` (join, adopt, skip)
                over what they share (`exchange`); `participant` where θ and payloads live (one process or
@@ -30,6 +31,7 @@ Parts:
                `service` its HTTP endpoints, `payload` tensors in and out of contributions
 - `rl`         an RL run with several trainers: DiLoCo rounds around GRPO (`make_diloco_trainer`)
 - `sharded`    a trainer group of FSDP2 ranks as one DiLoCo participant, shard-wise
+               (its collectives; `rank_files` who owns which tensor and the per-rank payload files)
 - `role` (the node role), `plan` (build and sign a run), `__main__` (`python -m swarmnode.node.diloco
   plan|trainer`), `testing` (processes for tests), `conformance` (replays spec/vectors/diloco),
   `faults` (a straggler for tests and demos)

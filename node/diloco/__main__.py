@@ -28,7 +28,7 @@ import trio
 from swarmnode.crypto.identity import NodeIdentity, parse_address
 from swarmnode.node.config import LivenessSettings, NodeConfig
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
-from swarmnode.node.diloco.algorithm import LmBatch, LossFn, content_digest, lm_loss, pretraining_batches
+from swarmnode.node.diloco.algorithm import LossFn, content_digest
 from swarmnode.node.diloco.exchange import TrainerSettings
 from swarmnode.node.diloco.faults import straggling
 from swarmnode.node.diloco.holdings import Holdings
@@ -41,6 +41,7 @@ from swarmnode.node.diloco.plan import (
     read_plan,
     sign_plan,
 )
+from swarmnode.node.diloco.pretraining import LmBatch, lm_loss, pretraining_batches
 from swarmnode.node.diloco.role import DilocoTrainer, DilocoWork
 from swarmnode.node.diloco.service import DilocoService
 from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork

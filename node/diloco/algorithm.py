@@ -4,10 +4,15 @@ One round, on every trainer k, all starting from the same outer weights θ:
 1. copy θ into the local model and take H inner AdamW steps on the trainer's own batches
    (`InnerTrainer.run_round`; the AdamW moments stay local and persist across rounds);
 2. pseudo-gradient Δ_k = θ − θ_k, outer minus inner (`pseudo_gradient`);
-3. compress it for the wire (`Compressor.compress`: fp16, or int8 with error feedback, or raw fp32);
+3. compress it for the wire (`compression.Compressor.compress`: fp16, or int8 with error feedback, or raw
+   fp32);
 4. all trainers exchange payloads and each computes Δ = mean_k decompress(payload_k) (`average`);
 5. every trainer applies the same outer step, SGD with Nesterov momentum (lr 0.7, momentum 0.9), to θ
    (`OuterOptimizer.step`), so all hold bit-identical θ for the next round.
+
+Parts beside this module: `weights` (θ by name, `trainable_state`, and the name-and-shape check),
+`compression` (payloads: encoding, error feedback, checking a peer's), `pretraining` (the reference data,
+its loss, each trainer's batch order `round_batches`).
 
 Decisions:
 - The outer weights θ are the model's trainable parameters by name (`trainable_state`); buffers do not
@@ -19,25 +24,10 @@ Decisions:
   order needs no agreement on contributor ids: any trainer holding the same set of payloads, in any order,
   gets bit-identical output, and so does `reference_diloco` in one process. (Hashing costs a pass over the
   data; a caller that already holds distinct keys, such as contributor addresses, may pass them instead.)
-- int8 is symmetric per tensor: scale = max|x|/127 (a float32 0-d tensor sent as `"<name>.scale"`),
-  q = round(x/scale). The quantisation error is fed back: the compressor keeps
-  residual = (Δ + residual) − decompress(payload) and adds it to the next round's Δ, so what was sent sums
-  to what should have been sent up to one residual (at most scale/2 per element). fp16 has no residual:
-  its relative error (2^-11) is far below the pseudo-gradient's noise.
-- Payloads come from peers, so `decompress` checks dtypes, the scale entries, finiteness and (optionally)
-  names and shapes against the model, and raises `ValueError` with the reason; nothing is unpickled.
 - `OuterOptimizer` is `torch.optim.SGD(nesterov=True)` over its own float32 copy of θ, with the averaged
   pseudo-gradient as `.grad`. Its state (θ, momentum buffers, step) is a flat dict of plain tensors, so it
   can be written with safetensors and handed to a trainer that (re)joins mid-run. The momentum buffer is
   always present (zeros before the first step, which torch's first step treats identically).
-- Round r on a trainer uses batches `(r*H + h) mod len(data)` for h < H of its own list (`round_batches`),
-  so a trainer's data order is a pure function of (data, round, H) in every process.
-- Pre-training data for tests and the benchmark: arithmetic lines ("123+45=168") from
-  `node.rl.tasks.arithmetic`, encoded with the model folder's own tokenizer (its BOS first when it has one,
-  its first EOS last), right-padded with the model's pad id to a fixed length (`pretraining_batches`). A
-  batch carries the mask of its real tokens (`LmBatch`) and the next-token loss counts the targets under it
-  (`lm_loss`): many models pad with an EOS id, so "ignore the pad id" would also drop the EOS targets.
-  Right padding needs no attention mask: a causal model's real tokens never see the pads after them.
 """
 
 from __future__ import annotations
@@ -51,23 +41,16 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from swarmnode.node.rl.model import ModelInfo
-from swarmnode.node.rl.tasks.arithmetic import ArithmeticParams, generate_tasks
-from swarmnode.node.rl.tokenizer import ChatTokenizer
+from swarmnode.node.diloco.compression import COMPRESSIONS, Compressor, decompress, payload_nbytes
+from swarmnode.node.diloco.pretraining import round_batches
+from swarmnode.node.diloco.weights import check_like, load_trainable, trainable_state
 
 B = TypeVar("B")
 LossFn = Callable[[torch.nn.Module, B], Tensor]
 
-COMPRESSIONS = ("none", "fp16", "int8")
-SCALE_SUFFIX = ".scale"
-INT8_MAX = 127
-
 THETA_PREFIX = "theta."
 MOMENTUM_PREFIX = "momentum."
 STEP_KEY = "outer_step"
-
-PRETRAIN_TASKS = ArithmeticParams(min_value=0, max_value=999, operators="+-", num_operands=2)
-PRETRAIN_SEQ_LEN = 16  # longest line "999+999=1998": 12 characters (at most 12 tokens) + BOS + EOS
 
 
 @dataclass(frozen=True)
@@ -119,224 +102,13 @@ def _check_range(
         raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value}")
 
 
-# --- pre-training data -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class LmBatch:
-    """Right-padded token ids [B, T] (int64) and the mask of their real tokens [B, T] (bool)."""
-
-    ids: Tensor
-    mask: Tensor
-
-    def __post_init__(self) -> None:
-        if self.ids.dim() != 2 or self.ids.dtype != torch.int64:
-            raise ValueError(f"ids must be a 2-d int64 tensor, got {self.ids.dtype} {list(self.ids.shape)}")
-        if self.mask.shape != self.ids.shape or self.mask.dtype != torch.bool:
-            raise ValueError(f"mask must be bool of shape {list(self.ids.shape)}")
-
-
-def pretraining_batches(
-    tokenizer: ChatTokenizer,
-    info: ModelInfo,
-    seed: int,
-    n_batches: int,
-    batch_size: int,
-    *,
-    seq_len: int = PRETRAIN_SEQ_LEN,
-    tasks: ArithmeticParams = PRETRAIN_TASKS,
-) -> list[LmBatch]:
-    """`n_batches` batches of `batch_size` lines "a+b=c" in the model's tokens: [BOS] + line + EOS, padded."""
-    if n_batches < 1 or batch_size < 1:
-        raise ValueError(f"need at least one batch of one line, got {n_batches} x {batch_size}")
-    if seq_len > info.max_positions:
-        raise ValueError(f"seq_len {seq_len} exceeds the model's {info.max_positions} positions")
-    bos = tokenizer.tokenizer.bos_token_id
-    frame = [int(bos)] if bos is not None else []
-    ids = torch.full((n_batches * batch_size, seq_len), info.pad_token_id, dtype=torch.int64)
-    mask = torch.zeros((n_batches * batch_size, seq_len), dtype=torch.bool)
-    for row, task in enumerate(generate_tasks(tasks, seed, n_batches * batch_size)):
-        line = frame + tokenizer.encode(task.prompt + task.target) + [tokenizer.eos_token_ids[0]]
-        if len(line) > seq_len:
-            text = task.prompt + task.target
-            raise ValueError(f"line {text!r} needs {len(line)} tokens > seq_len {seq_len}")
-        ids[row, : len(line)] = torch.tensor(line, dtype=torch.int64)
-        mask[row, : len(line)] = True
-    return [
-        LmBatch(i.contiguous(), m.contiguous())
-        for i, m in zip(ids.split(batch_size), mask.split(batch_size), strict=True)
-    ]
-
-
-def lm_loss(model: torch.nn.Module, batch: LmBatch) -> Tensor:
-    """Mean next-token cross-entropy over the targets that are real tokens of `batch`."""
-    logits = model(input_ids=batch.ids, use_cache=False).logits[:, :-1]
-    keep = batch.mask[:, 1:]
-    return torch.nn.functional.cross_entropy(logits[keep], batch.ids[:, 1:][keep])
-
-
-def eval_loss(model: torch.nn.Module, batches: Sequence[LmBatch]) -> float:
-    """Mean of `lm_loss` over `batches`, without gradients (held-out loss)."""
-    with torch.no_grad():
-        return sum(float(lm_loss(model, b)) for b in batches) / len(batches)
-
-
-def round_batches(data: Sequence[B], round_index: int, inner_steps: int) -> list[B]:
-    """The H batches a trainer uses in round `round_index`: indices (r*H + h) mod len(data)."""
-    if not data:
-        raise ValueError("a trainer needs at least one batch")
-    start = round_index * inner_steps
-    return [data[(start + h) % len(data)] for h in range(inner_steps)]
-
-
-# --- weights and pseudo-gradients ---------------------------------------------------------------------
-
-
-def trainable_state(model: torch.nn.Module) -> dict[str, Tensor]:
-    """float32 CPU copies of the trainable parameters, by name: the θ that DiLoCo exchanges."""
-    return {
-        name: p.detach().to("cpu", torch.float32).contiguous().clone()
-        for name, p in model.named_parameters()
-        if p.requires_grad
-    }
-
-
-def load_trainable(model: torch.nn.Module, state: Mapping[str, Tensor]) -> None:
-    """Copy `state` into the model's trainable parameters in place (same names and shapes required)."""
-    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    check_like(state, params, what="outer weights")
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(state[name])
-
-
-def check_like(tensors: Mapping[str, Tensor], like: Mapping[str, Tensor], *, what: str = "tensors") -> None:
-    """Raise ValueError unless `tensors` has exactly the names of `like`, with the same shapes."""
-    missing, extra = sorted(set(like) - set(tensors)), sorted(set(tensors) - set(like))
-    if missing or extra:
-        raise ValueError(f"{what}: missing {missing[:3]}, unexpected {extra[:3]}")
-    for name, ref in like.items():
-        if tensors[name].shape != ref.shape:
-            raise ValueError(f"{what}: {name} has shape {list(tensors[name].shape)}, want {list(ref.shape)}")
+# --- pseudo-gradients ---------------------------------------------------------------------------------
 
 
 def pseudo_gradient(outer: Mapping[str, Tensor], inner: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Δ = outer − inner in float32: the direction the outer optimizer descends along."""
     check_like(inner, outer, what="inner weights")
     return {name: outer[name].float() - inner[name].float() for name in outer}
-
-
-# --- compression --------------------------------------------------------------------------------------
-
-
-def _check_kind(kind: str) -> None:
-    if kind not in COMPRESSIONS:
-        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {kind!r}")
-
-
-def _dequantize(q: Tensor, scale: Tensor) -> Tensor:
-    return q.to(torch.float32) * scale
-
-
-class Compressor:
-    """One trainer's encoder of its pseudo-gradient; holds the int8 error-feedback residual."""
-
-    def __init__(self, kind: str) -> None:
-        _check_kind(kind)
-        self.kind = kind
-        self.residual: dict[str, Tensor] = {}
-
-    def compress(self, delta: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """Tensors ready for safetensors: fp32 ("none"), fp16, or int8 + a 0-d float32 `<name>.scale`."""
-        for name, t in delta.items():
-            if not bool(torch.isfinite(t).all()):
-                raise ValueError(f"pseudo-gradient {name} is not finite")
-        if self.kind == "none":
-            return {name: t.to(torch.float32).contiguous().clone() for name, t in delta.items()}
-        if self.kind == "fp16":
-            out = {name: t.to(torch.float16).contiguous() for name, t in delta.items()}
-            for name, t in out.items():
-                if not bool(torch.isfinite(t).all()):
-                    raise ValueError(
-                        f"pseudo-gradient {name} overflows fp16 (max |x| {delta[name].abs().max()})"
-                    )
-            return out
-        return self._compress_int8(delta)
-
-    def _compress_int8(self, delta: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        out: dict[str, Tensor] = {}
-        for name, t in delta.items():
-            if name + SCALE_SUFFIX in delta:
-                raise ValueError(
-                    f"tensor names {name!r} and {name + SCALE_SUFFIX!r} collide in an int8 payload"
-                )
-            x = t.to(torch.float32)
-            if name in self.residual:
-                x = x + self.residual[name]
-            scale = (x.abs().max() / INT8_MAX).reshape(())
-            if float(scale) > 0:
-                q = torch.round(x / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-            else:
-                q = torch.zeros(x.shape, dtype=torch.int8)
-            self.residual[name] = x - _dequantize(q, scale)
-            out[name] = q.contiguous()
-            out[name + SCALE_SUFFIX] = scale.contiguous()
-        return out
-
-    def reset(self) -> None:
-        """Forget the residual (a trainer that rejoins starts without one)."""
-        self.residual = {}
-
-
-def decompress(
-    payload: Mapping[str, Tensor], kind: str, *, like: Mapping[str, Tensor] | None = None
-) -> dict[str, Tensor]:
-    """float32 pseudo-gradient of a payload (maybe a peer's); ValueError on anything malformed.
-
-    With `like` (e.g. θ), the names and shapes must also match it exactly.
-    """
-    _check_kind(kind)
-    if kind == "int8":
-        out = _decompress_int8(payload)
-    else:
-        want = torch.float32 if kind == "none" else torch.float16
-        out = {}
-        for name in sorted(payload):
-            if payload[name].dtype != want:
-                raise ValueError(f"{kind} payload: {name} is {payload[name].dtype}, want {want}")
-            out[name] = payload[name].to(torch.float32)
-    for name, t in out.items():
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"{kind} payload: {name} is not finite")
-    if like is not None:
-        check_like(out, like, what=f"{kind} payload")
-    return out
-
-
-def _decompress_int8(payload: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    quantised = sorted(name for name, t in payload.items() if t.dtype == torch.int8)
-    scales = {name + SCALE_SUFFIX for name in quantised}
-    stray = sorted(set(payload) - set(quantised) - scales)
-    if stray:
-        raise ValueError(f"int8 payload: {stray[:3]} are neither int8 tensors nor their scales")
-    out = {}
-    for name in quantised:
-        scale = payload.get(name + SCALE_SUFFIX)
-        if scale is None:
-            raise ValueError(f"int8 payload: {name} has no {name + SCALE_SUFFIX}")
-        if scale.dtype != torch.float32 or scale.shape != ():
-            raise ValueError(f"int8 payload: {name + SCALE_SUFFIX} must be a 0-d float32 tensor")
-        if not (float(scale) >= 0 and bool(torch.isfinite(scale))):
-            raise ValueError(f"int8 payload: {name + SCALE_SUFFIX} is {float(scale)}, want finite >= 0")
-        if bool((payload[name] == -128).any()):
-            raise ValueError(f"int8 payload: {name} holds -128, outside the symmetric range")
-        out[name] = _dequantize(payload[name], scale)
-    return out
-
-
-def payload_nbytes(payload: Mapping[str, Tensor]) -> int:
-    """Raw tensor bytes of a payload (the safetensors file adds a small JSON header)."""
-    return sum(t.numel() * t.element_size() for t in payload.values())
 
 
 # --- averaging ----------------------------------------------------------------------------------------

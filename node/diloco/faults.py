@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
-from swarmnode.node.diloco.algorithm import LmBatch, LossFn, round_batches
+from swarmnode.node.diloco.algorithm import LossFn
+from swarmnode.node.diloco.pretraining import LmBatch, round_batches
 
 
 def straggling(

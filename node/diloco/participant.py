@@ -19,19 +19,18 @@ import trio
 from swarmnode.node.dataplane.errors import CheckpointInvalid
 from swarmnode.node.diloco.algorithm import (
     THETA_PREFIX,
-    Compressor,
     DilocoParams,
     OuterOptimizer,
     average,
-    check_like,
     content_digest,
-    decompress,
     pseudo_gradient,
-    trainable_state,
 )
+from swarmnode.node.diloco.compression import Compressor, decompress
 from swarmnode.node.diloco.holdings import HeldContribution, HeldOuter, Holdings
 from swarmnode.node.diloco.payload import load_delta
-from swarmnode.node.diloco.sharded import PayloadFiles, ShardedDiloco, outer_keys, stream_theta_digest
+from swarmnode.node.diloco.rank_files import PayloadFiles, outer_keys, stream_theta_digest
+from swarmnode.node.diloco.sharded import ShardedDiloco
+from swarmnode.node.diloco.weights import check_like, trainable_state
 from swarmnode.protocol.diloco import Contribution, OuterState
 from swarmnode.protocol.errors import Reason, Reject
 from swarmnode.protocol.messages import DilocoEntry, DilocoRun, ShardInfo

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from swarmnode.node.dataplane.checkpoint import load_checkpoint
-from swarmnode.node.diloco.algorithm import decompress
+from swarmnode.node.diloco.compression import decompress
 from swarmnode.protocol.diloco import Contribution
 
 

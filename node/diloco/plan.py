@@ -14,7 +14,8 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.node.diloco.algorithm import content_digest, trainable_state
+from swarmnode.node.diloco.algorithm import content_digest
+from swarmnode.node.diloco.weights import trainable_state
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.model import build_model, config_hash, load_model, read_config
 from swarmnode.protocol.codec import decode

@@ -1,7 +1,9 @@
 """DiLoCo between trainer groups: a group of FSDP2 ranks is one DiLoCo participant, shard-wise.
 
 The algorithm is node/diloco/algorithm.py's, run by every rank on the tensors it owns, so neither the
-outer copy of θ, nor a pseudo-gradient, nor an averaged one, ever exists whole on one rank.
+outer copy of θ, nor a pseudo-gradient, nor an averaged one, ever exists whole on one rank. This module
+holds the collectives (`RankOuter`, every rank's part; `execute_diloco`, its commands; `ShardedDiloco`,
+rank 0's handle); the pure rules and the file reading they run on are `rank_files`.
 
 - Ownership: the trainable tensors are dealt to ranks by their fp32 size, one tensor per unit
   (`deal_tensors`, the same greedy rule as `assign_files`), from global shapes: every rank computes the
@@ -31,9 +33,8 @@ outer copy of θ, nor a pseudo-gradient, nor an averaged one, ever exists whole 
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,32 +42,30 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError, safe_open
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from swarmnode.node.dataplane.checkpoint import (
-    PIECES_KEY,
-    TENSOR_SUFFIX,
-    WeightsFile,
-    plan_shards,
-    verify_file,
-)
+from swarmnode.node.dataplane.checkpoint import plan_shards
 from swarmnode.node.dataplane.errors import CheckpointInvalid
 from swarmnode.node.diloco.algorithm import (
-    MOMENTUM_PREFIX,
-    SCALE_SUFFIX,
     STEP_KEY,
     THETA_PREFIX,
-    Compressor,
     DilocoParams,
     OuterOptimizer,
     average,
-    content_digest_items,
-    decompress,
     pseudo_gradient,
 )
+from swarmnode.node.diloco.compression import Compressor, decompress
+from swarmnode.node.diloco.rank_files import (
+    PayloadFiles,
+    check_payload_names,
+    deal_tensors,
+    outer_keys,
+    payload_keys,
+    rank_file_name,
+    stream_digest,
+)
 from swarmnode.node.trainer.group import GroupInfo, all_gather_bytes
-from swarmnode.node.trainer.rank import assign_files, write_file
+from swarmnode.node.trainer.rank import write_file
 from swarmnode.protocol.messages import ShardInfo
 
 if TYPE_CHECKING:
@@ -74,165 +73,11 @@ if TYPE_CHECKING:
     from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
 
 OP_PREFIX = "diloco_"
-RANK_FILE_PREFIX = "rank-"
 ORDER_FREE = 2  # up to this many contributions, summation order cannot change the float result
 
 
 class PayloadRefused(ValueError):
     """A contribution or outer state some rank of the group found malformed; the group is unchanged."""
-
-
-# --- pure rules ------------------------------------------------------------------------------------
-
-
-def deal_tensors(sizes: Sequence[tuple[str, int]], world: int) -> dict[str, int]:
-    """The rank owning each tensor: largest first to the least-loaded rank (ties: lower rank)."""
-    units = [WeightsFile(name, (name,), nbytes) for name, nbytes in sizes]
-    return {name: owner for (name, _), owner in zip(sizes, assign_files(units, world), strict=True)}
-
-
-def rank_file_name(rank: int, name: str) -> str:
-    """A rank's payload file: its own `plan_shards` name under its rank, so ranks never collide."""
-    return f"{RANK_FILE_PREFIX}{rank:05d}-{name}"
-
-
-def check_payload_names(names: Iterable[str], compression: str) -> None:
-    """ValueError when an int8 payload could not hold both a parameter and another's scale."""
-    names = set(names)
-    if compression == "int8" and any(n + SCALE_SUFFIX in names for n in names):
-        raise ValueError("a parameter is named like another's int8 scale: an int8 payload cannot hold both")
-
-
-def payload_keys(names: Sequence[str], compression: str) -> set[str]:
-    """The tensor keys of a payload over `names`: the names, plus their scales for int8."""
-    keys = set(names)
-    if compression == "int8":
-        keys |= {name + SCALE_SUFFIX for name in names}
-    return keys
-
-
-def outer_keys(names: Sequence[str]) -> set[str]:
-    """The tensor keys of an outer state over `names`."""
-    return {THETA_PREFIX + n for n in names} | {MOMENTUM_PREFIX + n for n in names} | {STEP_KEY}
-
-
-# --- reading a pieces-layout directory one tensor at a time ----------------------------------------
-
-
-@dataclass(frozen=True)
-class _Part:
-    file: str
-    key: str
-    index: int  # piece index; 0 for a whole tensor
-    count: int  # pieces; 0 for a whole tensor
-    shape: tuple[int, ...]
-
-
-class PayloadFiles:
-    """A payload or outer-state directory in the pieces layout, whatever its split into files (one
-    process's or a group's), read by tensor name. Headers only route; a file's sha256 is checked against
-    its `ShardInfo` before any tensor is read from it (once per instance)."""
-
-    def __init__(self, directory: Path, shards: Sequence[ShardInfo]) -> None:
-        self.directory = Path(directory)
-        self._infos = {s.name: s for s in shards}
-        self._verified: set[str] = set()
-        self._parts: dict[str, list[_Part]] = {}
-        for info in shards:
-            if info.name.endswith(TENSOR_SUFFIX):
-                self._index(info.name)
-        for name, parts in self._parts.items():
-            _check_parts(name, parts)
-
-    def _index(self, file: str) -> None:
-        try:
-            with safe_open(str(self.directory / file), framework="pt") as f:
-                keys = list(f.keys())
-                table = _pieces_table(file, (f.metadata() or {}).get(PIECES_KEY))
-        except FileNotFoundError:
-            raise CheckpointInvalid(f"shard {file} is missing from {self.directory}") from None
-        except (SafetensorError, OSError) as exc:
-            raise CheckpointInvalid(f"{file}: not a safetensors file ({exc})") from exc
-        for key in keys:
-            if key in table:
-                name, index, count, shape = table[key]
-                self._parts.setdefault(name, []).append(_Part(file, key, index, count, shape))
-            else:
-                self._parts.setdefault(key, []).append(_Part(file, key, 0, 0, ()))
-
-    def names(self) -> set[str]:
-        return set(self._parts)
-
-    def check_names(self, expected: set[str], what: str) -> None:
-        missing, extra = sorted(expected - self.names()), sorted(self.names() - expected)
-        if missing or extra:
-            raise ValueError(f"{what}: missing {missing[:3]}, unexpected {extra[:3]}")
-
-    def tensor(self, name: str) -> torch.Tensor:
-        parts = self._parts.get(name)
-        if parts is None:
-            raise ValueError(f"no tensor {name!r} in {self.directory}")
-        if parts[0].count == 0:
-            return self._read(parts[0])
-        ordered = sorted(parts, key=lambda p: p.index)
-        joined = torch.cat([self._read(p).reshape(-1) for p in ordered])
-        shape = ordered[0].shape
-        if joined.numel() != math.prod(shape):
-            raise CheckpointInvalid(f"pieces of {name!r} do not fill shape {list(shape)}")
-        return joined.view(shape)
-
-    def tensors(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
-        return {name: self.tensor(name) for name in sorted(names)}
-
-    def _read(self, part: _Part) -> torch.Tensor:
-        if part.file not in self._verified:
-            info = self._infos[part.file]
-            verify_file(self.directory, info)
-            self._verified.add(part.file)
-        with safe_open(str(self.directory / part.file), framework="pt") as f:
-            return f.get_tensor(part.key)
-
-
-def _pieces_table(file: str, raw: str | None) -> dict[str, tuple[str, int, int, tuple[int, ...]]]:
-    if raw is None:
-        return {}
-    try:
-        table = json.loads(raw)
-        out = {}
-        for key, (name, index, count, shape) in table.items():
-            if not (isinstance(name, str) and isinstance(index, int) and isinstance(count, int)):
-                raise TypeError(key)
-            out[str(key)] = (name, index, count, tuple(int(d) for d in shape))
-        return out
-    except (ValueError, TypeError) as exc:
-        raise CheckpointInvalid(f"{file}: malformed {PIECES_KEY} metadata") from exc
-
-
-def _check_parts(name: str, parts: Sequence[_Part]) -> None:
-    if parts[0].count == 0:
-        if len(parts) != 1:
-            raise CheckpointInvalid(f"tensor {name!r} appears twice")
-        return
-    counts = {(p.count, p.shape) for p in parts}
-    if len(counts) != 1 or sorted(p.index for p in parts) != list(range(parts[0].count)):
-        raise CheckpointInvalid(f"pieces of {name!r} are incomplete or clash with a tensor")
-
-
-def stream_digest(files: PayloadFiles, names: Sequence[str], compression: str) -> bytes:
-    """`content_digest` of a contribution's decompressed payload, holding one tensor at a time."""
-
-    def items() -> Iterator[tuple[str, torch.Tensor]]:
-        for name in sorted(names):
-            one = files.tensors(payload_keys([name], compression))
-            yield name, decompress(one, compression)[name]
-
-    return content_digest_items(items())
-
-
-def stream_theta_digest(files: PayloadFiles, names: Sequence[str]) -> bytes:
-    """The content digest of the θ in an outer-state directory (a round's `base`, a `DilocoOuterState`'s
-    `theta`), holding one tensor at a time: rank 0 reads it from the files the ranks just wrote."""
-    return content_digest_items((name, files.tensor(THETA_PREFIX + name)) for name in sorted(names))
 
 
 # --- one rank's part -------------------------------------------------------------------------------

@@ -37,11 +37,12 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 import trio
 
-from swarmnode.node.diloco.algorithm import DilocoParams, InnerTrainer, LossFn, round_batches
+from swarmnode.node.diloco.algorithm import DilocoParams, InnerTrainer, LossFn
 from swarmnode.node.diloco.collect import Collecting
 from swarmnode.node.diloco.exchange import Emit, OnOuter, PeerSource, TrainerSettings, hex_address
 from swarmnode.node.diloco.holdings import HeldContribution, Holdings
 from swarmnode.node.diloco.participant import Participant, WholeParticipant
+from swarmnode.node.diloco.pretraining import round_batches
 from swarmnode.node.diloco.resync import Resyncing
 from swarmnode.protocol import diloco as rules
 from swarmnode.protocol.diloco import OuterState

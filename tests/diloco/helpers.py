@@ -13,11 +13,11 @@ import trio
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
-from swarmnode.node.diloco.algorithm import LmBatch, lm_loss, pretraining_batches
 from swarmnode.node.diloco.exchange import TrainerSettings
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import params_of
 from swarmnode.node.diloco.plan import build_plan, fresh_model, sign_plan
+from swarmnode.node.diloco.pretraining import LmBatch, lm_loss, pretraining_batches
 from swarmnode.node.diloco.service import DilocoService
 from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork
 from swarmnode.node.rl.model import ModelInfo

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from swarmnode.node.diloco.__main__ import main
-from swarmnode.node.diloco.algorithm import content_digest, trainable_state
+from swarmnode.node.diloco.algorithm import content_digest
 from swarmnode.node.diloco.plan import (
     build_plan,
     checkpoint_digest,
@@ -19,6 +19,7 @@ from swarmnode.node.diloco.plan import (
     read_plan,
     sign_plan,
 )
+from swarmnode.node.diloco.weights import trainable_state
 from swarmnode.node.rl.model import load_model, model_commitment
 from tests.diloco.helpers import OWNER, identities
 from tests.tinymodel import copy_folder, tiny_folder

@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, plan_shards, shard_info
-from swarmnode.node.diloco.algorithm import Compressor, content_digest, decompress
+from swarmnode.node.diloco.algorithm import content_digest
+from swarmnode.node.diloco.compression import Compressor, decompress
 from swarmnode.node.diloco.holdings import Holdings
-from swarmnode.node.diloco.sharded import rank_file_name
+from swarmnode.node.diloco.rank_files import rank_file_name
 from swarmnode.protocol import diloco as rules
 from swarmnode.protocol.messages import ShardInfo
 from tests.diloco.helpers import identities, tiny_plan

@@ -19,18 +19,15 @@ from hypothesis import strategies as st
 from swarmnode.node.dataplane.checkpoint import build_manifest, load_checkpoint, plan_shards, shard_info
 from swarmnode.node.dataplane.errors import CheckpointInvalid
 from swarmnode.node.diloco.algorithm import (
-    Compressor,
     DilocoParams,
     OuterOptimizer,
     average,
     content_digest,
     content_digest_items,
-    decompress,
-    load_trainable,
     pseudo_gradient,
-    trainable_state,
 )
-from swarmnode.node.diloco.sharded import (
+from swarmnode.node.diloco.compression import Compressor, decompress
+from swarmnode.node.diloco.rank_files import (
     PayloadFiles,
     check_payload_names,
     deal_tensors,
@@ -39,6 +36,7 @@ from swarmnode.node.diloco.sharded import (
     stream_digest,
     stream_theta_digest,
 )
+from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.rl.model import load_model
 from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
 from swarmnode.protocol.codec import encode

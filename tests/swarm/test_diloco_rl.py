@@ -23,9 +23,10 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.config import ConfigError, NodeConfig, WorkSettings, load_config
 from swarmnode.node.dataplane.http_server import BytesBody, Request, Response, simple_response
-from swarmnode.node.diloco.algorithm import content_digest, trainable_state
+from swarmnode.node.diloco.algorithm import content_digest
 from swarmnode.node.diloco.plan import build_plan, checkpoint_digest, sign_plan
 from swarmnode.node.diloco.rl import DilocoSwarmTrainerWork
+from swarmnode.node.diloco.weights import trainable_state
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.run import devnet_run
 from swarmnode.node.roles.common import RunMismatch
