@@ -33,6 +33,20 @@ def _best_seconds(work: Callable[[], object], repeats: int) -> float:
     return min(times)
 
 
+def _best_interleaved(works: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """`_best_seconds` of several measurements taken in turns, one round after another: a ratio between
+    them then compares work done under the same load (a noisy neighbour slows every one of a round)."""
+    for work in works.values():
+        work()  # warm-up
+    best = dict.fromkeys(works, float("inf"))
+    for _ in range(repeats):
+        for name, work in works.items():
+            start = time.perf_counter()
+            work()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
 def _plain_topk(rows: torch.Tensor, k: int, chunk: int) -> None:
     """The baseline: torch.topk by |x| over each flattened chunk, nothing else."""
     tokens = rows.shape[0]
@@ -94,8 +108,9 @@ def _cheat_engines(base: Path) -> dict[str, object]:
 def tiny_model_section(args: argparse.Namespace) -> dict[str, float | int]:
     """The devnet's model end to end on one whole submission (32 prompts x 8 completions): generation,
     the worker's proofs (one batched pass), and the validator's model checks (`check_model_outputs`:
-    one batched prefill, then TOPLOC, termination, logprobs and sampling); then false positives and
-    detection at the devnet's bounds."""
+    one prefill with each prompt's forward shared by its completions, then TOPLOC, termination, logprobs
+    and sampling), measured in interleaved rounds; then false positives and detection at the devnet's
+    bounds."""
     from swarmnode.crypto.toploc import CalibratedPolicy, build_proofs_batch, judge
     from swarmnode.node.rl.calibration import submission_aggregate
     from swarmnode.node.rl.engine import TransformersEngine
@@ -110,17 +125,24 @@ def tiny_model_section(args: argparse.Namespace) -> dict[str, float | int]:
     descriptor, worker, root = setup.descriptor, b"\x01" * 20, b"\0" * 32
     tasks = [setup.dataset[t] for t in assigned_tasks(descriptor, setup.dataset_ids, worker, 0)]
     groups = generate_groups(engine, tasks, descriptor, worker, 0)
-    gen_s = _best_seconds(lambda: generate_groups(engine, tasks, descriptor, worker, 0), args.repeats)
     rows = [c.hidden_rows for g in groups for c in g.completions]
-    proof_s = _best_seconds(lambda: build_proofs_batch(rows), args.repeats)
-    proof_loop_s = _best_seconds(lambda: [build_proofs(r) for r in rows], max(1, args.repeats // 3))
     sub = build_submission(engine, descriptor, setup.dataset, setup.dataset_ids, worker, 0, root, 0)
     ctx = ValidationContext(descriptor, setup.dataset, setup.dataset_ids, 0, {0: root}, lambda _: True,
                             engine.info, engine.tokenizer)
     check_model_outputs(sub, ctx, engine)  # raises unless the honest submission is accepted
-    validate_s = _best_seconds(lambda: check_model_outputs(sub, ctx, engine), args.repeats)
     pairs = [(list(g.prompt_ids), list(c.token_ids)) for g in sub.groups for c in g.completions]
-    prefill_s = _best_seconds(lambda: engine.prefill_batch(pairs), args.repeats)
+    best = _best_interleaved(
+        {
+            "generation": lambda: generate_groups(engine, tasks, descriptor, worker, 0),
+            "proofs": lambda: build_proofs_batch(rows),
+            "validation": lambda: check_model_outputs(sub, ctx, engine),
+            "prefill": lambda: engine.prefill_batch(pairs),
+        },
+        args.repeats,
+    )
+    gen_s, proof_s = best["generation"], best["proofs"]
+    validate_s, prefill_s = best["validation"], best["prefill"]
+    proof_loop_s = _best_seconds(lambda: [build_proofs(r) for r in rows], max(1, args.repeats // 3))
     tokens = sum(len(c.tokens) for g in groups for c in g.completions)
     proofs = [p for g in sub.groups for c in g.completions for p in c.proofs]
     print(
@@ -176,7 +198,11 @@ def main() -> None:
                         help="submissions per cheat for detection rates")
     parser.add_argument("--quick", action="store_true",
                         help="3 repeats, 4 honest submissions, 2 per cheat: the ratios, not the rates")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (0: torch's default); 1 keeps a loaded machine's spinning out")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.quick:
         args.repeats, args.honest_workers, args.cheat_submissions = 3, 4, 2
     result: dict[str, float | int] = {"torch_threads": torch.get_num_threads(), "repeats": args.repeats}

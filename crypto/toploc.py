@@ -58,6 +58,9 @@ _BF16_MANT_MASK: Final = 0x007F
 _SUPPORTED_DTYPES: Final = (torch.bfloat16, torch.float16, torch.float32)
 # Extra top-k candidates fetched so that ties at the boundary can be settled without a full pass.
 _TIE_WINDOW: Final = 64
+# Chunks of at most this many values rank by the exact key |x|·length + (length - 1 - index), which fits
+# int32 (magnitudes are below 2^15); longer ones use the tie window on the 16-bit magnitudes.
+_DIRECT_KEY_LENGTH: Final = 1 << 16
 # Activations handled per block, to bound the memory of the selection on long batches.
 _BLOCK_ELEMENTS: Final = 1 << 24
 # Candidate moduli per vectorised step of the modulus search, once PRIME alone has failed.
@@ -258,6 +261,10 @@ def _select_top(magnitude: torch.Tensor, n: int) -> torch.Tensor:
     chosen while a row holds at least n values, and a window that reaches it holds the whole row.
     """
     length = magnitude.shape[1]
+    if length <= _DIRECT_KEY_LENGTH:  # the rule itself as one unique int32 key per value: no ties left
+        order = torch.arange(length - 1, -1, -1, dtype=torch.int32, device=magnitude.device)
+        key = magnitude.to(torch.int32) * length + order
+        return key.topk(n, dim=1, sorted=False).indices.sort(dim=1).values
     width = min(n + _TIE_WINDOW, length)
     cand_mag, cand_idx = magnitude.topk(width, dim=1, sorted=False)
     key = cand_mag.to(torch.int64) * length + (length - 1 - cand_idx)
@@ -426,6 +433,24 @@ def _powers(x: FloatArray, count: int) -> FloatArray:
     return np.ascontiguousarray(np.moveaxis(out, 0, -1))
 
 
+# A basis of at most this many columns per point (k <= 256) is read from a table over the whole field
+# (`_field_powers`: 24 columns, 12.6 MB at k = 128) instead of being computed for every point: a gather
+# costs a fraction of the doublings, and x is a residue below PRIME whatever the model's width.
+_TABLE_COLUMNS: Final = 32
+
+
+@functools.cache
+def _field_powers(width: int, blocks: int) -> tuple[FloatArray, FloatArray]:
+    """For every residue r: r^j for j < width, and r^(width·b) for b < blocks (read-only, built once)."""
+    residues = np.arange(PRIME, dtype=np.float64)[None, :]
+    low = _powers(residues, width)
+    high = _powers(_reduce(low[..., -1] * residues), blocks)
+    tables = (np.ascontiguousarray(low[0]), np.ascontiguousarray(high[0]))
+    for table in tables:
+        table.flags.writeable = False
+    return tables
+
+
 @dataclass(frozen=True)
 class _PowerBasis:
     """x^e = low[..., e % width] · high[..., e // width] for e below a degree bound, per point:
@@ -437,8 +462,13 @@ class _PowerBasis:
     @classmethod
     def of(cls, x: FloatArray, degree: int) -> _PowerBasis:
         width = 1 << ((max(degree, 1) - 1).bit_length() + 1) // 2
+        blocks = -(-degree // width)
+        if width + blocks <= _TABLE_COLUMNS:
+            low_table, high_table = _field_powers(width, blocks)
+            residues = x.astype(np.intp)
+            return cls(low_table[residues], high_table[residues])
         low = _powers(x, width)
-        return cls(low, _powers(_reduce(low[..., -1] * x), -(-degree // width)))
+        return cls(low, _powers(_reduce(low[..., -1] * x), blocks))
 
     def evaluate(self, coefficients: FloatArray) -> FloatArray:
         """(chunks, points) values mod PRIME of each chunk's polynomial (ascending coefficients)."""

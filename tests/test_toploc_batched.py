@@ -146,3 +146,50 @@ def test_structure_of_every_completion_is_checked_before_any_activation_work(
     monkeypatch.setattr(toploc, "_top_points", no_work)
     with pytest.raises(MalformedProof):
         verify_proofs_batch(rows, [proofs[0], [proofs[1][0], b"\x00" * 258]])
+
+
+@settings(max_examples=40, deadline=None)
+@given(_batches())
+def test_the_tie_window_path_equals_the_reference(batch: tuple[list[torch.Tensor], int, int]) -> None:
+    """Chunks longer than `_DIRECT_KEY_LENGTH` (real models: 32 x 4096 values) rank with the tie window;
+    forced here on small chunks, it gives the reference's proofs too."""
+    rows, k, chunk = batch
+    saved = toploc._DIRECT_KEY_LENGTH
+    toploc._DIRECT_KEY_LENGTH = 0
+    try:
+        batched = build_proofs_batch(rows, k=k, chunk=chunk)
+    finally:
+        toploc._DIRECT_KEY_LENGTH = saved
+    assert batched == [_reference_proofs(r, k, chunk) for r in rows]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 300), st.integers(1, 6), st.integers(0, 2**31), st.sampled_from([2, 5, 32768]))
+def test_direct_key_and_tie_window_select_the_same_points(
+    length: int, rows: int, seed: int, levels: int
+) -> None:
+    """Many ties, and a padding value (-1) at the end that neither path may choose."""
+    gen = torch.Generator().manual_seed(seed)
+    magnitude = torch.randint(0, levels, (rows, length), generator=gen, dtype=torch.int16)
+    magnitude[:, -1] = -1
+    n = int(torch.randint(1, length, (1,), generator=gen))
+    direct = toploc._select_top(magnitude, n)
+    saved = toploc._DIRECT_KEY_LENGTH
+    toploc._DIRECT_KEY_LENGTH = 0
+    try:
+        window = toploc._select_top(magnitude, n)
+    finally:
+        toploc._DIRECT_KEY_LENGTH = saved
+    assert torch.equal(direct, window)
+    for r in range(rows):
+        assert direct[r].tolist() == SPEC["select"](magnitude[r, :-1].tolist(), n)
+
+
+def test_the_field_power_tables_are_the_computed_basis() -> None:
+    x = np.array([[0.0, 1.0, 2.0, PRIME - 1.0, 12345.0]])
+    for degree in (1, 7, 128, 256):
+        table = toploc._PowerBasis.of(x, degree)
+        width = table.low.shape[-1]
+        low = toploc._powers(x, width)
+        high = toploc._powers(toploc._reduce(low[..., -1] * x), table.high.shape[-1])
+        assert (table.low == low).all() and (table.high == high).all()

@@ -427,8 +427,8 @@ def test_batched_token_scores_equal_the_per_completion_checks(honest, engine, te
     scores = _token_scores(completions, prefills, temperature, 1e-3, eos)
     lengths = [len(c.token_ids) for c in completions]
     for c, pre, logp, p_eos, sampling in zip(completions, prefills, scores.logprobs.split(lengths),
-                                             scores.eos_probs.split(lengths), scores.sampling, strict=True):
+                                             scores.last_eos_probs, scores.sampling, strict=True):
         assert sampling == check_sampling(pre.logits, c.token_ids, c.seed, temperature, 1e-3)
         assert torch.equal(logp, token_logprobs(pre.logits, torch.tensor(c.token_ids), temperature))
-        assert torch.equal(p_eos, eos_probabilities(pre.logits, eos, temperature))
+        assert p_eos == float(eos_probabilities(pre.logits, eos, temperature)[-1])
     assert temperature == 0.0 or not scores.sampling[1].passed

@@ -16,6 +16,11 @@ Decisions:
 - Row p of a completion is the hidden state whose logits produced token p, i.e. sequence position
   len(prompt) + p - 1; prefill returns the same positions. A batched prefill pads on the right, which causal
   attention never looks at, so no attention mask and no position shift is needed.
+- A validator's prefill shares each prompt's forward between its completions (a group is G completions of
+  one prompt): one row holds the prompt once, then every completion but its last token, each attending to
+  the prompt and to itself only (an explicit mask, position ids restarting after the prompt). Row 0 of
+  every completion is the prompt's last position. On the devnet that is a quarter of the tokens of one row
+  per completion; completions too long to share a row run alone, so long sequences cost what they did.
 - Logprobs are under the temperature-scaled distribution softmax(logits / temperature) that the token was
   drawn from (`sampling.token_logprobs`); the trainer must pass the same temperature to `logprobs`.
 - Engines are synchronous and not thread-safe: the runtime calls them from one `trio.to_thread` worker.
@@ -26,7 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedModel
@@ -36,6 +41,10 @@ from swarmnode.node.rl.sampling import sample_tokens, token_logprobs
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
 
 WeightsSource = Mapping[str, torch.Tensor] | str | os.PathLike[str]
+
+PREFILL_BATCH: Final = 64  # rows per prefill forward (a row: one sequence, or a prompt's packed completions)
+PACKED_ROW_TOKENS: Final = 256  # a row packs several completions of one prompt up to this many tokens
+_SHARED_PROMPT_ATTENTION: Final = ("sdpa", "eager")  # implementations that take an explicit 4-D float mask
 
 
 @dataclass(frozen=True)
@@ -198,26 +207,46 @@ class TransformersEngine:
         return self.prefill_batch([(prompt_ids, completion_ids)])[0]
 
     def prefill_batch(
-        self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 64
+        self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = PREFILL_BATCH
     ) -> list[Prefill]:
-        """`prefill` for many sequences, right-padded and run `batch_size` at a time.
+        """`prefill` for many sequences; completions of one prompt share its forward (module docstring).
 
-        One forward per batch; `lm_head` runs only on the generated positions (packed, no padding), and
-        each Prefill's tensors are views of the batch's packed rows and logits (one copy to the CPU).
+        Rows run `batch_size` at a time; `lm_head` runs once, only on the generated positions, and each
+        Prefill's tensors are views of one copy of the rows and logits on the CPU.
         """
-        result: list[Prefill] = []
+        prompts, completions = [p for p, _ in pairs], [c for _, c in pairs]
+        self._check_sequences(prompts, completions)
+        if not pairs:
+            return []
+        rows = plan_rows(pairs, PACKED_ROW_TOKENS if self._shares_prompts else 0)
+        shared = [r for r in rows if len(r) > 1]
+        alone = [r[0] for r in rows if len(r) == 1]
+        pieces: list[torch.Tensor] = []
+        order: list[int] = []
         with torch.no_grad():
-            for start in range(0, len(pairs), batch_size):
-                chunk = pairs[start : start + batch_size]
-                hidden, mask, _ = self._completion_hidden([p for p, _ in chunk], [c for _, c in chunk])
-                rows = hidden[mask]  # (generated tokens of the batch, H), sequence after sequence
-                logits = self.model.lm_head(rows).float().cpu()
-                lengths = [len(c) for _, c in chunk]
-                result.extend(
-                    Prefill(hidden_rows=r, logits=lg)
-                    for r, lg in zip(rows.float().cpu().split(lengths), logits.split(lengths), strict=True)
-                )
-        return result
+            for start in range(0, len(shared), batch_size):
+                row_batch = shared[start : start + batch_size]
+                pieces.append(self._shared_prompt_hidden(pairs, row_batch))
+                order += [m for r in row_batch for m in r]
+            for start in range(0, len(alone), batch_size):
+                batch = alone[start : start + batch_size]
+                hidden, mask, _ = self._completion_hidden([prompts[m] for m in batch],
+                                                          [completions[m] for m in batch])
+                pieces.append(hidden[mask])
+                order += batch
+            lengths = [len(c) for c in completions]
+            found = torch.cat(pieces)  # members' rows in `order`; put them back in the order of `pairs`
+            offset = [0] * len(pairs)
+            at = 0
+            for m in order:
+                offset[m], at = at, at + lengths[m]
+            back = torch.cat([torch.arange(offset[m], offset[m] + lengths[m]) for m in range(len(pairs))])
+            packed = found[back.to(found.device)]
+            logits = self.model.lm_head(packed).float().cpu()
+        return [
+            Prefill(hidden_rows=r, logits=lg)
+            for r, lg in zip(packed.float().cpu().split(lengths), logits.split(lengths), strict=True)
+        ]
 
     # ------------------------------------------------------------------ trainer
 
@@ -241,18 +270,54 @@ class TransformersEngine:
 
     # ------------------------------------------------------------------ shared
 
-    def _completion_hidden(
+    @property
+    def _shares_prompts(self) -> bool:
+        """Whether completions of one prompt may share a forward: every layer attends to all earlier
+        positions (no sliding window, whose mask we would have to rebuild) through an implementation that
+        takes our mask as given."""
+        config = self.model.config
+        layers = getattr(config, "layer_types", None) or ["full_attention"]
+        return (
+            getattr(config, "_attn_implementation", None) in _SHARED_PROMPT_ATTENTION
+            and not getattr(config, "use_sliding_window", False)
+            and all(kind == "full_attention" for kind in layers)
+        )
+
+    def _check_sequences(
         self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Hidden rows at the generated positions, right-padded: rows (B, T, H), mask and targets (B, T)."""
+    ) -> None:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
         if any(not p for p in prompts):
             raise ValueError("empty prompt: the first generated token needs a row to come from")
-        seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
-        longest = max(len(s) for s in seqs)
+        longest = max((len(p) + len(c) for p, c in zip(prompts, completions, strict=True)), default=0)
         if longest > self._info.max_positions:
             raise ValueError(f"sequence of {longest} tokens exceeds {self._info.max_positions} positions")
+
+    def _shared_prompt_hidden(
+        self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], rows: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
+        """Hidden rows at the generated positions of every member of `rows`, members in order, from one
+        forward over the packed rows (`packed_layout`)."""
+        layout = packed_layout(pairs, rows, self._info.pad_token_id)
+        dtype = self.model.dtype
+        mask = torch.zeros(layout.allowed.shape, dtype=dtype)
+        mask.masked_fill_(~layout.allowed, torch.finfo(dtype).min)
+        hidden = self.model.model(
+            input_ids=layout.ids.to(self.device),
+            attention_mask=mask[:, None].to(self.device),
+            position_ids=layout.positions.to(self.device),
+            use_cache=False,
+        ).last_hidden_state
+        return hidden.reshape(-1, hidden.shape[-1])[layout.gather.to(self.device)]
+
+    def _completion_hidden(
+        self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Hidden rows at the generated positions, right-padded: rows (B, T, H), mask and targets (B, T)."""
+        self._check_sequences(prompts, completions)
+        seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
+        longest = max(len(s) for s in seqs)
         t_max = max(1, max(len(c) for c in completions))
         ids = torch.full((len(seqs), longest), self._info.pad_token_id, dtype=torch.int64)
         index = torch.zeros((len(seqs), t_max), dtype=torch.int64)
@@ -267,3 +332,75 @@ class TransformersEngine:
         index = index.to(self.device)
         rows = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
         return rows, mask.to(self.device), targets.to(self.device)
+
+
+# ---------------------------------------------------------------------- shared-prompt rows (pure)
+
+
+def plan_rows(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], limit: int) -> list[list[int]]:
+    """Indices of `pairs` per forward row: completions of the same prompt share a row while it stays within
+    `limit` tokens (the prompt once, each completion less its last token); a row that would not fit opens a
+    new one. `limit` 0 gives one row per pair. Rows in order of their first member."""
+    rows: list[list[int]] = []
+    open_rows: dict[tuple[int, ...], tuple[int, int]] = {}  # prompt -> (row, tokens so far)
+    for i, (prompt, completion) in enumerate(pairs):
+        key, cost = tuple(prompt), max(len(completion) - 1, 0)
+        row, used = open_rows.get(key, (-1, 0))
+        if row >= 0 and used + cost <= limit:
+            rows[row].append(i)
+            open_rows[key] = (row, used + cost)
+        else:
+            rows.append([i])
+            open_rows[key] = (len(rows) - 1, len(key) + cost)
+    return rows
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Rows of shared-prompt sequences, right-padded: ids, positions and `allowed` (query, key) pairs
+    (B, L[, L]), and `gather`, the flat (row · L + position) index of every member's generated positions,
+    members in row order."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    allowed: torch.Tensor
+    gather: torch.Tensor
+
+
+def packed_layout(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], rows: Sequence[Sequence[int]], pad_token_id: int
+) -> PackedLayout:
+    """Each row is its prompt, then each member's completion but its last token at the positions it has
+    in its own sequence. A position attends to earlier positions of its own segment and of the prompt
+    (segments: 0 the prompt, i + 1 member i, -1 padding, which attends to padding only). A member's rows
+    are the prompt's last position, then its own segment."""
+    layouts = []
+    for row in rows:
+        prompt = list(pairs[row[0]][0])
+        ids, positions, segments, gather = list(prompt), list(range(len(prompt))), [0] * len(prompt), []
+        for s, member in enumerate(row, start=1):
+            completion = list(pairs[member][1])
+            if not completion:
+                continue
+            fed = completion[:-1]
+            gather.append(len(prompt) - 1)
+            gather.extend(range(len(ids), len(ids) + len(fed)))
+            ids += fed
+            positions += range(len(prompt), len(prompt) + len(fed))
+            segments += [s] * len(fed)
+        layouts.append((ids, positions, segments, gather))
+    width = max(len(ids) for ids, _, _, _ in layouts)
+    count = len(layouts)
+    ids_t = torch.full((count, width), pad_token_id, dtype=torch.int64)
+    positions_t = torch.zeros((count, width), dtype=torch.int64)
+    segments_t = torch.full((count, width), -1, dtype=torch.int64)
+    gather_t = []
+    for r, (ids, positions, segments, gather) in enumerate(layouts):
+        ids_t[r, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        positions_t[r, : len(ids)] = torch.tensor(positions, dtype=torch.int64)
+        segments_t[r, : len(ids)] = torch.tensor(segments, dtype=torch.int64)
+        gather_t.append(torch.tensor(gather, dtype=torch.int64) + r * width)
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    query, key = segments_t[:, :, None], segments_t[:, None, :]
+    allowed = causal & ((query == key) | ((key == 0) & (query >= 0)))
+    return PackedLayout(ids_t, positions_t, allowed, torch.cat(gather_t))

@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 SEED_DOMAIN = b"swarmnode/sampling/seed/v2"  # v2: the assignment step is hashed in
@@ -97,18 +99,56 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def noise_bits(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(B, V) int64 hash values in [0, 2**32) for a (B, 2) int64 tensor of position keys."""
+def _mix32_u32(x: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+    """`_mix32` in numpy uint32, in place: products wrap mod 2**32 by definition, so one multiply each."""
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def _noise_bits_u32(keys: npt.NDArray[np.int64], vocab_size: int) -> npt.NDArray[np.uint32]:
+    """`noise_bits` on the CPU: the same values as uint32 (a third of the int64 path's work)."""
+    k0 = keys[:, 0:1].astype(np.uint32)
+    k1 = keys[:, 1:2].astype(np.uint32)
+    x = np.arange(vocab_size, dtype=np.uint32)[None, :] + k0  # wraps mod 2**32, as `& MASK32` does
+    x = _mix32_u32(x)
+    x ^= k1
+    return _mix32_u32(x)
+
+
+def _noise_bits_int64(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """`noise_bits` in int64 torch arithmetic, on any device."""
     j = torch.arange(vocab_size, dtype=torch.int64, device=keys.device)
     return _mix32(_mix32((j[None, :] + keys[:, 0:1]) & MASK32) ^ keys[:, 1:2])
+
+
+def noise_bits(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(B, V) int64 hash values in [0, 2**32) for a (B, 2) int64 tensor of position keys."""
+    if keys.device.type == "cpu":
+        return torch.from_numpy(_noise_bits_u32(keys.numpy(), vocab_size).astype(np.int64))
+    return _noise_bits_int64(keys, vocab_size)
+
+
+def _uniform(bits: torch.Tensor | npt.NDArray[np.uint32]) -> torch.Tensor:
+    """u = (2 * (bits >> 9) + 1) / 2**24, exact in fp32 (23-bit integers), never 0 or 1."""
+    if isinstance(bits, np.ndarray):
+        odd = (bits >> np.uint32(9)) * np.uint32(2) + np.uint32(1)
+        return torch.from_numpy(odd.astype(np.float32)) * 2.0**-24
+    return ((bits >> 9) * 2 + 1).to(torch.float32) * 2.0**-24
 
 
 def gumbel_from_keys(
     keys: Sequence[tuple[int, int]], vocab_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """(B, V) fp32 Gumbel noise, one row per position key."""
-    k = torch.tensor(list(keys), dtype=torch.int64, device=device).reshape(-1, 2)
-    u = ((noise_bits(k, vocab_size) >> 9) * 2 + 1).to(torch.float32) * 2.0**-24
+    """(B, V) fp32 Gumbel noise, one row per position key (hashed in numpy when it is wanted on the CPU)."""
+    k = torch.tensor(list(keys), dtype=torch.int64).reshape(-1, 2)
+    if torch.device(device).type == "cpu":
+        u = _uniform(_noise_bits_u32(k.numpy(), vocab_size))
+    else:
+        u = _uniform(_noise_bits_int64(k.to(device), vocab_size))
     return -torch.log(-torch.log(u))
 
 
@@ -225,19 +265,33 @@ def check_termination(
 ) -> TerminationCheck:
     """A completion may end with EOS only where the validator's P(EOS) >= threshold, else it must run to
     exactly `max_len` tokens. `eos_probs[p]` is P(EOS) at generated position p; any of `eos_ids` ends."""
-    eos = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
     tok = [int(t) for t in torch.as_tensor(tokens).reshape(-1).tolist()]
     probs = torch.as_tensor(eos_probs, dtype=torch.float32).reshape(-1)
     if probs.shape[0] != len(tok):
         raise ValueError(f"{probs.shape[0]} EOS probabilities for {len(tok)} tokens")
+    return check_termination_at_end(float(probs[-1]) if tok else 0.0, tok, eos_ids, max_len, threshold)
+
+
+def check_termination_at_end(
+    last_eos_prob: float,
+    tokens: Sequence[int],
+    eos_ids: int | Sequence[int],
+    max_len: int,
+    threshold: float = DEFAULT_EOS_THRESHOLD,
+) -> TerminationCheck:
+    """`check_termination` given only what it reads of the probabilities: P(EOS) at the last position.
+
+    A validator computes that one value per completion instead of a softmax at every position.
+    """
+    eos = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
     failures: list[tuple[int, TerminationFailure]] = []
-    if len(tok) > max_len:
+    if len(tokens) > max_len:
         failures.append((max_len, TerminationFailure.TOO_LONG))
-    eos_at = [p for p, t in enumerate(tok) if t in eos]
-    failures += [(p, TerminationFailure.EOS_NOT_LAST) for p in eos_at if p != len(tok) - 1]
-    if tok and tok[-1] in eos:
-        if float(probs[-1]) < threshold:
-            failures.append((len(tok) - 1, TerminationFailure.EOS_UNLIKELY))
-    elif len(tok) < max_len:
-        failures.append((len(tok), TerminationFailure.STOPPED_EARLY))
+    last = len(tokens) - 1
+    failures += [(p, TerminationFailure.EOS_NOT_LAST) for p, t in enumerate(tokens) if t in eos and p != last]
+    if tokens and tokens[last] in eos:
+        if last_eos_prob < threshold:
+            failures.append((last, TerminationFailure.EOS_UNLIKELY))
+    elif len(tokens) < max_len:
+        failures.append((len(tokens), TerminationFailure.STOPPED_EARLY))
     return TerminationCheck(failures=tuple(failures))

@@ -31,6 +31,7 @@ Only BaseExceptions that are not Exceptions (cancellation, KeyboardInterrupt, Sy
 
 from __future__ import annotations
 
+import bisect
 import math
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -57,7 +58,7 @@ from swarmnode.node.rl.rollouts import assigned_tasks, completion_rewards, task_
 from swarmnode.node.rl.sampling import (
     SEED_BITS,
     SamplingCheck,
-    check_termination,
+    check_termination_at_end,
     derive_seed,
     eos_probabilities,
     gumbel_from_keys,
@@ -321,7 +322,7 @@ class _TokenScores:
     once (packed: completion after completion), from one pass over the stacked logits."""
 
     logprobs: torch.Tensor  # (N,) under softmax(logits / temperature), as `token_logprobs`
-    eos_probs: torch.Tensor  # (N,) as `eos_probabilities`
+    last_eos_probs: list[float]  # one per completion: `eos_probabilities` at its last position (0 if none)
     sampling: list[SamplingCheck]  # one per completion, as `check_sampling`
 
 
@@ -329,11 +330,13 @@ def _token_scores(
     completions: Sequence[Completion], prefills: Sequence[Prefill], temperature: float, tolerance: float,
     eos_token_ids: Sequence[int],
 ) -> _TokenScores:
-    """`token_logprobs`, `eos_probabilities` and `check_sampling` of every completion, batched.
+    """`token_logprobs`, the P(EOS) `check_termination` reads and `check_sampling` of every completion,
+    batched.
 
     Each is row-wise over the logits, so stacking the completions changes no value; the sampling check
     is `check_sampling`'s: the seeded Gumbel noise of each (seed, position), the gap between the best
-    perturbed score and the claimed token's, a mismatch where it exceeds the tolerance.
+    perturbed score and the claimed token's, a mismatch where it exceeds the tolerance. P(EOS) is taken
+    only at each completion's last position, the one value termination reads.
     """
     lengths = [len(c.token_ids) for c in completions]
     logits = torch.cat([p.logits for p in prefills])
@@ -345,18 +348,26 @@ def _token_scores(
         keys = [position_key(c.seed, p) for c in completions for p in range(len(c.token_ids))]
         scores = scores + gumbel_from_keys(keys, scores.shape[-1], scores.device)
     gaps = scores.max(dim=-1).values - scores.gather(-1, tokens.to(scores.device).unsqueeze(-1)).squeeze(-1)
-    sampling = []
-    for gap in gaps.split(lengths):
-        if gap.numel() == 0:
-            sampling.append(SamplingCheck(mismatches=(), max_gap=0.0))
-            continue
-        bad = torch.nonzero(gap > tolerance).flatten().tolist()
-        sampling.append(SamplingCheck(mismatches=tuple(bad), max_gap=float(gap.max())))
-    return _TokenScores(
-        token_logprobs(logits, tokens, temperature),
-        eos_probabilities(logits, eos_token_ids, temperature),
-        sampling,
+    ends = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.int64))
+    largest = torch.zeros(len(lengths), dtype=gaps.dtype).scatter_reduce(
+        0, owner, gaps.cpu(), "amax", include_self=False
     )
+    mismatches: list[list[int]] = [[] for _ in lengths]
+    stops = ends.tolist()
+    for flat in torch.nonzero(gaps > tolerance).flatten().tolist():
+        i = bisect.bisect_right(stops, flat)
+        mismatches[i].append(flat - (stops[i] - lengths[i]))
+    sampling = [
+        SamplingCheck(mismatches=tuple(m), max_gap=float(g) if n else 0.0)
+        for m, g, n in zip(mismatches, largest.tolist(), lengths, strict=True)
+    ]
+    present = [i for i, n in enumerate(lengths) if n]
+    last_eos = eos_probabilities(logits[ends[present] - 1], eos_token_ids, temperature).tolist()
+    last_eos_probs = [0.0] * len(lengths)
+    for i, p in zip(present, last_eos, strict=True):
+        last_eos_probs[i] = p
+    return _TokenScores(token_logprobs(logits, tokens, temperature), last_eos_probs, sampling)
 
 
 def _logprobs_differ(
@@ -395,21 +406,19 @@ def check_model_outputs(sub: RolloutSubmission, ctx: ValidationContext, engine: 
     scores = _token_scores(completions, prefills, temperature, policy.sampling_tolerance, eos_ids)
     lengths = [len(c.token_ids) for c in completions]
     logprobs_differ = _logprobs_differ(completions, scores.logprobs, lengths)
-    start = 0
     for i, (completion, sampling) in enumerate(zip(completions, scores.sampling, strict=True)):
-        where, stop = f"completion {i}", start + lengths[i]
-        termination = check_termination(
-            scores.eos_probs[start:stop],
+        termination = check_termination_at_end(
+            scores.last_eos_probs[i],
             completion.token_ids,
             eos_ids,
             descriptor.grpo.max_new_tokens,
             eos_threshold(completion.token_ids, sampling, policy.eos_min_prob, eos_ids),
         )
         if not termination.passed:
-            raise Reject(Reason.BAD_TERMINATION, f"{where}: {termination.failures}")
+            raise Reject(Reason.BAD_TERMINATION, f"completion {i}: {termination.failures}")
         if i in logprobs_differ:
-            raise Reject(Reason.RULE_VIOLATION, f"{where}: claimed logprobs differ from the checkpoint's")
-        start = stop
+            raise Reject(Reason.RULE_VIOLATION,
+                         f"completion {i}: claimed logprobs differ from the checkpoint's")
     for i, sampling in enumerate(scores.sampling):
         if not sampling.passed:
             raise Reject(
