@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.wan_bench import open_wan, probe_rtt, wan_tcp_fanout  # noqa: E402
+from swarmnode.node.dataplane.http_client import RECV_LOW_WATER  # noqa: E402
 from swarmnode.node.dataplane.sources import ScoringConfig  # noqa: E402
 from swarmnode.node.dataplane.testing import RoleProcess, role_key, spawn, stop_all  # noqa: E402
 from swarmnode.node.wan import PROFILES, Wan, draw_links  # noqa: E402
@@ -121,7 +122,8 @@ class Topology:
     ) -> None:
         rate = ["--upload-rate", str(args.uplink_mbps * 1e6 / 8)] if args.uplink_mbps else []
         trainer = role_key(key_base)
-        follow = ["--trainer", trainer.checksum_address, "--run", RUN]
+        follow = ["--trainer", trainer.checksum_address, "--run", RUN, *(["--trace"] if args.trace else [])]
+        follow += ["--recv-low-water", str(args.recv_low_water)]
 
         def common(label: str, key: int) -> list[str]:
             return ["--root", str(tmp / name / label), "--key", role_key(key).private_key.hex(), "--run", RUN]
@@ -189,6 +191,21 @@ class Topology:
         ]
         self.version = 0
         self.dir = tmp / name
+        self.trace = bool(args.trace)
+
+    def _print_timeline(self, start: float) -> None:
+        """With `--trace`: when each shard of this round's version verified at each relay and worker."""
+        for proc in self.relays + self.workers:
+            while not proc.events.empty():
+                proc.seen.append(proc.events.get())
+            shards = [e for e in proc.seen if e.get("event") == "shard" and e.get("version") == self.version]
+            for event in shards:
+                proc.seen.remove(event)
+            marks = " ".join(
+                f"{'m' if e['index'] < 0 else e['index']}@{e['t'] - start:.2f}"
+                for e in sorted(shards, key=lambda e: e["t"])
+            )
+            print(f"  {proc.name:16s} {marks}", flush=True)
 
     def _spawn(self, node: str, name: str, role: str, args: list[str]) -> RoleProcess:
         proc = self.placement.spawn(node, name, role, args)
@@ -203,6 +220,8 @@ class Topology:
         cpu_published = _cpu_seconds(self.procs)
         done = [w.wait_event("checkpoint", 1800, version=self.version)["t"] for w in self.workers]
         relayed = [r.wait_event("complete", 600, version=self.version)["t"] for r in self.relays]
+        if self.trace:
+            self._print_timeline(published["t"])
         return {
             "seconds": max(done) - published["t"],
             "worker_s": [t - published["t"] for t in done],
@@ -422,12 +441,23 @@ def main() -> None:
     )
     parser.add_argument("--worker-parallel", type=int, default=8)
     parser.add_argument(
+        "--recv-low-water",
+        type=int,
+        default=RECV_LOW_WATER,
+        help="SO_RCVLOWAT of relays' and workers' body reads (1: wake per segment, as before)",
+    )
+    parser.add_argument(
         "--wan", choices=sorted(PROFILES), help="the workers' WAN profile: relayed topology only (needs root)"
     )
     parser.add_argument("--relay-profile", choices=sorted(PROFILES), default="continental")
     parser.add_argument("--wan-seed", type=int, default=0)
     parser.add_argument("--size", dest="size_mb", type=float, help="alias of --size-mb")
     parser.add_argument("--out", type=Path, help="with --wan: write each process's final stats here")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="print when each shard verified at each relay and worker (m: the manifest arrived)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds = 1

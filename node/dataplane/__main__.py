@@ -25,6 +25,7 @@ from swarmnode.node.dataplane.checkpoint import load_checkpoint, state_digest
 from swarmnode.node.dataplane.downloader import DownloadConfig
 from swarmnode.node.dataplane.faults import Fault, FaultyService
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
+from swarmnode.node.dataplane.http_client import RECV_LOW_WATER
 from swarmnode.node.dataplane.http_server import ServerConfig
 from swarmnode.node.dataplane.progress import RichProgress
 from swarmnode.node.dataplane.roles import FollowerNode, FollowerNodeConfig, OriginNode
@@ -162,10 +163,28 @@ def _follower_config(args: argparse.Namespace, *, newest_only: bool, serve: bool
         serve=serve,
         async_level=args.async_level,
         server=_server_config(args),
-        download=DownloadConfig(parallel_shards=args.parallel, stall_timeout=args.stall),
+        download=DownloadConfig(
+            parallel_shards=args.parallel, stall_timeout=args.stall, recv_low_water=args.recv_low_water
+        ),
         scoring=ScoringConfig(max_per_source=args.per_source),
         seed=args.seed,
     )
+
+
+async def _trace_shards(node: FollowerNode) -> None:
+    """With `--trace`: a `shard` event as each shard verifies here (where a broadcast's time goes)."""
+    seen: set[tuple[int, int]] = set()
+    while True:
+        for version in node.catalog.versions():
+            entry = node.catalog.get(version)
+            if (version, -1) not in seen:
+                seen.add((version, -1))
+                emit("shard", version=version, index=-1)  # the manifest arrived
+            for index in sorted(entry.held if entry is not None else ()):
+                if (version, index) not in seen:
+                    seen.add((version, index))
+                    emit("shard", version=version, index=index)
+        await node.catalog.wait_changed()
 
 
 async def run_relay(args: argparse.Namespace) -> None:
@@ -174,6 +193,8 @@ async def run_relay(args: argparse.Namespace) -> None:
     async with trio.open_nursery() as nursery:
         endpoint = await nursery.start(node.run, send)
         await nursery.start(_until_signalled, nursery, node.statistics)
+        if args.trace:
+            nursery.start_soon(_trace_shards, node)
         emit("listening", role="relay", endpoint=endpoint)
         async for checkpoint in receive:
             emit(
@@ -193,6 +214,8 @@ async def run_worker(args: argparse.Namespace) -> None:
         async with trio.open_nursery() as nursery:
             endpoint = await nursery.start(node.run, send)
             await nursery.start(_until_signalled, nursery, node.statistics)
+            if args.trace:
+                nursery.start_soon(_trace_shards, node)
             emit("listening", role="worker", endpoint=endpoint)
             async for checkpoint in receive:
                 digest = ""
@@ -268,6 +291,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--stall", type=float, default=10.0, help="seconds without a byte before giving up a source"
         )
+        p.add_argument(
+            "--recv-low-water",
+            type=int,
+            default=RECV_LOW_WATER,
+            help="bytes a body read waits for before waking (SO_RCVLOWAT; 1: every segment)",
+        )
+        p.add_argument("--trace", action="store_true", help="print a `shard` event as each shard verifies")
 
     origin = sub.add_parser("origin", help="serve a trainer's checkpoints; 'publish' on stdin")
     common(origin)

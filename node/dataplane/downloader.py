@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import trio
 
 from swarmnode.node.dataplane.errors import BadResponse, Busy, FailureKind, NotHeld, PeerFault
-from swarmnode.node.dataplane.http_client import ClientResponse, HttpClient
+from swarmnode.node.dataplane.http_client import RECV_LOW_WATER, ClientResponse, HttpClient
 from swarmnode.node.dataplane.progress import NullProgress, ProgressSink
 from swarmnode.node.dataplane.sources import SourceBook
 from swarmnode.node.dataplane.store import DigestMismatch, PartialShard, ShardStore
@@ -39,6 +39,7 @@ class DownloadConfig:
     parallel_shards: int = 8  # transfers at once, across all versions this downloader fetches
     stall_timeout: float = 10.0
     fsync: bool = False  # fsync each shard before it is renamed into place (power-loss durability)
+    recv_low_water: int = RECV_LOW_WATER  # bytes a body read waits for before waking (http_client)
 
 
 @dataclass

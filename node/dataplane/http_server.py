@@ -76,7 +76,7 @@ class ServerConfig:
     exempt_networks: tuple[str, ...] = LOOPBACK_NETWORKS
 
     def __post_init__(self) -> None:
-        counts = (self.max_connections, self.max_connections_per_address)
+        counts: tuple[int, ...] = (self.max_connections, self.max_connections_per_address)
         counts += (self.max_long_polls, self.max_long_polls_per_address)
         if min(counts) < 1:
             raise ValueError("connection and long-poll caps must be at least 1")

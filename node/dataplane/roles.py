@@ -99,7 +99,10 @@ class FollowerNode:
         self.store = ShardStore(config.root, config.run)
         self.catalog = Catalog(config.run)
         self.seal = Sealer(config.identity, config.run)
-        self.client = HttpClient(ClientConfig(stall_timeout=config.download.stall_timeout))
+        download = config.download
+        self.client = HttpClient(
+            ClientConfig(stall_timeout=download.stall_timeout, recv_low_water=download.recv_low_water)
+        )
         self.book = SourceBook(config.scoring)
         self.downloader = Downloader(
             self.client, self.book, config.download, rng=random.Random(config.seed), progress=progress
@@ -120,6 +123,7 @@ class FollowerNode:
             "endpoint": self.endpoint,
             "follower": self.follower.statistics(),
             "downloader": self.downloader.statistics(),
+            "client": self.client.statistics(),
             "sources": self.book.statistics(),
             **self.catalog.statistics(),
         }

@@ -7,6 +7,8 @@ import socket
 
 import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from swarmnode.node.dataplane.errors import ConnectFailed, Stalled, Truncated
 from swarmnode.node.dataplane.http_client import ClientConfig, HttpClient
@@ -44,6 +46,16 @@ def _handler(path):
                 yield DATA[:5000]
 
             return Response(200, [], StreamBody(len(DATA), chunks))
+        if request.target.startswith("/trickle"):  # /trickle/<piece bytes>/<pause ms>: DATA[:64 KiB], paced
+            _, _, piece, pause = request.target.split("/")
+            body = DATA[: 64 * 1024]
+
+            async def chunks():
+                for start in range(0, len(body), int(piece)):
+                    yield body[start : start + int(piece)]
+                    await trio.sleep(int(pause) / 1000)
+
+            return Response(200, [], StreamBody(len(body), chunks))
         if request.target == "/slow-head":
             await trio.sleep(5)
         return simple_response(404, "no")
@@ -264,3 +276,66 @@ def test_the_copy_path_without_sendfile_serves_the_same_bytes(tmp_path):
         assert body == DATA
 
     run_with_server(tmp_path, test, ServerConfig(use_sendfile=False))
+
+
+def test_a_body_read_sets_the_low_water_mark_and_a_reused_connection_gets_it_back_at_one(tmp_path):
+    async def test(server, client, url, port):
+        marks = []
+        async with client.request(url, "GET", "/file") as response:
+            sock = response._stream.socket
+            async for _ in response.chunks():
+                marks.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+        assert min(marks) > 1  # woken per mark, not per segment
+        assert max(marks) <= max(1024, sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 8)
+        (pooled,) = client._idle[next(iter(client._idle))]
+        assert pooled.socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1  # heads wake at once
+        assert (await client.get(url, "/nope", 100))[0] == 404 and client.connections_opened == 1
+
+    run_with_server(tmp_path, test, client_config=ClientConfig(recv_low_water=64 * 1024))
+
+
+def test_bytes_below_the_mark_are_read_at_the_stall_deadline_not_reported_as_a_stall(tmp_path):
+    async def test(server, client, url, port):
+        started = trio.current_time()
+        async with client.request(url, "GET", "/trickle/4096/100") as response:  # 16 pieces, 0.1 s apart
+            got = b"".join([bytes(c) async for c in response.chunks(stall_timeout=0.3)])
+        assert got == DATA[: 64 * 1024]
+        assert trio.current_time() - started < 5
+        assert response.reads <= 16  # never more wake-ups than pieces
+
+    run_with_server(tmp_path, test, client_config=ClientConfig(recv_low_water=1 << 20))
+
+
+def test_a_paced_body_costs_far_fewer_reads_with_the_mark(tmp_path):
+    """1448-byte pieces 1 ms apart (a 10 Mbit/s link's segments): without the mark a reader wakes for about
+    every piece; with it, once per mark (a loaded machine can only merge reads, never split them)."""
+
+    async def test(server, client, url, port):
+        async with client.request(url, "GET", "/trickle/1448/1") as response:
+            assert sum([len(c) async for c in response.chunks()]) == 64 * 1024
+        assert response.reads <= 8  # 64 KiB in marks of 16 KiB, plus the tail and a deadline or two
+
+    run_with_server(tmp_path, test, client_config=ClientConfig(recv_low_water=16 * 1024))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    piece=st.sampled_from([64, 700, 1448, 9000, 65536]),
+    pause_ms=st.sampled_from([0, 1, 20]),
+    low_water=st.sampled_from([1, 1000, 64 * 1024, 1 << 20]),
+)
+def test_any_pacing_and_mark_deliver_the_exact_body(tmp_path, piece, pause_ms, low_water):
+    if piece < 700:
+        pause_ms = 0  # 1,024 paced pieces would take too long: unpaced tiny pieces cover that case
+
+    async def test(server, client, url, port):
+        async with client.request(url, "GET", f"/trickle/{piece}/{pause_ms}") as response:
+            got = b"".join([bytes(c) async for c in response.chunks(stall_timeout=2)])
+        assert got == DATA[: 64 * 1024]
+        assert client.statistics()["body_reads"] == response.reads > 0
+        assert (await client.get(url, "/tail", len(DATA)))[2] == DATA[1000:]  # the pooled connection works
+        assert client.connections_opened == 1
+
+    # One process plays both ends: the server's pace would charge it the client's turns on a loaded machine.
+    lenient = ServerConfig(send_grace=300)
+    run_with_server(tmp_path, test, lenient, ClientConfig(recv_low_water=low_water))
