@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
 . .venv/bin/activate
-echo "==> lint and types (ruff on the tree; mypy strict on protocol/, crypto/, ledger/)"
+echo "==> lint and types (ruff on the tree; mypy on every package, strict on protocol/, crypto/, ledger/)"
 ruff check .
 scripts/typecheck.sh
 echo "==> fast tests"
