@@ -14,6 +14,10 @@ handler within `handler_timeout`, and the client must read each response at `min
 `send_grace` seconds (time we spend on our own upload cap is not held against it). Long polls (`wait=S` in the
 query) are capped per address and in total below the connection cap, so they cannot take the slots shard
 fetches need; a long poll over its cap gets a 503 with Retry-After on a connection that stays open.
+
+One module (over 500 lines) because admission, eviction and the per-connection deadlines are one state
+machine over the same counters (`HttpServer`'s connections by address and by phase): split, each part
+would reach into the others' state.
 """
 
 from __future__ import annotations
