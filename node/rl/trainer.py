@@ -134,6 +134,34 @@ def batch_loss(
     )
 
 
+def skipped_step(step: int, groups: Sequence[RolloutGroup], reward: float) -> StepStats:
+    """The stats of a step with no group carrying signal: nothing trained, every group dropped."""
+    return StepStats(step, 0, len(groups), 0, 0.0, 0.0, 0.0, reward)
+
+
+def apply_update(
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    loss: torch.Tensor,
+    grpo: GrpoParams,
+    optim: OptimizerParams,
+    step: int,
+) -> torch.Tensor:
+    """Backward `loss`, clip the gradient norm, and take one optimizer step at step `step`'s learning rate.
+
+    Returns the gradient norm before clipping (a DTensor when the parameters are sharded). One rule for
+    the single-process trainer and every rank of a trainer group. The parameters are read after the
+    backward: FSDP2 swaps a module's parameters for unsharded ones between its forward and backward.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grpo.max_grad_norm)
+    for group in optimizer.param_groups:
+        group["lr"] = optim.lr_at(grpo.learning_rate, step)
+    optimizer.step()
+    return norm
+
+
 class GrpoTrainer:
     """Owns the policy weights and the optimizer; one `step` per batch of accepted groups."""
 
@@ -168,19 +196,15 @@ class GrpoTrainer:
         reward = mean_reward(groups)
         self.step_count += 1
         if not used:
-            return StepStats(self.step_count, 0, len(groups), 0, 0.0, 0.0, 0.0, reward)
+            return skipped_step(self.step_count, groups, reward)
         batch = completion_batch(used)
         model = self.engine.model
         model.train()
         temperature = self.grpo.temperature
         current = self.engine.logprobs(batch.prompts, batch.completions, temperature=temperature, grad=True)
         out = batch_loss(current.values, current.mask, batch, self.grpo)
-        self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), self.grpo.max_grad_norm))
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.optim.lr_at(self.grpo.learning_rate, self.step_count)
-        self.optimizer.step()
+        norm = apply_update(self.optimizer, model, out.loss, self.grpo, self.optim, self.step_count)
+        grad_norm = float(norm)
         model.eval()
         return StepStats(
             self.step_count,

@@ -34,10 +34,12 @@ from swarmnode.node.rl.tokenizer import load_tokenizer
 from swarmnode.node.rl.trainer import (
     OptimizerParams,
     StepStats,
+    apply_update,
     batch_loss,
     completion_batch,
     mean_reward,
     signal_groups,
+    skipped_step,
 )
 from swarmnode.node.trainer.group import GroupInfo
 from swarmnode.protocol.messages import GrpoParams, RolloutGroup, ShardInfo
@@ -177,7 +179,7 @@ class ShardedPolicy:
         reward = mean_reward(groups)
         self.step_count += 1
         if not used:
-            return StepStats(self.step_count, 0, len(groups), 0, 0.0, 0.0, 0.0, reward)
+            return skipped_step(self.step_count, groups, reward)
         batch = completion_batch(used)
         share = rank_share(len(batch), self.group.rank, self.group.world_size)
         # A rank without a completion still runs the forward and backward (FSDP's collectives need every
@@ -190,13 +192,9 @@ class ShardedPolicy:
             self.group.device,
         )
         out = batch_loss(values, mask, mine, self.grpo)
-        self.optimizer.zero_grad(set_to_none=True)
-        (out.loss * weight).backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grpo.max_grad_norm)
+        weighted = out.loss * weight
+        norm = apply_update(self.optimizer, self.model, weighted, self.grpo, self.optim, self.step_count)
         grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.optim.lr_at(self.grpo.learning_rate, self.step_count)
-        self.optimizer.step()
         self.model.eval()
         return self._gathered_stats(out_stats(out, bool(share)), len(used), len(groups), grad_norm, reward)
 
