@@ -8,6 +8,10 @@ Measured in one run, every party a real process (`python -m swarmnode.node.datap
   fanout   one plain TCP sendfile fan-out of the same bytes to as many receivers as there are workers, all
            at once (a thread per receiver → a process per receiver, recv_into a buffer): the baseline of
            `broadcast_vs_tcp_fanout_ratio` (relayed seconds over fan-out seconds, medians of the same run)
+  stored   the same fan-out, but each receiver also does what any verified store must: sha256 over the
+           bytes and pwrite them into a file (page cache, as the roles do): the baseline of
+           `broadcast_vs_stored_fanout_ratio`. The gap between `fanout` and `stored` is the machine's cost
+           of hashing and writing the bytes, which no protocol avoids; the rest is ours
 Both topologies stay up for the whole run and rounds alternate between them (each round publishes a new
 version), so background load on a shared machine hits both alike; medians are reported. A round runs
 from the origin's `published` event (shards written, manifest signed) to the last worker's `checkpoint`
@@ -267,6 +271,23 @@ while True:
 print(total, time.time(), flush=True)
 """
 
+# The receiver of the stored fan-out: hashes and writes every chunk it receives, as PartialShard.absorb does.
+_STORING_RECEIVER = """
+import hashlib, os, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+buf = bytearray(1 << 20); view = memoryview(buf); total = 0; h = hashlib.sha256()
+while True:
+    n = s.recv_into(view)
+    if not n:
+        break
+    h.update(view[:n])
+    os.pwrite(fd, view[:n], total)
+    total += n
+os.close(fd)
+print(total, time.time(), flush=True)
+"""
+
 
 def tcp_copy(files: list[Path]) -> float:
     """Seconds to move the same bytes once over one loopback TCP connection (sendfile → recv_into)."""
@@ -290,14 +311,22 @@ def tcp_copy(files: list[Path]) -> float:
     return float(finished) - started
 
 
-def tcp_fanout(files: list[Path], receivers: int) -> float:
-    """Seconds to sendfile the same bytes to `receivers` processes at once, one connection each."""
+def tcp_fanout(files: list[Path], receivers: int, store_in: Path | None = None) -> float:
+    """Seconds to sendfile the same bytes to `receivers` processes at once, one connection each.
+
+    With `store_in`, each receiver hashes and writes what it receives to a file there (removed after).
+    """
     listener = socket.create_server(("127.0.0.1", 0), backlog=receivers)
     port = listener.getsockname()[1]
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _RECEIVER, str(port)], stdout=subprocess.PIPE, text=True)
-        for _ in range(receivers)
-    ]
+    if store_in is None:
+        commands = [[sys.executable, "-c", _RECEIVER, str(port)] for _ in range(receivers)]
+    else:
+        store_in.mkdir(parents=True, exist_ok=True)
+        commands = [
+            [sys.executable, "-c", _STORING_RECEIVER, str(port), str(store_in / f"receiver-{i}.bin")]
+            for i in range(receivers)
+        ]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for command in commands]
     conns = [listener.accept()[0] for _ in procs]
     listener.close()
 
@@ -321,6 +350,9 @@ def tcp_fanout(files: list[Path], receivers: int) -> float:
         if int(total) != expected:
             raise RuntimeError(f"tcp fan-out moved {total} of {expected} bytes")
         finished.append(float(at))
+    if store_in is not None:
+        for stored in store_in.glob("receiver-*.bin"):
+            stored.unlink()
     return max(finished) - started
 
 
@@ -469,7 +501,9 @@ def main() -> None:
         tmp = Path(tmp_text)
         relayed = Topology("relayed", tmp, args, args.relays, key_base=0)
         direct = Topology("direct", tmp, args, 0, key_base=100)
-        rounds: dict[str, list[dict[str, float]]] = {"relayed": [], "direct": [], "tcp": [], "fanout": []}
+        rounds: dict[str, list[dict[str, float]]] = {
+            "relayed": [], "direct": [], "tcp": [], "fanout": [], "stored": []
+        }
         try:
             for i in range(args.rounds):
                 for topology in (relayed, direct):
@@ -483,10 +517,14 @@ def main() -> None:
                 version_dir = direct.dir / "worker0" / RUN / str(direct.version)
                 copy_s = tcp_copy(sorted(version_dir.glob("*.safetensors")))
                 rounds["tcp"].append({"seconds": copy_s})
-                fanout_s = tcp_fanout(sorted(version_dir.glob("*.safetensors")), args.workers)
+                files = sorted(version_dir.glob("*.safetensors"))
+                fanout_s = tcp_fanout(files, args.workers)
                 rounds["fanout"].append({"seconds": fanout_s})
+                stored_s = tcp_fanout(files, args.workers, store_in=tmp / "stored-fanout")
+                rounds["stored"].append({"seconds": stored_s})
                 print(
-                    f"round {i + 1} tcp copy {copy_s:6.2f} s, fan-out to {args.workers} {fanout_s:6.2f} s",
+                    f"round {i + 1} tcp copy {copy_s:6.2f} s, fan-out to {args.workers} {fanout_s:6.2f} s, "
+                    f"hashed and written {stored_s:6.2f} s",
                     flush=True,
                 )
         finally:
@@ -498,6 +536,7 @@ def main() -> None:
     direct_s = _median(rounds["direct"], "seconds")
     copy_s = _median(rounds["tcp"], "seconds")
     fanout_s = _median(rounds["fanout"], "seconds")
+    stored_s = _median(rounds["stored"], "seconds")
     delivered = args.workers * size
     origin_bytes = relayed_final["origin_upload_bytes"] // args.rounds
     direct_origin_bytes = direct_final["origin_upload_bytes"] // args.rounds
@@ -523,6 +562,9 @@ def main() -> None:
         "tcp_copy_throughput_mb_s": round(size / copy_s / 1e6, 1),
         "tcp_fanout_s": round(fanout_s, 3),
         "broadcast_vs_tcp_fanout_ratio": round(relayed_s / fanout_s, 2),
+        "tcp_fanout_stored_s": round(stored_s, 3),
+        "stored_vs_tcp_fanout_ratio": round(stored_s / fanout_s, 2),
+        "broadcast_vs_stored_fanout_ratio": round(relayed_s / stored_s, 2),
         "relayed_vs_tcp_copy_ratio": round(relayed_s / copy_s, 2),
         "relayed_vs_direct_ratio": round(relayed_s / direct_s, 2),
         "origin_upload_bytes": origin_bytes,
