@@ -5,23 +5,24 @@ the TCP round trip of the same network as the baseline.
     python benchmarks/bench_network.py [--quick] [--duration 10] [--rates 10,50,100] [--out DIR]
                                        [--wan PROFILE [--skip-loopback]]
 
-A devnet of 9 node processes (bootstrap, trainer, 2 relays, 3 workers, 2 validators) on 127.0.0.1; a
-10th process, a probe node given only the bootstrap address, publishes numbered `ShardHave` probes on
-the shards topic at each rate. The 8 shards subscribers log every delivery with the wall clock; latency
-is receive time minus the publish time carried in the probe (one machine, one clock), loss is the share
-of (probe, subscriber) pairs never delivered. CPU per message per node is the node processes' CPU during
-a phase, less their idle CPU over as long a quiet window measured just before it, divided by messages x
-subscribers. Drop counters are per phase, summed over all nodes, by kind (spec/gossip.md, Delivery and
-back-pressure). A last probe times provider lookups of every role key. The baseline is the round trip of
-a 64-byte message over a plain trio TCP connection on the same network.
+A devnet of 9 node processes (bootstrap, trainer, 2 relays, 3 workers, 2 validators) on 127.0.0.1; a 10th
+process, a probe node given only the bootstrap address, publishes numbered `ShardHave` probes on the shards
+topic at each rate. The 8 shards subscribers log every delivery with the wall clock; latency is receive time
+minus the publish time carried in the probe (one machine, one clock), loss is the share of (probe, subscriber)
+pairs never delivered. CPU per message per node is the node processes' CPU during a phase, less their idle CPU
+over as long a quiet window measured just before it, divided by messages x subscribers; the machine's busy
+share while the probe published (every core, all processes: /proc/stat) says whether the machine itself was
+saturated. Drop counters are per phase, summed over all nodes, by kind (spec/gossip.md, Delivery and
+back-pressure). A last probe times provider lookups of every role key. The baseline is the round trip of a
+64-byte message over a plain trio TCP connection on the same network.
 
 Phases run on a `Network`: loopback, then with `--wan PROFILE` the same phases on a WAN of that profile
-(`node.wan`, needs root; elsewhere the run exits 2 with the reason). There every node and every probe has
-its own namespace and link, so a probe's messages cross the emulated links like any node's, and the
-baseline is the TCP round trip between two nodes' namespaces (`node.wan.probe rtt`, one byte, p50). Its
-keys get the profile's name as prefix. Goals (issue #19): no loss and p99 < 250 ms at 100 msg/s on
-loopback; on the WAN no loss and p99 < 3 x the round trip (`<profile>_gossip_<rate>_p99_vs_3_rtt_ratio`
-< 1). Ends with one JSON line (snake_case keys; ratios end in `_ratio`).
+(`node.wan`, needs root; elsewhere the run exits 2 with the reason). There every node and every probe has its
+own namespace and link, so a probe's messages cross the emulated links like any node's, and the baseline is
+the TCP round trip between two nodes' namespaces (`node.wan.probe rtt`, one byte, p50). Its keys get the
+profile's name as prefix. Goals (issue #19): no loss and p99 < 250 ms at 100 msg/s on loopback; on the WAN no
+loss and p99 < 3 x the round trip (`<profile>_gossip_<rate>_p99_vs_3_rtt_ratio` < 1). Ends with one JSON line
+(snake_case keys; ratios end in `_ratio`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -200,6 +202,43 @@ def counters(devnet: Devnet) -> dict[str, float]:
     return total
 
 
+class MachineCpu:
+    """Samples the whole machine's CPU (/proc/stat) a few times a second in a thread, so a phase can say how
+    busy the machine was while the probe published: the share of every core, emulator and probe included.
+    Node CPU alone, averaged over a phase's start-up and linger, hides a machine that is saturated only
+    while messages flow."""
+
+    INTERVAL_S = 0.25
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int, int]] = []  # (wall s, busy ticks, total ticks)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> MachineCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            idle = ticks[3] + ticks[4]  # idle + iowait
+            self.samples.append((time.time(), sum(ticks) - idle, sum(ticks)))
+            self._stop.wait(self.INTERVAL_S)
+
+    def busy_share(self, start: float, end: float) -> float:
+        """Share of all cores busy between the samples nearest inside [start, end] (wall seconds)."""
+        inside = [sample for sample in self.samples if start <= sample[0] <= end]
+        if len(inside) < 2:
+            return float("nan")
+        (_, busy_a, total_a), (_, busy_b, total_b) = inside[0], inside[-1]
+        return (busy_b - busy_a) / max(1, total_b - total_a)
+
+
 def idle_cpu_rate(devnet: Devnet, seconds: float) -> float:
     """CPU cores the node processes use with no probe traffic (heartbeats, liveness, DHT, status)."""
     before, started = cpu_seconds(devnet), time.monotonic()
@@ -213,9 +252,11 @@ def gossip_phase(devnet: Devnet, rate: int, duration: float, subscribers: list[s
     idle = idle_cpu_rate(devnet, min(5.0, max(2.0, duration / 2)))
     counted_before = counters(devnet)
     cpu_before, wall_before = cpu_seconds(devnet), time.monotonic()
-    report = run_probe(
-        devnet, name, "--rate", str(rate), "--count", str(count), "--wait-subscribers", "4", "--linger", "5"
-    )
+    with MachineCpu() as machine:
+        report = run_probe(
+            devnet, name, "--rate", str(rate), "--count", str(count),
+            "--wait-subscribers", "4", "--linger", "5",
+        )
     cpu_used, wall = cpu_seconds(devnet) - cpu_before, time.monotonic() - wall_before
     time.sleep(1.5)  # every node writes status.json each second: the counters catch up
     counted = {k: v if k in GC_MAXIMA else v - counted_before[k] for k, v in counters(devnet).items()}
@@ -246,6 +287,8 @@ def gossip_phase(devnet: Devnet, rate: int, duration: float, subscribers: list[s
         "node_cpu_ms_per_message": traffic_cpu * 1e3 / len(sent) / len(subscribers),
         "node_cpu_cores_busy": cpu_used / wall,
         "node_cpu_cores_idle": idle,
+        # every core of the machine while the probe published (nodes, probe, the WAN emulator, the rest)
+        "machine_cpu_busy_ratio": machine.busy_share(min(sent.values()) / 1e9, max(sent.values()) / 1e9),
         **{k: float(v) for k, v in counted.items()},
     }
     result["p99_vs_goal_ratio"] = result["p99_ms"] / GOAL_P99_MS
@@ -255,7 +298,8 @@ def gossip_phase(devnet: Devnet, rate: int, duration: float, subscribers: list[s
         f"{len(subscribers)} subscribers: p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms "
         f"({result['p99_vs_goal_ratio']:.2f}x the {GOAL_P99_MS:.0f} ms goal), loss {result['loss']:.4f}; "
         f"drops {drops}; node CPU {result['node_cpu_ms_per_message']:.2f} ms per message per node "
-        f"({result['node_cpu_cores_busy']:.2f} cores busy, {idle:.2f} idle); copies received "
+        f"({result['node_cpu_cores_busy']:.2f} cores busy, {idle:.2f} idle; the machine "
+        f"{result['machine_cpu_busy_ratio']:.0%} busy while publishing); copies received "
         f"{counted['rpc_copies']:.0f} ({counted['rpc_duplicate_copies']:.0f} duplicate), "
         f"{counted['outbound_merged']:.0f} merged into queued RPCs, "
         f"{counted['records_verified']:.0f} peer records verified; GC {counted['gc_pause_ms']:.0f} ms in "
