@@ -43,9 +43,13 @@ VICTIMS = ("validator-1", "trainer-1", "relay-1")
 # 4 SUBMIT slots x an 18 MiB frame x a small multiple (4) of its size, plus 96 MiB of slack.
 RSS_GROWTH_BOUND = 4 * 18 * MIB * 4 + 96 * MIB  # 384 MiB
 # The trainer's peak also holds its own work, which the attack does not cause: GRPO steps, a checkpoint's
-# state dict serialised beside the live weights, the held-out evaluation. Under the attack its peak growth
-# measured 241, 358 and 390 MiB in three runs on 2 cores, so it gets that work's 128 MiB on top.
-TRAINER_OWN_WORK = 128 * MIB
+# state dict serialised beside the live weights, the held-out evaluation. A step trains its whole batch in
+# one forward and backward, and a trainer that fell behind takes up to its batch limit (4 x its need plus
+# less than one submission: spec/rollouts.md, `max_batch_groups`), so this work grows with the batch. Under
+# the attack the peak growth measured 241, 358 and 390 MiB in runs whose steps took 1-2 submissions, and
+# 612 MiB in one whose early steps took 4 and 5 (160 groups, 1,280 completions: the limit), so the
+# trainer gets 384 MiB for its own work on top.
+TRAINER_OWN_WORK = 384 * MIB
 # The validator's data dir over the whole run: an honest run of STEPS steps adds about 5 MiB
 # (accepted log, checkpoints it serves); unstaked near-cap submissions must not be kept.
 DISK_GROWTH_BOUND = 64 * MIB
