@@ -259,32 +259,23 @@ class Topology:
         }
 
 
+# A baseline's receiver: counts what arrives into one reused buffer; given a file path as well, it also does
+# what any verified store must, as PartialShard.absorb does: sha256 over every chunk and pwrite it there.
 _RECEIVER = """
-import socket, sys, time
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-buf = bytearray(1 << 20); view = memoryview(buf); total = 0
-while True:
-    n = s.recv_into(view)
-    if not n:
-        break
-    total += n
-print(total, time.time(), flush=True)
-"""
-
-# The receiver of the stored fan-out: hashes and writes every chunk it receives, as PartialShard.absorb does.
-_STORING_RECEIVER = """
 import hashlib, os, socket, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644) if len(sys.argv) > 2 else -1
 buf = bytearray(1 << 20); view = memoryview(buf); total = 0; h = hashlib.sha256()
 while True:
     n = s.recv_into(view)
     if not n:
         break
-    h.update(view[:n])
-    os.pwrite(fd, view[:n], total)
+    if fd >= 0:
+        h.update(view[:n])
+        os.pwrite(fd, view[:n], total)
     total += n
-os.close(fd)
+if fd >= 0:
+    os.close(fd)
 print(total, time.time(), flush=True)
 """
 
@@ -318,15 +309,11 @@ def tcp_fanout(files: list[Path], receivers: int, store_in: Path | None = None) 
     """
     listener = socket.create_server(("127.0.0.1", 0), backlog=receivers)
     port = listener.getsockname()[1]
-    if store_in is None:
-        commands = [[sys.executable, "-c", _RECEIVER, str(port)] for _ in range(receivers)]
-    else:
+    if store_in is not None:
         store_in.mkdir(parents=True, exist_ok=True)
-        commands = [
-            [sys.executable, "-c", _STORING_RECEIVER, str(port), str(store_in / f"receiver-{i}.bin")]
-            for i in range(receivers)
-        ]
-    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for command in commands]
+    stores = [[] if store_in is None else [str(store_in / f"receiver-{i}.bin")] for i in range(receivers)]
+    command = [sys.executable, "-c", _RECEIVER, str(port)]
+    procs = [subprocess.Popen([*command, *store], stdout=subprocess.PIPE, text=True) for store in stores]
     conns = [listener.accept()[0] for _ in procs]
     listener.close()
 
