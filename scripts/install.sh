@@ -10,6 +10,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
+if ! command -v bwrap >/dev/null; then
+  # The code sandbox (node/sandbox/): graded programs run only under bubblewrap, never without it.
+  echo "==> bubblewrap (the code sandbox, from Debian's packages)"
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }
+  else
+    echo "    not installed: run 'sudo apt-get install bubblewrap' (a node refuses code tasks without it)" >&2
+  fi
+fi
 echo "==> torch 2.13.0 (CPU build)"
 python -m pip install -q torch==2.13.0
 echo "==> swarmnode and its pinned dependencies"

@@ -21,7 +21,7 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger import Ledger
 from swarmnode.node.config import NodeConfig
 from swarmnode.node.rl.run import RunSetup
-from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks import Task, require_sandbox_for
 from swarmnode.node.rl.validation import Accepted
 from swarmnode.node.roles.common import TtlCache, bounded_get, run_model_dir, run_tasks
 from swarmnode.node.roles.follow import SwarmFollower
@@ -113,6 +113,7 @@ class ValidatorState:
         self.run_id = config.run
         self.model_dir = model_dir or run_model_dir(config.work)
         self.tasks = list(tasks) if tasks is not None else run_tasks(config.work)
+        require_sandbox_for(self.tasks)  # code tasks: the sandbox must work here, or no run
         self.ledger = LedgerAccess(ledger)
         self.store = AcceptedStore(config.data_dir / "validator" / STORE_FILE)
         self._secret = self.store.secret()

@@ -39,7 +39,7 @@ from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.rl.engine import InferenceEngine
 from swarmnode.node.rl.engines import choose_engine, open_engine
 from swarmnode.node.rl.run import RunSetup, load_run_setup
-from swarmnode.node.rl.tasks import GraderFault, Task
+from swarmnode.node.rl.tasks import GraderFault, Task, require_sandbox_for
 from swarmnode.node.roles.base import RoleNet
 from swarmnode.node.roles.common import run_model_dir, run_tasks, set_threads, wait_run_owner
 from swarmnode.node.roles.follow import SwarmFollower
@@ -80,6 +80,7 @@ class SwarmWorkerWork:
         self.ledger = ledger
         self.model_dir = model_dir or run_model_dir(config.work)
         self.tasks = list(tasks) if tasks is not None else run_tasks(config.work)
+        require_sandbox_for(self.tasks)  # code tasks: the sandbox must work here, or no run
         self.cheat = config.work.cheat
         self.stats = WorkerStats()
         self.rotation = Rotation()

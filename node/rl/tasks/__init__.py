@@ -18,9 +18,10 @@ from swarmnode.node.rl.tasks.core import (
     write_jsonl,
 )
 from swarmnode.node.rl.tasks.files import TaskFileError, read_tasks, write_tasks
-from swarmnode.node.rl.tasks.graders import GRADERS, grade
+from swarmnode.node.rl.tasks.graders import EXECUTING_KINDS, GRADERS, grade, require_sandbox_for
 
 __all__ = [
+    "EXECUTING_KINDS",
     "GRADERS",
     "MAX_TARGET_LENGTH",
     "Grade",
@@ -33,6 +34,7 @@ __all__ = [
     "grade",
     "read_jsonl",
     "read_tasks",
+    "require_sandbox_for",
     "task_from_json",
     "task_id",
     "task_length_target",

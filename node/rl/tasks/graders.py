@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
 from swarmnode.node.rl.tasks import arithmetic, code, math
 from swarmnode.node.rl.tasks.core import Grade, Task
+from swarmnode.node.sandbox.run import check_sandbox
 
 GRADERS: Mapping[str, Callable[[Task, str], Grade]] = MappingProxyType(
     {arithmetic.KIND: arithmetic.grade, math.KIND: math.grade, code.KIND: code.grade}
 )
+# Kinds whose grader executes the completion's text (in the sandbox): a validator grades them only after
+# the model checks, a node takes a run with them only where the sandbox works (spec/validation.md).
+EXECUTING_KINDS = frozenset({code.KIND})
 
 
 def grade(task: Task, completion: str) -> Grade:
@@ -22,3 +26,10 @@ def grade(task: Task, completion: str) -> Grade:
     if grader is None:
         raise ValueError(f"no grader for task kind {task.kind!r}")
     return grader(task, completion)
+
+
+def require_sandbox_for(tasks: Iterable[Task]) -> None:
+    """SandboxUnavailable (naming what to install) when some task's grader executes code and this machine
+    cannot run the sandbox: a node refuses such a run at start rather than fault on every item."""
+    if any(task.kind in EXECUTING_KINDS for task in tasks):
+        check_sandbox()
