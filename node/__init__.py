@@ -11,5 +11,6 @@
 - `p2p/`        libp2p host, DHT, gossip, request/response, peer scoring
 - `dataplane/`  HTTP shard origin, relay and follower for checkpoints
 - `rl/`         models, engines, tasks, GRPO, TOPLOC capture, validation
+- `sandbox/`    where programs others wrote run (graded code): bubblewrap, seccomp, cgroups
 - `wan/`        the WAN emulator (namespaces, shaped links, NAT) for `devnet --wan`
 """

@@ -61,7 +61,7 @@ class LivenessSettings:
     max_strikes: int = 3
 
 
-CHEATS = ("", "perturbed-model", "tampered-prompt", "forged-reward")
+CHEATS = ("", "perturbed-model", "tampered-prompt", "forged-reward", "code-injection")
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class WorkSettings:
     threads: int = 1  # torch intra-op threads of this process (the devnet shares 2 cores among 8 nodes)
     shard_mb: float = 1.0  # trainer: checkpoint shard size
     submissions_per_version: int = 4  # worker: most submissions per checkpoint version before waiting
-    cheat: str = ""  # worker, devnet only: perturbed-model | tampered-prompt | forged-reward
+    cheat: str = ""  # worker, devnet only: perturbed-model | tampered-prompt | forged-reward | code-injection
     min_batch_groups: int = 0  # trainer: signal groups per step (0: the run's prompts_per_step)
     diloco_plan: str = ""  # trainer of a multi-trainer run: the DilocoRun file its lead signed
     diloco_lead: str = ""  # with diloco_plan: 0x address of the run's lead trainer, the plan's signer

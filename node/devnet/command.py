@@ -21,6 +21,7 @@ import trio
 from rich.console import Console
 
 from swarmnode.node.cli.inputs import eval_tasks_option, run_model_options
+from swarmnode.node.config import CHEATS
 from swarmnode.node.devnet.live import run_devnet, status_table
 from swarmnode.node.devnet.network import Devnet
 from swarmnode.node.devnet.plan import DevnetPlan, default_folder
@@ -62,6 +63,14 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     default=0,
     show_default=True,
     help="Extra dishonest workers, cycling through: " + ", ".join(CHEAT_ORDER) + ".",
+)
+@click.option(
+    "--cheat",
+    "cheat_kinds",
+    type=click.Choice([c for c in CHEATS if c]),
+    multiple=True,
+    help="One more dishonest worker of this kind (repeatable), after the --cheaters ones; code-injection "
+    "needs code tasks and --max-new-tokens 32.",
 )
 @click.option(
     "--ledger",
@@ -143,6 +152,7 @@ def devnet_command(
     outer_lr: float,
     outer_momentum: float,
     cheaters: int,
+    cheat_kinds: tuple[str, ...],
     ledger_kind: str,
     summary_path: Path | None,
     threads: int,
@@ -172,7 +182,8 @@ def devnet_command(
     workers (--cheaters more that cheat), validators, a ledger every role is staked and registered in.
     It ends with a summary table, a PNG plot and the final ledger, in the devnet folder.
     """
-    cheats = tuple(CHEAT_ORDER[i % len(CHEAT_ORDER)] for i in range(cheaters))
+    cheats = tuple(CHEAT_ORDER[i % len(CHEAT_ORDER)] for i in range(cheaters)) + cheat_kinds
+    cheaters = len(cheats)
     plan = DevnetPlan(
         trainers,
         relays,

@@ -19,8 +19,7 @@ from swarmnode.node.rl.engine import InferenceEngine
 from swarmnode.node.rl.rollouts import build_submission
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.worker.cheats import (
-    FORGED_REWARD,
-    TAMPERED_PROMPT,
+    SUBMISSION_CHEATS,
     build_dishonest_submission,
     tamper_weights,
 )
@@ -60,7 +59,7 @@ def make_submission(
     cheat: str,
 ) -> RolloutSubmission:
     """The `counter`-th submission on checkpoint `ref`, honest or as the configured cheat (blocking)."""
-    if cheat in (TAMPERED_PROMPT, FORGED_REWARD):
+    if cheat in SUBMISSION_CHEATS:
         return build_dishonest_submission(
             cheat, engine, descriptor, dataset, dataset_ids, worker, ref.version, ref.root, counter
         )

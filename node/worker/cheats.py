@@ -9,6 +9,9 @@ pipeline (`node.rl.rollouts`), so the submission stays well-formed and signed an
 |                   | generated: an easier task's prompt tokens   |                        |                |
 | `forged-reward`   | to one group's rewards, after scoring       | full marks for wrong   | BAD_REWARD     |
 |                   |                                             | answers                |                |
+| `code-injection`  | to one completion, after generation: a      | the model sampled it,  | BAD_SAMPLING   |
+|                   | program that kills the grader's parent,     | full marks             | (never run)    |
+|                   | with the model's own rows and logprobs      |                        |                |
 
 Decisions:
 - The perturbation is Gaussian noise of `PERTURB_FRACTION` (5%) of each tensor's own standard deviation, from
@@ -18,6 +21,10 @@ Decisions:
   is internally consistent and only the reward recomputation, not the advantage check, can object.
 - The tampered group keeps the assigned task's rewards (scored against the assigned target): the only lie is
   the prompt, which the assignment check compares with the task's own prompt.
+- The injected program is teacher-forced through the worker's own engine, so its TOPLOC proofs and logprobs
+  are the model's: only the sampling re-derivation (or the termination check) can tell it was not sampled,
+  and a validator runs those before any grader. The worker never grades it (it would run it), it claims full
+  marks. It goes into the first code task's group where there is one, else the first group.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from swarmnode.node.rl.engine import Completion as EngineCompletion
 from swarmnode.node.rl.engine import InferenceEngine
 from swarmnode.node.rl.rollouts import (
     GeneratedGroup,
@@ -43,6 +51,10 @@ from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
 PERTURBED_MODEL = "perturbed-model"
 TAMPERED_PROMPT = "tampered-prompt"
 FORGED_REWARD = "forged-reward"
+CODE_INJECTION = "code-injection"
+SUBMISSION_CHEATS = (TAMPERED_PROMPT, FORGED_REWARD, CODE_INJECTION)  # applied by build_dishonest_submission
+# What killed a validator before grading ran in the sandbox and after the model checks (issue #29).
+KILL_PAYLOAD = "import os;os.kill(os.getppid(),9)"
 
 PERTURB_FRACTION = 0.05
 FULL_MARKS = 1.0
@@ -107,6 +119,36 @@ def forge_rewards(rewards: Sequence[Sequence[float]]) -> list[list[float]]:
     return forged
 
 
+# --- code-injection ----------------------------------------------------------------------------------
+
+
+def injected_completion(engine: InferenceEngine, prompt_ids: Sequence[int], seed: int,
+                        max_new_tokens: int, temperature: float) -> EngineCompletion:
+    """`KILL_PAYLOAD` + EOS as a completion the model could have produced: its hidden rows and logprobs are
+    the engine's own teacher-forced ones, only its tokens were chosen, not sampled."""
+    tokenizer = engine.tokenizer
+    tokens = (*tokenizer.encode(KILL_PAYLOAD), tokenizer.eos_token_ids[0])
+    if len(tokens) > max_new_tokens:
+        raise ValueError(f"the code-injection payload takes {len(tokens)} tokens, the run allows "
+                         f"{max_new_tokens}: run the devnet with --max-new-tokens {len(tokens)} or more")
+    prefill = engine.prefill(prompt_ids, tokens)
+    logits = prefill.logits / temperature
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)
+    return EngineCompletion(tokens, logprobs.float(), prefill.hidden_rows, seed, True)
+
+
+def inject_code(engine: InferenceEngine, generated: list[GeneratedGroup], descriptor: RunDescriptor) -> int:
+    """Replace the first completion of the first code group (else of the first group) by the payload;
+    returns the group's index."""
+    index = next((i for i, g in enumerate(generated) if g.task.kind == "code"), 0)
+    group = generated[index]
+    grpo = descriptor.grpo
+    seed = group.completions[0].seed
+    injected = injected_completion(engine, group.prompt_ids, seed, grpo.max_new_tokens, grpo.temperature)
+    generated[index] = GeneratedGroup(group.task, group.prompt_ids, [injected, *group.completions[1:]])
+    return index
+
+
 # --- the dishonest submission --------------------------------------------------------------------------
 
 
@@ -121,8 +163,8 @@ def build_dishonest_submission(
     checkpoint_root: bytes,
     counter: int,
 ) -> RolloutSubmission:
-    """`build_submission` with a submission-time cheat (`tampered-prompt`, `forged-reward`) applied."""
-    if cheat not in (TAMPERED_PROMPT, FORGED_REWARD):
+    """`build_submission` with a submission-time cheat (`SUBMISSION_CHEATS`) applied."""
+    if cheat not in SUBMISSION_CHEATS:
         raise ValueError(f"{cheat!r} is not a submission-time cheat")
     step = assignment_step(checkpoint_version, counter)
     generated: list[GeneratedGroup] = []
@@ -131,10 +173,12 @@ def build_dishonest_submission(
         tamper = cheat == TAMPERED_PROMPT and i == 0
         prompt = tampered_prompt(task, dataset, engine.tokenizer) if tamper else None
         generated.append(generate_group(engine, task, descriptor, worker, step, prompt))
-    rewards = [
-        completion_rewards(g.task, [c.tokens for c in g.completions], descriptor, engine.tokenizer)
-        for g in generated
-    ]
+    injected = inject_code(engine, generated, descriptor) if cheat == CODE_INJECTION else -1
+    rewards = []
+    for i, g in enumerate(generated):
+        graded = g.completions[1:] if i == injected else g.completions  # the payload is never run here
+        scored = completion_rewards(g.task, [c.tokens for c in graded], descriptor, engine.tokenizer)
+        rewards.append([FULL_MARKS, *scored] if i == injected else scored)
     if cheat == FORGED_REWARD:
         rewards = forge_rewards(rewards)
     groups = tuple(

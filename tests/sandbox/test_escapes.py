@@ -360,4 +360,4 @@ print(hits)
 def test_the_program_holds_no_descriptor_but_its_standard_ones():
     result = run("import os\nprint(sorted(os.listdir('/proc/self/fd')), flush=True)\nos._exit(114)\n")
     assert result.stdout.strip() == "['0', '1', '2', '3']"  # 3: listdir's own directory
-    assert result.outcome is Outcome.FAILED and result.returncode == 114  # the launcher's code, the program's exit
+    assert result.outcome is Outcome.FAILED and result.returncode == 114  # SETUP_EXIT, chosen by the program
