@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from swarmnode.crypto.hashing import sha256
 from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.rl import validation
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import ModelRecipe, build_model, hf_config, model_commitment, save_model_folder
 from swarmnode.node.rl.rollouts import (
@@ -21,9 +23,12 @@ from swarmnode.node.rl.rollouts import (
     to_wire_group,
 )
 from swarmnode.node.rl.run import describe_run, devnet_dataset, devnet_grpo, devnet_policy
-from swarmnode.node.rl.validation import BadProof, ValidationContext, validate_submission
+from swarmnode.node.rl.tasks import GRADERS, executes_completion
+from swarmnode.node.rl.validation import BadProof, ValidationContext, judge_total, validate_submission
+from swarmnode.node.validator.judgement import make_verdict
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.messages import RolloutSubmission
+from tests.forged import CODE_TASKS, PROGRAM, code_grpo, program_submission
 from tests.tinymodel import eos_prone, tiny_engine, tiny_folder
 
 WORKER = NodeIdentity(sha256(b"validation-test-worker")).address
@@ -122,6 +127,8 @@ def test_cherry_picked_tasks_are_rejected(honest, setup, engine):
 
 
 def test_forged_reward_is_rejected(honest, setup, engine):
+    """Full marks claimed for a group: 603 naming the group and its first completion that did not earn
+    them, and no reward value: the detail is in the public verdict, a grader's result is not."""
     group = honest.groups[0]
     forged = tuple(dataclasses.replace(c, reward=1.0) for c in group.completions)
     sub = dataclasses.replace(
@@ -130,6 +137,26 @@ def test_forged_reward_is_rejected(honest, setup, engine):
     with pytest.raises(Reject) as err:
         judge(sub, context(setup, engine), engine)
     assert err.value.reason == Reason.BAD_REWARD
+    first = next(i for i, c in enumerate(group.completions) if c.reward != 1.0)
+    detail = f"group 0 completion {first}: claimed reward differs from the recomputed one"
+    assert err.value.detail == detail
+    verdict = make_verdict(sub, b"\x00" * 32, WORKER, err.value)
+    assert verdict.detail == detail and verdict.reason_code == Reason.BAD_REWARD
+
+
+def test_the_603_details_name_a_completion_never_a_value(honest, setup, engine):
+    """Rewards and advantages off in group 1 completion 2: the details are exactly the place, no number
+    the grader or the advantages produced."""
+    c = honest.groups[1].completions[2]
+    for changes, what in (
+        ({"reward": c.reward + 0.25}, "claimed reward differs from the recomputed one"),
+        ({"advantage": c.advantage + 0.25}, "advantage does not follow from the rewards"),
+    ):
+        with pytest.raises(Reject) as err:
+            judge(_replace_completion(honest, 1, 2, **changes), context(setup, engine), engine)
+        assert err.value.reason == Reason.BAD_REWARD
+        assert err.value.detail == f"group 1 completion 2: {what}"
+        assert not re.search(r"\d", err.value.detail.split(":", 1)[1])
 
 
 def test_tampered_prompt_is_caught_by_toploc(honest, setup, engine):
@@ -242,6 +269,110 @@ def test_logprobs_are_checked_after_the_proofs(honest, setup, engine):
     with pytest.raises(Reject) as err:
         judge(bad, context(setup, engine), engine)
     assert err.value.reason == Reason.RULE_VIOLATION
+
+
+def _recorded(monkeypatch, events: list[str]) -> None:
+    """Record, in `events`, each model-checks pass and each group graded by the validator (both still run:
+    these are spies on the real functions, not stand-ins)."""
+    check_model_outputs, completion_rewards = validation.check_model_outputs, validation.completion_rewards
+
+    def model_checks(*args, **kwargs):
+        events.append("model checks")
+        return check_model_outputs(*args, **kwargs)
+
+    def graded(task, *args, **kwargs):
+        events.append(f"graded {task.kind}")
+        return completion_rewards(task, *args, **kwargs)
+
+    monkeypatch.setattr(validation, "check_model_outputs", model_checks)
+    monkeypatch.setattr(validation, "completion_rewards", graded)
+
+
+def test_rewards_are_recomputed_only_after_the_model_checks(honest, setup, engine, monkeypatch):
+    """Check 6 before check 5: a grader reads only text shown to be the model's own output."""
+    events: list[str] = []
+    _recorded(monkeypatch, events)
+    assert judge(honest, context(setup, engine), engine).tokens > 0
+    assert events == ["model checks"] + ["graded arithmetic"] * len(honest.groups)
+
+
+def test_a_grader_fault_after_the_model_checks_is_a_judge_fault(honest, setup, engine, monkeypatch):
+    """A grader's safety net (GraderFault: wall clock, memory) gives no reward: with the model checks
+    passed, nobody is proven at fault, so the submission is quarantined (207), never slashed."""
+    from swarmnode.node.rl.tasks import GraderFault
+
+    events: list[str] = []
+    _recorded(monkeypatch, events)
+
+    def fault(task, *args, **kwargs):
+        events.append("grader fault")
+        raise GraderFault("the code sandbox stopped on a machine-dependent limit (timeout)")
+
+    monkeypatch.setattr(validation, "completion_rewards", fault)
+    outcome = judge_total(honest, WORKER, context(setup, engine), lambda version: engine)
+    assert isinstance(outcome, Ignore) and outcome.reason == Reason.JUDGE_FAULT
+    assert outcome.detail.startswith("GraderFault: ") and isinstance(outcome.__cause__, GraderFault)
+    assert events == ["model checks", "grader fault"]
+
+
+@pytest.fixture(scope="module")
+def code_setup(engine):
+    """A run of code tasks only (tests.forged): every assignment's completions are executed when graded."""
+    descriptor = describe_run(
+        run="test-run",
+        trainer=b"\x01" * 20,
+        model=model_commitment(tiny_folder()),
+        tasks=list(CODE_TASKS),
+        grpo=code_grpo(devnet_grpo(engine.info), engine.tokenizer),
+        policy=devnet_policy(),
+        created_ms=0,
+    )
+    return descriptor, list(CODE_TASKS)
+
+
+@pytest.fixture(scope="module")
+def program(code_setup, engine):
+    """The worker's own program claimed as completion 0 of its code task, with full marks (tests.forged)."""
+    descriptor, tasks = code_setup
+    ids = [t.task_id for t in tasks]
+    return program_submission(engine, descriptor, {t.task_id: t for t in tasks}, ids, WORKER, 3, ROOT)
+
+
+def test_a_program_the_model_did_not_write_is_refused_before_any_grader_runs_it(
+    program, code_setup, engine, monkeypatch
+):
+    """The worker's program, teacher-forced so that its proofs, termination and logprobs are the model's,
+    claimed to pass the tests: the sampling check refuses it (606, slashable), and no grader saw its text.
+    (Grading first, the validator executed the program in its sandbox to find the claim false: 603.)"""
+    assert engine.tokenizer.completion_text(program.groups[0].completions[0].token_ids) == PROGRAM
+    events: list[str] = []
+    _recorded(monkeypatch, events)
+    with pytest.raises(Reject) as err:
+        judge(program, context(code_setup, engine), engine)
+    assert err.value.reason == Reason.BAD_SAMPLING and err.value.detail.startswith("completion 0:")
+    assert events == ["model checks"]
+
+
+def test_without_the_prefill_code_is_never_graded(program, code_setup, engine, monkeypatch):
+    """`prefill=False` on a submission whose grader executes completions is the caller's error (the judge
+    always draws such a submission): a ValueError, a JUDGE_FAULT through the total judge, no grading."""
+    events: list[str] = []
+    _recorded(monkeypatch, events)
+    ctx = context(code_setup, engine)
+    with pytest.raises(ValueError, match="executes"):
+        validate_submission(program, WORKER, ctx, _no_engine, prefill=False)
+    outcome = judge_total(program, WORKER, ctx, _no_engine, prefill=False)
+    assert isinstance(outcome, Ignore) and outcome.reason == Reason.JUDGE_FAULT
+    assert events == []
+    with pytest.raises(Reject) as err:  # checks 1-4 still come first: someone else's assignment
+        validate_submission(program, b"\x07" * 20, ctx, _no_engine, prefill=False)
+    assert err.value.reason == Reason.BAD_ASSIGNMENT
+
+
+def test_only_code_executes_and_an_unknown_kind_counts_as_executing():
+    """The validator's allowlist of parsing kinds agrees with the graders' own list of executing kinds."""
+    assert {kind for kind in GRADERS if executes_completion(kind)} == {"code"}
+    assert executes_completion("lean") and not executes_completion("math")
 
 
 def test_cheap_checks_only_when_not_sampled(honest, setup, engine):

@@ -1,4 +1,4 @@
-"""The validator's judgement of one signed RolloutSubmission, checks in order of cost (DESIGN.md step 5).
+"""The validator's judgement of one signed RolloutSubmission (DESIGN.md step 5).
 
 1. envelope and signature (done by `open_envelope` before this module sees it);
 2. stake and registration of the worker;
@@ -7,25 +7,35 @@
 3. staleness: the claimed checkpoint is known, its root matches, and it is within the async level;
 4. assignment: the step's version and counter, the task ids, prompts and seeds are exactly the ones the
    run prescribes (seeds bind the whole assignment: run, worker, step, task, index);
-5. rewards and advantages recomputed from the completions' text;
 6. one batched teacher-forced prefill on the claimed checkpoint, then: TOPLOC per chunk under the
    reference thresholds and the submission aggregate under the run's calibrated bounds, termination
    (EOS only where P(EOS) is not negligible), logprobs (what the trainer will use as the old policy's),
-   and the sampling check (every token re-derived from the validator's own logits).
+   and the sampling check (every token re-derived from the validator's own logits);
+5. rewards and advantages recomputed from the completions' text, last.
+
+Checks run in that order: cheap ones first, but grading (5) after the model checks (6), because a grader may
+execute the completion's text (a code task runs it as a program) and the worker chose those tokens. Only
+text shown to be the model's own output (the seeded sampler's choice on the claimed checkpoint) is ever
+graded; a forged reward costs a prefill before its rejection. The numbers are the checks' names (reason
+codes and vectors cite them), not their order. Without the prefill (`prefill=False`, a validator sampling a
+fraction of the submissions) only kinds whose graders parse the text are graded (`executes_completion`);
+a submission with an executing kind is always drawn for the full check.
 
 The first failing check decides. A failure of the worker's making is a `Reject` naming the reason and,
 for proofs, the failing chunk indices (numbered across the submission: groups, then completions, then
 chunks), which is what a slash cites. TOPLOC runs first among the model checks: generating with other
 weights or on another prompt then shows as a slashable `BadProof` naming its chunks, not as logprobs the
-worker could not reproduce. Nothing here does I/O; the engine is passed in.
+worker could not reproduce. A detail names where a check failed, never what a grader computed: verdicts
+are public. Nothing here does I/O; the engine is passed in.
 
 The judge is total (`judge_total`): whatever a submission holds, judging it ends in an outcome. A field
 outside the run's bounds is a signed, slashable `Reject(MALFORMED_ROLLOUT)` found before any code that
-could trip on it runs; any other exception while judging (a bug, an engine failure, MemoryError included)
-is `Ignore(JUDGE_FAULT)`: the item is quarantined, nobody is proven at fault, nothing is credited or
-slashed, and the validator's loop goes on. MemoryError is not let through: everything a submission holds
-is bounded by the run before any allocation that scales with it, so running out of memory is the node's
-condition, and letting it escape would kill the validator on the same durable item at every restart.
+could trip on it runs; any other exception while judging (a bug, an engine failure, a grader's safety
+net, MemoryError included) is `Ignore(JUDGE_FAULT)`: the item is quarantined, nobody is proven at fault,
+nothing is credited or slashed, and the validator's loop goes on. MemoryError is not let through:
+everything a submission holds is bounded by the run before any allocation that scales with it, so running
+out of memory is the node's condition, and letting it escape would kill the validator on the same durable
+item at every restart.
 Only BaseExceptions that are not Exceptions (cancellation, KeyboardInterrupt, SystemExit) propagate.
 """
 
@@ -66,7 +76,7 @@ from swarmnode.node.rl.sampling import (
     scale_logits,
     token_logprobs,
 )
-from swarmnode.node.rl.tasks import GraderFault, Task
+from swarmnode.node.rl.tasks import GraderFault, Task, executes_completion
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
 from swarmnode.protocol.messages import Completion, RolloutSubmission, RunDescriptor, ValidatorPolicy
@@ -76,6 +86,18 @@ ADVANTAGE_TOLERANCE = 1e-4
 LOGPROB_TOLERANCE = 1e-3
 LOGPROB_BYTES = 4  # one float32 per token
 MAX_FAULT_DETAIL = 256  # characters of an unexpected exception's message kept in a JUDGE_FAULT detail
+REWARD_DIFFERS = "claimed reward differs from the recomputed one"  # 603 details: no value, only where
+ADVANTAGE_DIFFERS = "advantage does not follow from the rewards"
+
+
+def grades_by_execution(sub: RolloutSubmission, dataset: Mapping[bytes, Task]) -> bool:
+    """Whether grading `sub` would execute a completion: some group's claimed task has an executing kind.
+
+    Read from the claimed task ids before any check: check 4 makes them the assignment's before anything is
+    graded, and an id outside the dataset fails there.
+    """
+    tasks = (dataset.get(g.task_id) for g in sub.groups)
+    return any(task is not None and executes_completion(task.kind) for task in tasks)
 
 
 @dataclass(frozen=True)
@@ -249,6 +271,12 @@ def check_assignment(sub: RolloutSubmission, worker: bytes, ctx: ValidationConte
 
 
 def check_rewards(sub: RolloutSubmission, ctx: ValidationContext) -> None:
+    """Check 5: every reward recomputed exactly, every advantage within ADVANTAGE_TOLERANCE of the group's.
+
+    Grading may execute a completion (`executes_completion`), so this runs only on text the model checks
+    passed (or, unsampled, on parsing kinds only). The 603 detail names the group and the first differing
+    completion, never a value: a verdict is public, and what a grader computed stays in this node.
+    """
     for gi, group in enumerate(sub.groups):
         rewards = completion_rewards(
             ctx.dataset[group.task_id],
@@ -257,13 +285,16 @@ def check_rewards(sub: RolloutSubmission, ctx: ValidationContext) -> None:
             ctx.tokenizer,
         )
         claimed = [c.reward for c in group.completions]
-        if claimed != rewards:
-            raise Reject(Reason.BAD_REWARD, f"group {gi}: claimed rewards {claimed} != recomputed {rewards}")
+        ci = next((i for i, (c, r) in enumerate(zip(claimed, rewards, strict=True)) if c != r), None)
+        if ci is not None:
+            raise Reject(Reason.BAD_REWARD, f"group {gi} completion {ci}: {REWARD_DIFFERS}")
         advantages = group_advantages(torch.tensor(rewards))
-        if not torch.allclose(
+        close = torch.isclose(
             torch.tensor([c.advantage for c in group.completions]), advantages, atol=ADVANTAGE_TOLERANCE
-        ):
-            raise Reject(Reason.BAD_REWARD, f"group {gi}: advantages do not follow from the rewards")
+        )
+        if not bool(close.all()):
+            ci = int(torch.nonzero(~close)[0])
+            raise Reject(Reason.BAD_REWARD, f"group {gi} completion {ci}: {ADVANTAGE_DIFFERS}")
 
 
 def failing_chunks(checks: Sequence[ChunkCheck], bounds: CalibratedPolicy) -> tuple[int, ...]:
@@ -456,28 +487,31 @@ def validate_submission(
     *,
     prefill: bool = True,
 ) -> Accepted:
-    """Run every check in order of cost; return the accepted statistics or raise Reject / Ignore.
+    """Checks 1, 2, 2b, 3, 4, 6, 5 (module docstring); the accepted statistics, or Reject / Ignore.
 
-    `prefill=False` stops after the cheap checks (1-5): what a validator that samples a fraction of the
-    submissions does with the others (spec/validation.md); the statistics are then zero. Raises only
-    ProtocolError for what the submission holds; `judge_total` is the form that never raises.
+    Rewards are recomputed last, on text the model checks showed to be the model's own. `prefill=False`
+    skips check 6: what a validator that samples a fraction of the submissions does with the others
+    (spec/validation.md); the statistics are then zero. It is refused (ValueError, the caller's error) for a
+    submission whose grading executes a completion: such a submission is always drawn. A grader's safety
+    net (GraderFault: a wall clock, memory) gives no reward and is a JUDGE_FAULT; a forged submission never
+    gets that far, the model checks already slashed it. Raises only ProtocolError for what the submission
+    holds; `judge_total` is the form that never raises.
     """
     check_eligibility(worker, ctx)
     check_fields(sub, ctx)
     check_staleness(sub, ctx)
     check_assignment(sub, worker, ctx)
+    if prefill:
+        accepted = check_model_outputs(sub, ctx, engine_for(sub.checkpoint_version))
+    elif grades_by_execution(sub, ctx.dataset):
+        raise ValueError("a submission whose grader executes its completions is graded only after check 6")
+    else:
+        accepted = Accepted(submission_tokens(sub), 0.0, 0.0)
     try:
         check_rewards(sub, ctx)
     except GraderFault as fault:
-        # The grader hit a safety net (a wall clock, memory): no reward follows from that. The model
-        # checks still run, so a forged submission carrying a fault-inducing completion is slashed for
-        # what they find rather than quarantined; only when they pass is the submission a JUDGE_FAULT.
-        if prefill:
-            check_model_outputs(sub, ctx, engine_for(sub.checkpoint_version))
         raise judge_fault(fault) from fault
-    if not prefill:
-        return Accepted(submission_tokens(sub), 0.0, 0.0)
-    return check_model_outputs(sub, ctx, engine_for(sub.checkpoint_version))
+    return accepted
 
 
 def judge_fault(exc: BaseException) -> Ignore:

@@ -13,10 +13,11 @@ The life of a submission (spec/validation.md):
    ignored (203/607). `node.rl.validation.judge_total` runs in a thread on the engine of the claimed
    version; on a run with `sample_fraction < 1`, only the submissions an HMAC of their digest under a
    validator-local secret draws get the prefill checks (workers cannot tell which), the others the cheap
-   ones. The judge is total: an exception while judging is a JUDGE_FAULT ignore (207), an envelope that
-   does not read back too, and any other exception on one item's path quarantines that item (a JUDGE_FAULT
-   ignore written straight to the store, `quarantined` in the status): no item can stop the loop or a
-   restart.
+   ones, except that a submission whose grading executes a completion (a code task) is always checked in
+   full: its text is graded only after the model checks. The judge is total: an exception while judging
+   is a JUDGE_FAULT ignore (207), an envelope that does not read back too, and any other exception on one
+   item's path quarantines that item (a JUDGE_FAULT ignore written straight to the store, `quarantined` in
+   the status): no item can stop the loop or a restart.
 3. The outcome becomes a `Verdict`, sealed once with the node key: those bytes are what the accepted log
    stores and the ledger cites; the decision (outcome, verdict, sealed envelope) is written to the store
    before any ledger call. After the ledger write and `finish`, the verdict is gossiped on `verdicts`
@@ -64,6 +65,7 @@ from swarmnode.node.validator.judgement import (
     clip_detail,
     drawn_for_full_check,
     fault_verdict,
+    gets_full_check,
     judge_submission,
     make_verdict,
     reason_name,
@@ -144,6 +146,7 @@ __all__ = [
     "drawn_for_full_check",
     "fault_verdict",
     "fit_credit",
+    "gets_full_check",
     "judge_submission",
     "make_verdict",
     "reason_name",

@@ -26,8 +26,8 @@ from swarmnode.node.rl.validation import Accepted, ValidationContext, judge_faul
 from swarmnode.node.validator.judgement import (
     Decision,
     Judgement,
-    drawn_for_full_check,
     fault_verdict,
+    gets_full_check,
     judge_submission,
     make_verdict,
 )
@@ -197,7 +197,8 @@ class Judge(Settlement):
             verdict = make_verdict(sub, item.digest, item.worker, reused, False)
             return Decision(reused, Judgement(reused, 0.0, False), verdict, out.seal(verdict))
         eligible = await self._eligible(item.worker)  # LedgerUnavailable: not judged yet
-        full = drawn_for_full_check(self._secret, item.digest, descriptor.policy.sample_fraction)
+        fraction = descriptor.policy.sample_fraction
+        full = gets_full_check(sub, self._dataset, self._secret, item.digest, fraction)
         async with self._torch_lock():  # the versions held cannot change until the judgement is done
             ctx = ValidationContext(
                 descriptor=descriptor,

@@ -1,7 +1,12 @@
 """A judgement and what it becomes (spec/validation.md): `judge_submission` runs `judge_total` and
-times it, `drawn_for_full_check` draws the submissions that get the prefill checks, `make_verdict` turns
-the outcome into the signed verdict's body, and a `Decision` (the outcome, the verdict and its sealed
-bytes) is what the store keeps before any ledger write, read back unchanged after a restart.
+times it, `gets_full_check` decides which submissions get the prefill checks (those whose grading executes
+a completion, and those `drawn_for_full_check` draws), `make_verdict` turns the outcome into the signed
+verdict's body, and a `Decision` (the outcome, the verdict and its sealed bytes) is what the store keeps
+before any ledger write, read back unchanged after a restart.
+
+A verdict is public (gossiped, cited by slashes): its detail names where a check failed, never what a
+grader computed (`check_rewards`), and an ignore (a JUDGE_FAULT among them, whose detail quotes an
+exception) is never sealed nor gossiped.
 """
 
 from __future__ import annotations
@@ -9,9 +14,18 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from swarmnode.node.rl.validation import Accepted, BadProof, ProofFailure, ValidationContext, judge_total
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.validation import (
+    Accepted,
+    BadProof,
+    ProofFailure,
+    ValidationContext,
+    grades_by_execution,
+    judge_total,
+)
 from swarmnode.node.validator.engines import CheckpointEngines
 from swarmnode.node.validator.limits import MAX_DETAIL_BYTES, MAX_VERDICT_CHUNKS, UNSAMPLED
 from swarmnode.node.validator.store_rows import Decided, PendingItem
@@ -57,6 +71,14 @@ def drawn_for_full_check(secret: bytes, digest: bytes, fraction: float) -> bool:
         return False
     draw = int.from_bytes(hmac.digest(secret, digest, "sha256"), "big")
     return draw < int(fraction * 2**256)
+
+
+def gets_full_check(
+    sub: RolloutSubmission, dataset: Mapping[bytes, Task], secret: bytes, digest: bytes, fraction: float
+) -> bool:
+    """Whether a submission gets the prefill checks: always when grading it would execute a completion
+    (its text must first be shown to be the model's own: `grades_by_execution`), else when drawn."""
+    return grades_by_execution(sub, dataset) or drawn_for_full_check(secret, digest, fraction)
 
 
 def clip_detail(text: str) -> str:

@@ -44,6 +44,7 @@ from swarmnode.node.rl.rollouts import (
     task_prompt_ids,
     to_wire_group,
 )
+from swarmnode.node.rl.sampling import token_logprobs
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
@@ -122,19 +123,26 @@ def forge_rewards(rewards: Sequence[Sequence[float]]) -> list[list[float]]:
 # --- code-injection ----------------------------------------------------------------------------------
 
 
+def forced_completion(engine: InferenceEngine, prompt_ids: Sequence[int], tokens: Sequence[int], seed: int,
+                      temperature: float) -> EngineCompletion:
+    """`tokens` as a completion the model could have produced: its hidden rows and logprobs are the engine's
+    own, teacher-forced; only the tokens were chosen, not sampled. Anyone holding the checkpoint can do this
+    for any text, which is why a validator grades nothing before the sampling check."""
+    forced = engine.prefill(list(prompt_ids), list(tokens))
+    logprobs = token_logprobs(forced.logits, torch.tensor(tokens), temperature)
+    ended = engine.tokenizer.is_eos(tokens[-1])
+    return EngineCompletion(tuple(tokens), logprobs, forced.hidden_rows, seed, ended)
+
+
 def injected_completion(engine: InferenceEngine, prompt_ids: Sequence[int], seed: int,
                         max_new_tokens: int, temperature: float) -> EngineCompletion:
-    """`KILL_PAYLOAD` + EOS as a completion the model could have produced: its hidden rows and logprobs are
-    the engine's own teacher-forced ones, only its tokens were chosen, not sampled."""
+    """`KILL_PAYLOAD` + EOS, teacher-forced (`forced_completion`)."""
     tokenizer = engine.tokenizer
     tokens = (*tokenizer.encode(KILL_PAYLOAD), tokenizer.eos_token_ids[0])
     if len(tokens) > max_new_tokens:
         raise ValueError(f"the code-injection payload takes {len(tokens)} tokens, the run allows "
                          f"{max_new_tokens}: run the devnet with --max-new-tokens {len(tokens)} or more")
-    prefill = engine.prefill(prompt_ids, tokens)
-    logits = prefill.logits / temperature
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)
-    return EngineCompletion(tokens, logprobs.float(), prefill.hidden_rows, seed, True)
+    return forced_completion(engine, prompt_ids, tokens, seed, temperature)
 
 
 def inject_code(engine: InferenceEngine, generated: list[GeneratedGroup], descriptor: RunDescriptor) -> int:

@@ -578,6 +578,14 @@ def _submissions(s: _Setup) -> Iterator[Submission]:
     )
     yield from _malformed_submissions(s, honest)
     yield from _assignment_reuse(s, honest)
+    forged_first = forged.groups[0].completions[0]  # last: the earlier cases keep their seq
+    yield (
+        "reject/forged-reward-and-swapped-proof",
+        "check 6 before 5: the forged-reward cheat, completion 1 carrying completion 0's proof, fails "
+        "both; the model checks run first (a grader may execute the text): chunk 1 fails, not the reward",
+        _with_completion(forged, 1, proofs=forged_first.proofs),
+        {},
+    )
 
 
 def _malformed_submissions(s: _Setup, honest: RolloutSubmission) -> Iterator[Submission]:

@@ -45,15 +45,16 @@ def _without_logprobs(case: Case) -> tuple[Case, list[torch.Tensor]]:
     """A validation case with its envelope decoded and the logprobs taken out (returned separately)."""
     envelope = decode(Envelope, bytes.fromhex(case["input"]["envelope"][2:]))
     sub = decode(RolloutSubmission, envelope.body)
-    # Malformed cases carry logprob bytes that are not whole float32 values: those stay in the compared part.
-    def whole(c: Any) -> bool:
-        return len(c.logprobs) % 4 == 0
+    # Malformed cases carry logprob bytes that are not whole float32 values: the whole float32 values among
+    # them are compared with the tolerance (their last bits follow the machine), the odd tail exactly.
+    def split(c: Any) -> tuple[bytes, bytes]:
+        whole = len(c.logprobs) // 4 * 4
+        return c.logprobs[:whole], c.logprobs[whole:]
 
-    logprobs = [unpack_logprobs(c.logprobs) for g in sub.groups for c in g.completions if whole(c)]
+    logprobs = [unpack_logprobs(split(c)[0]) for g in sub.groups for c in g.completions]
     groups = tuple(
         dataclasses.replace(
-            g,
-            completions=tuple(dataclasses.replace(c, logprobs=b"") if whole(c) else c for c in g.completions),
+            g, completions=tuple(dataclasses.replace(c, logprobs=split(c)[1]) for c in g.completions)
         )
         for g in sub.groups
     )
@@ -173,6 +174,12 @@ def test_expected_values_are_the_documented_ones() -> None:
     assert by_name["validation/accept/honest-equal-rewards"]["verdict"] == "accept"
     assert by_name["validation/reject/tampered-prompt"] == {"verdict": "reject", "reason": 602}
     assert by_name["validation/reject/forged-reward"] == {"verdict": "reject", "reason": 603}
+    # check 6 runs before check 5 (a grader may execute the text): forged rewards and a bad proof is 605
+    assert by_name["validation/reject/forged-reward-and-swapped-proof"] == {
+        "verdict": "reject",
+        "reason": 605,
+        "failing_chunks": [1],
+    }
     assert by_name["validation/reject/perturbed-model"] == {
         "verdict": "reject",
         "reason": 605,

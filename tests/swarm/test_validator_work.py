@@ -25,8 +25,21 @@ from swarmnode.node.dataplane.origin import Sealer
 from swarmnode.node.dataplane.roles import OriginNode
 from swarmnode.node.rl.model import state_dict_of
 from swarmnode.node.rl.rollouts import build_submission
-from swarmnode.node.rl.run import RunMismatch, RunSetup, devnet_grpo, devnet_run, load_run_setup
-from swarmnode.node.validator import MAX_PENDING_PER_WORKER, SwarmValidatorWork, drawn_for_full_check
+from swarmnode.node.rl.run import (
+    RunMismatch,
+    RunSetup,
+    devnet_grpo,
+    devnet_policy,
+    devnet_run,
+    load_run_setup,
+)
+from swarmnode.node.validator import (
+    MAX_PENDING_PER_WORKER,
+    UNSAMPLED,
+    SwarmValidatorWork,
+    drawn_for_full_check,
+    gets_full_check,
+)
 from swarmnode.node.validator import judge as validator_module
 from swarmnode.node.validator.store import AcceptedStore
 from swarmnode.node.validator.store_rows import Decided, PendingItem
@@ -36,6 +49,7 @@ from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.messages import AcceptedRequest, RolloutSubmission, Verdict, VerdictBatch
 from swarmnode.protocol.verdicts import check_opened_verdicts
+from tests.forged import CODE_TASKS, code_grpo, program_submission
 from tests.tinymodel import copy_folder, tiny_engine, tiny_folder
 
 RUN = "devnet"
@@ -580,6 +594,45 @@ def test_unsampled_submissions_get_only_the_cheap_checks(tmp_path, setup, checkp
     status = work.status()
     assert (status["full_checks"], status["cheap_checks"]) == (0, 2)
     assert (status["accepted"], status["rejected"], status["slashes"]) == (1, 1, 1)
+    assert [s.worker for s in ledger.slashes()] == [FORGED.address]
+    ledger.close()
+
+
+def test_a_code_submission_is_always_checked_in_full(tmp_path, base, checkpoint, submissions):
+    """sample_fraction 0 on a run of code tasks: grading a code completion executes it, so every such
+    submission is drawn for the model checks, whatever the fraction. The worker's own program claimed as
+    the model's (tests.forged) is refused by the sampling check and slashed; the status counts a full check
+    and the verdict is a full one."""
+    policy = dataclasses.replace(devnet_policy(), sample_fraction=0.0)
+    grpo = code_grpo(devnet_grpo(base.info), base.tokenizer)
+    code = devnet_run(TRAINER.address, tiny_folder(), 0, grpo=grpo, policy=policy, tasks=CODE_TASKS)
+    root, worker = checkpoint.manifest.merkle_root, FORGED.address
+    sub = program_submission(base, code.descriptor, code.dataset, code.dataset_ids, worker, VERSION, root)
+    opened, digest, _ = signed(FORGED, sub)
+    secret = b"s" * 32
+    assert gets_full_check(sub, code.dataset, secret, digest, 0.0)
+    arithmetic = submissions["honest"][1]  # parsing kinds keep the draw
+    assert not gets_full_check(arithmetic, {t.task_id: t for t in CODE_TASKS}, secret, digest, 0.0)
+    ledger = make_ledger(tmp_path / "ledger.db")
+    work = make_work(tmp_path, ledger)
+    out = GossipLog()
+
+    async def main():
+        await work.prepare(code)
+        await work.hold_verified(checkpoint)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.judge_forever, out)
+            assert (await work.submit(None, opened, digest)).status == 100
+            await wait_judged(work, 1)
+            await poll_until(lambda: len(out.published) == 1)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    status = work.status()
+    assert (status["full_checks"], status["cheap_checks"]) == (1, 0)
+    assert status["by_reason"] == {"BAD_SAMPLING": 1} and status["slashes"] == 1
+    [verdict] = out.published
+    assert verdict.reason_code == Reason.BAD_SAMPLING and verdict.detail != UNSAMPLED
     assert [s.worker for s in ledger.slashes()] == [FORGED.address]
     ledger.close()
 

@@ -147,7 +147,7 @@ def test_forged_reward_is_a_bad_reward(base_engine, setup):
     claimed = [[c.reward for c in g.completions] for g in sub.groups]
     assert claimed != earned and all(sum(c) >= sum(e) for c, e in zip(claimed, earned, strict=True))
     err = reject_reason(sub, setup, base_engine)
-    assert err.reason == Reason.BAD_REWARD and "claimed rewards" in err.detail
+    assert err.reason == Reason.BAD_REWARD and "claimed reward differs" in err.detail
 
 
 def test_perturbed_model_trips_toploc(base_engine, setup):

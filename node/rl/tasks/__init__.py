@@ -18,12 +18,18 @@ from swarmnode.node.rl.tasks.core import (
     write_jsonl,
 )
 from swarmnode.node.rl.tasks.files import TaskFileError, read_tasks, write_tasks
-from swarmnode.node.rl.tasks.graders import EXECUTING_KINDS, GRADERS, grade, require_sandbox_for
+from swarmnode.node.rl.tasks.graders import (
+    GRADERS,
+    PARSING_KINDS,
+    executes_completion,
+    grade,
+    require_sandbox_for,
+)
 
 __all__ = [
-    "EXECUTING_KINDS",
     "GRADERS",
     "MAX_TARGET_LENGTH",
+    "PARSING_KINDS",
     "Grade",
     "GraderFault",
     "Task",
@@ -31,6 +37,7 @@ __all__ = [
     "assign_tasks",
     "canonical_json",
     "dataset_hash",
+    "executes_completion",
     "grade",
     "read_jsonl",
     "read_tasks",

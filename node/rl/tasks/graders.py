@@ -12,9 +12,19 @@ from swarmnode.node.sandbox.run import check_sandbox
 GRADERS: Mapping[str, Callable[[Task, str], Grade]] = MappingProxyType(
     {arithmetic.KIND: arithmetic.grade, math.KIND: math.grade, code.KIND: code.grade}
 )
-# Kinds whose grader executes the completion's text (in the sandbox): a validator grades them only after
-# the model checks, a node takes a run with them only where the sandbox works (spec/validation.md).
-EXECUTING_KINDS = frozenset({code.KIND})
+# Kinds whose grader only parses the completion's text (pure Python, nothing of the worker's runs). Every
+# other kind (today `code`) executes it, in the sandbox: a validator grades it only after the model checks,
+# and a node takes a run with it only where the sandbox works (spec/validation.md).
+PARSING_KINDS = frozenset({arithmetic.KIND, math.KIND})
+
+
+def executes_completion(kind: str) -> bool:
+    """Whether grading a completion of this task kind executes its text (spec/validation.md, Sampling).
+
+    An allowlist of parsing kinds: a kind not known to only parse counts as executing, so a new grader is
+    never run on unchecked text, nor without the sandbox, before someone classifies it.
+    """
+    return kind not in PARSING_KINDS
 
 
 def grade(task: Task, completion: str) -> Grade:
@@ -31,5 +41,5 @@ def grade(task: Task, completion: str) -> Grade:
 def require_sandbox_for(tasks: Iterable[Task]) -> None:
     """SandboxUnavailable (naming what to install) when some task's grader executes code and this machine
     cannot run the sandbox: a node refuses such a run at start rather than fault on every item."""
-    if any(task.kind in EXECUTING_KINDS for task in tasks):
+    if any(executes_completion(task.kind) for task in tasks):
         check_sandbox()
