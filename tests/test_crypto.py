@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 from eth_account import Account
@@ -15,7 +17,13 @@ from libp2p.peer.id import ID
 
 from swarmnode.crypto.hashing import keccak256
 from swarmnode.crypto.identity import NodeIdentity, format_address, parse_address
-from swarmnode.crypto.keystore import KeystoreError, load_keystore, save_keystore
+from swarmnode.crypto.keystore import (
+    PASSWORD_ENV,
+    KeystoreError,
+    load_keystore,
+    save_keystore,
+    take_password_from_env,
+)
 from swarmnode.crypto.merkle import inclusion_proof, is_included, merkle_root, root_from_inclusion_proof
 from swarmnode.crypto.signing import InvalidSignature, recover_address
 
@@ -76,6 +84,69 @@ def test_keystore_roundtrip_mode_0600_and_no_overwrite(tmp_path):
         save_keystore(identity, path, "pw", kdf_iterations=2)
     with pytest.raises(KeystoreError, match="keys new"):
         load_keystore(tmp_path / "missing.key", "pw")
+
+
+def test_keystore_is_0600_whatever_the_umask_or_a_leftover_and_its_new_directory_0700(tmp_path):
+    path = tmp_path / "new-dir" / "node.key"
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    existing.chmod(0o755)
+    leftover = existing / "node.key.tmp"  # a crash's leftover, world-readable: never reused as is
+    leftover.write_text("stale")
+    leftover.chmod(0o644)
+    old = os.umask(0)
+    try:
+        save_keystore(NodeIdentity(KEY), path, "pw", kdf_iterations=2)
+        save_keystore(NodeIdentity(KEY), existing / "node.key", "pw", kdf_iterations=2)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700  # created here: only the owner may list it
+    assert stat.S_IMODE(os.stat(existing / "node.key").st_mode) == 0o600 and not leftover.exists()
+    assert stat.S_IMODE(os.stat(existing).st_mode) == 0o755  # an existing directory is the operator's
+    assert load_keystore(existing / "node.key", "pw").address == NodeIdentity(KEY).address
+
+
+SECRET = "correct-horse-7f3a-not-in-any-child"
+# a child of the process that took the password: its own environment and its parent's /proc view
+CHILD = (
+    "import os; print(os.environ.get('SWARMNODE_PASSWORD'));"
+    "print(open(f'/proc/{os.getppid()}/environ', 'rb').read().hex())"
+)
+
+
+def test_take_password_from_env_takes_it_once_and_a_child_started_after_never_sees_it(monkeypatch):
+    monkeypatch.setenv(PASSWORD_ENV, SECRET)
+    assert take_password_from_env() == SECRET
+    assert PASSWORD_ENV not in os.environ and take_password_from_env() is None
+    child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True)
+    assert child.stdout.splitlines()[0] == "None"
+    mapping = {PASSWORD_ENV: "x", "OTHER": "y"}
+    assert take_password_from_env(mapping) == "x" and mapping == {"OTHER": "y"}
+
+
+def test_a_node_started_with_the_password_shows_it_to_no_child_nor_in_its_own_proc_environ():
+    """The node process got the password in its initial environment (as devnet nodes and trainer ranks do):
+    after taking it, neither a child's environment nor the node's /proc/<pid>/environ holds it."""
+    node = f"""
+import os, subprocess, sys
+from swarmnode.crypto.keystore import take_password_from_env
+before = open("/proc/self/environ", "rb").read()
+assert {SECRET!r}.encode() in before
+print(take_password_from_env() == {SECRET!r}, take_password_from_env() is None)
+child = subprocess.run([sys.executable, "-c", {CHILD!r}], capture_output=True, text=True, check=True)
+print(child.stdout, end="")
+after = open("/proc/self/environ", "rb").read()
+print(len(after) == len(before), b"SWARMNODE" in after, b"HOME=" in after)
+"""
+    env = {**os.environ, PASSWORD_ENV: SECRET}
+    argv = [sys.executable, "-c", node]
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    took, child_env, child_proc, after = result.stdout.splitlines()[:4]
+    assert took == "True True" and child_env == "None"
+    assert SECRET.encode() not in bytes.fromhex(child_proc) and b"SWARMNODE" not in bytes.fromhex(child_proc)
+    assert after == "True False True"  # the block keeps its size; only that entry is wiped
 
 
 @settings(max_examples=60, deadline=None)

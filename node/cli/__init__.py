@@ -12,6 +12,7 @@
 - `tasks`   tasks show / filter
 - `plan`    plan-memory: what a trainer group needs per device
 - `inputs`  the model and task options shared by devnet, train --sync and calibrate
+- `password` the key password: SWARMNODE_PASSWORD taken out of the environment once per command, or a prompt
 
 `python -m swarmnode.node.cli ...` runs the same command.
 """

@@ -2,16 +2,15 @@
 
 Both backends behind one set of commands: `--ledger signed:PATH` (a signed-log file) or `--ledger evm:URL`
 with `--contract ADDR` (also from SWARMNODE_LEDGER / SWARMNODE_CONTRACT). Writes sign with the node key
-from `--key PATH` (a keystore; the password comes from SWARMNODE_PASSWORD or a prompt). Every query takes
-`--json` for one machine-readable document; otherwise it prints a rich table. A refused operation exits
-with status 1 and the ledger's typed error on stderr.
+from `--key PATH` (a keystore; the password comes from SWARMNODE_PASSWORD, taken out of the environment once,
+or a prompt: `node.cli.password`). Every query takes `--json` for one machine-readable document; otherwise
+it prints a rich table. A refused operation exits with status 1 and the ledger's typed error on stderr.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,9 +24,10 @@ from rich.console import Console
 from rich.table import Table
 
 from swarmnode.crypto.identity import NodeIdentity, format_address, parse_address
-from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
+from swarmnode.crypto.keystore import KeystoreError, load_keystore
 from swarmnode.ledger import Ledger, LedgerError, open_ledger
 from swarmnode.ledger.types import GWEI_PER_NATIVE
+from swarmnode.node.cli.password import key_password
 
 LEDGER_ENV = "SWARMNODE_LEDGER"
 CONTRACT_ENV = "SWARMNODE_CONTRACT"
@@ -83,9 +83,7 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 def load_identity(key: str | None) -> NodeIdentity:
     if not key:
         raise click.UsageError(f"this command signs: pass --key PATH (or set {KEY_ENV})")
-    password = os.environ.get(PASSWORD_ENV)
-    if password is None:
-        password = click.prompt(f"password for {key}", hide_input=True)
+    password = key_password(prompt=f"password for {key}", tty_only=False)
     try:
         return load_keystore(Path(key), password)
     except KeystoreError as exc:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sys
 from importlib.metadata import version as package_version
 from pathlib import Path
 
@@ -17,27 +16,18 @@ from rich.console import Console
 from rich.table import Table
 
 from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore, save_keystore
+from swarmnode.crypto.keystore import KeystoreError, load_keystore, save_keystore
 from swarmnode.node.cli.inputs import eval_tasks_option, load_run_inputs, run_model_options
+from swarmnode.node.cli.password import key_password, take_env_password
 
 DEFAULT_KEY = Path(os.environ.get("SWARMNODE_KEY", Path.home() / ".swarmnode" / "node.key"))
 console = Console()
 
 
-def read_password(*, confirm: bool) -> str:
-    """The keystore password: SWARMNODE_PASSWORD if set, else an interactive prompt."""
-    from_env = os.environ.get(PASSWORD_ENV)
-    if from_env is not None:
-        return from_env
-    if not sys.stdin.isatty():
-        raise click.UsageError(f"no terminal to prompt for the key password; set {PASSWORD_ENV}")
-    return click.prompt("Key password", hide_input=True, confirmation_prompt=confirm)
-
-
 def open_identity(key: Path) -> NodeIdentity:
     """Load the node key or exit with an error that says what to do."""
     try:
-        return load_keystore(key, read_password(confirm=False))
+        return load_keystore(key, key_password())
     except KeystoreError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -49,13 +39,15 @@ key_option = click.option(
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """swarmnode: a node of a permissionless swarm that trains language models with RL.
 
     One binary, four roles (trainer, relay, worker, validator). Start with `swarmnode keys new`,
     stake and register (`swarmnode stake`, `swarmnode register`), then `swarmnode run --role ...`.
     `swarmnode devnet` runs a whole swarm on this machine.
     """
+    take_env_password(ctx)  # SWARMNODE_PASSWORD out of the environment before any command starts a process
 
 
 @main.command()
@@ -79,7 +71,7 @@ def keys_new(key: Path) -> None:
         raise click.ClickException(f"{key} already exists; refusing to overwrite a key (move it away first)")
     identity = NodeIdentity(secrets.token_bytes(32))
     try:
-        save_keystore(identity, key, read_password(confirm=True))
+        save_keystore(identity, key, key_password(confirm=True))
     except KeystoreError as exc:
         raise click.ClickException(str(exc)) from None
     console.print(f"[green]created[/] {key}")

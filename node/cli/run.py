@@ -20,25 +20,17 @@ import click
 import trio
 
 from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.crypto.keystore import PASSWORD_ENV, KeystoreError, load_keystore
+from swarmnode.crypto.keystore import KeystoreError, load_keystore
 from swarmnode.ledger.errors import LedgerError
+from swarmnode.node.cli.password import key_password, password_for_children, take_env_password
 from swarmnode.node.config import CHEATS, ROLE_NAMES, ConfigError, NodeConfig, load_config
 from swarmnode.node.p2p.host import apply_yamux_tuning
 from swarmnode.node.runtime import NodeRuntime, cancel_on_signal, configure_logging, run_until_signalled
 
 
-def _password() -> str:
-    from_env = os.environ.get(PASSWORD_ENV)
-    if from_env is not None:
-        return from_env
-    if not sys.stdin.isatty():
-        raise click.UsageError(f"no terminal to prompt for the key password; set {PASSWORD_ENV}")
-    return str(click.prompt("Key password", hide_input=True))
-
-
 def _identity(config: NodeConfig) -> NodeIdentity:
     try:
-        return load_keystore(config.identity, _password())
+        return load_keystore(config.identity, key_password())
     except KeystoreError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -199,10 +191,10 @@ def _launch_trainer_group(config: NodeConfig) -> None:
 
     from swarmnode.node.trainer.launch import launch_group
 
-    os.environ[PASSWORD_ENV] = _password()
     _identity(config)  # a wrong password fails here, not in rank 0 after the group formed
     try:
-        launch_group(sys.argv[1:], config.work.nproc, config.work.max_restarts)
+        with password_for_children(key_password()):  # rank 0 opens the key; every rank takes it out at start
+            launch_group(sys.argv[1:], config.work.nproc, config.work.max_restarts)
     except SignalException:  # SIGINT/SIGTERM: the agent stopped every rank; a requested stop
         return
     except ChildFailedError as exc:
@@ -278,8 +270,10 @@ def register_commands(group: click.Group) -> None:
 
 
 @click.group()
-def standalone() -> None:
+@click.pass_context
+def standalone(ctx: click.Context) -> None:
     """swarmnode networked commands (standalone entry point)."""
+    take_env_password(ctx)  # devnet nodes and trainer ranks find the password in their environment: out of it
 
 
 if __name__ == "__main__":
