@@ -6,6 +6,7 @@ declared once here. Light imports only: the devnet's CLI loads this before any t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,4 +70,17 @@ def load_run_inputs(
         raise click.ClickException(str(exc)) from None
     if not (folder / "config.json").is_file():  # the engine then names what else is missing
         raise click.ClickException(f"{folder} is not a model folder (no config.json): see `model init`")
+    require_sandbox(train_tasks + held_out)
     return folder, train_tasks, held_out
+
+
+def require_sandbox(tasks: Sequence[Task]) -> None:
+    """Stop with one line naming what to install when some task's grader executes code and this machine
+    cannot run the sandbox (before any model loads or node starts)."""
+    from swarmnode.node.rl.tasks import require_sandbox_for
+    from swarmnode.node.sandbox import SandboxUnavailable
+
+    try:
+        require_sandbox_for(tasks)
+    except SandboxUnavailable as exc:
+        raise click.ClickException(f"code tasks need the sandbox: {exc}") from None

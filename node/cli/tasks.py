@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from swarmnode.node.cli.inputs import require_sandbox
 from swarmnode.node.rl.tasks import Task, TaskFileError, dataset_hash, read_tasks, write_tasks
 from swarmnode.node.rl.tasks.files import JSON_SUFFIXES, PARQUET_SUFFIXES
 
@@ -118,6 +119,7 @@ def filter_command(model_dir: Path, tasks_file: Path, out: Path, samples: int, m
     if out.suffix.lower() not in TASK_SUFFIXES:
         raise click.BadParameter(f"--out must end in {', '.join(TASK_SUFFIXES)}")
     tasks = _read(tasks_file)
+    require_sandbox(tasks)
     from swarmnode.node.rl.engine import TransformersEngine
     from swarmnode.node.rl.model import ModelFolderError
     from swarmnode.node.rl.tasks.filter import filter_tasks, pass_rates

@@ -20,7 +20,7 @@ import click
 import trio
 from rich.console import Console
 
-from swarmnode.node.cli.inputs import eval_tasks_option, run_model_options
+from swarmnode.node.cli.inputs import eval_tasks_option, load_run_inputs, run_model_options
 from swarmnode.node.config import CHEATS
 from swarmnode.node.devnet.live import run_devnet, status_table
 from swarmnode.node.devnet.network import Devnet
@@ -217,6 +217,8 @@ def devnet_command(
         )
     if inner_steps < 1:
         raise click.UsageError("--inner-steps must be at least 1")
+    if steps and (model or tasks or eval_tasks):  # the same clean errors as `train`, before any node starts
+        load_run_inputs(model, tasks, eval_tasks)
     devnet = Devnet(plan, out or default_folder())
     console = Console()
     if not console.is_terminal:
