@@ -50,7 +50,7 @@ SHARD_SIZE = 20_000  # the embedding's int8 payload is cut into pieces; several 
 OTHER_SHARD_SIZE = 7_000  # the other trainers split their payloads differently
 ROUNDS = 2
 PARAMS = DilocoParams(inner_steps=2, compression="int8")
-TOLERANCE = 1e-5  # inner GRPO steps: fp32 rounding of another reduction order
+TOLERANCE = 3e-5  # inner GRPO steps: fp32 rounding of another reduction order (tests/rl/test_sharded.py)
 
 
 # --- helpers -----------------------------------------------------------------------------------------
