@@ -1,9 +1,11 @@
 """Which inference engine a node runs, and opening it on the run's model folder.
 
 The choice is the `[work] engine` setting: "transformers", "vllm" or "auto" (the default): vLLM when torch
-sees a CUDA device and the `vllm` extra is installed, transformers otherwise. Asking for vLLM where it cannot
-run is refused with what is missing and how to get it, never silently downgraded: a worker that believes it
-runs vLLM would be calibrated against the wrong engine.
+sees a CUDA device and the `vllm` extra is installed, transformers otherwise. "vllm" also runs on a CPU
+where vLLM's CPU build (`vllm-cpu`, `scripts/install_vllm.sh`) is installed; "auto" never picks it (a CPU
+run's calibration and the devnet default are transformers'). Asking for vLLM where it cannot run is refused
+with what is missing and how to get it, never silently downgraded: a worker that believes it runs vLLM would
+be calibrated against the wrong engine.
 
 Dtype and device per role (`engine_dtype`, `role_engine`):
 
@@ -24,6 +26,7 @@ explicit `dtype` overrides the table (e.g. a run calibrated in fp16).
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 from typing import Literal
@@ -35,6 +38,7 @@ from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
 ENGINES = ("auto", "transformers", "vllm")
 ROLES = ("worker", "validator", "trainer")
 INSTALL_HINT = "pip install 'swarmnode[vllm]'"
+CPU_KV_CACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE unless set: room for a CPU worker's groups of a small model
 
 EngineKind = Literal["transformers", "vllm"]
 Role = Literal["worker", "validator", "trainer"]
@@ -49,14 +53,26 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def pick_engine(setting: str, *, cuda: bool, vllm: bool) -> EngineKind:
-    """The engine for `setting` on a machine with (`cuda`, `vllm`); pure, so every case is testable."""
+def vllm_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (the `vllm-cpu` distribution): it runs without CUDA."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return vllm_installed()
+
+
+def pick_engine(setting: str, *, cuda: bool, vllm: bool, vllm_cpu: bool = False) -> EngineKind:
+    """The engine for `setting` on a machine with (`cuda`, `vllm`, vLLM's CPU build `vllm_cpu`); pure, so
+    every case is testable."""
     if setting not in ENGINES:
         raise ValueError(f"engine {setting!r} is not one of {', '.join(ENGINES)}")
     if setting == "transformers":
         return "transformers"
     if setting == "auto":
-        return "vllm" if cuda and vllm else "transformers"
+        return "vllm" if cuda and vllm and not vllm_cpu else "transformers"
+    if vllm and vllm_cpu:
+        return "vllm"
     missing = [what for what, present in (("a CUDA GPU (torch sees none)", cuda),
                                           (f"the vllm extra ({INSTALL_HINT})", vllm)) if not present]
     if missing:
@@ -67,7 +83,8 @@ def pick_engine(setting: str, *, cuda: bool, vllm: bool) -> EngineKind:
 
 def choose_engine(setting: str) -> EngineKind:
     """The engine `setting` resolves to on this machine (see `pick_engine`)."""
-    return pick_engine(setting, cuda=torch.cuda.is_available(), vllm=vllm_installed())
+    cuda = torch.cuda.is_available()
+    return pick_engine(setting, cuda=cuda, vllm=vllm_installed(), vllm_cpu=vllm_cpu_build())
 
 
 def role_engine(kind: EngineKind, role: Role) -> EngineKind:
@@ -98,12 +115,17 @@ def open_engine(
         "cuda" if torch.cuda.is_available() else "cpu"
     )
     if kind == "vllm":
-        pick_engine("vllm", cuda=torch.cuda.is_available(), vllm=vllm_installed())
-        if target.type != "cuda":
-            raise EngineUnavailable(f"engine 'vllm' runs on CUDA, not on {target}")
+        on_cpu = vllm_cpu_build()
+        pick_engine("vllm", cuda=torch.cuda.is_available(), vllm=vllm_installed(), vllm_cpu=on_cpu)
+        runs_on = "cpu" if on_cpu else "cuda"
+        if device is not None and target.type != runs_on:
+            raise EngineUnavailable(f"engine 'vllm' here runs on {runs_on}, not on {target}")
         from swarmnode.node.rl.vllm_engine import VLLMEngine
 
-        return VLLMEngine(folder, dtype=dtype or engine_dtype(role, target))
+        if on_cpu:  # its KV cache in GiB (vLLM's default takes a share of the RAM); no inductor compile
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+        chosen = dtype or engine_dtype(role, torch.device(runs_on))
+        return VLLMEngine(folder, dtype=chosen, enforce_eager=on_cpu)
     if kind != "transformers":
         raise ValueError(f"engine {kind!r} is not one of transformers, vllm (choose_engine resolves 'auto')")
     return TransformersEngine.from_folder(folder, target, dtype or engine_dtype(role, target))

@@ -18,6 +18,7 @@ from swarmnode.node.rl.engines import (
     open_engine,
     pick_engine,
     role_engine,
+    vllm_cpu_build,
 )
 from swarmnode.node.rl.tokenizer import load_tokenizer
 from tests.tinymodel import tiny_folder
@@ -25,18 +26,19 @@ from tests.tinymodel import tiny_folder
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without CUDA")
 
 
-@given(st.sampled_from(ENGINES), st.booleans(), st.booleans())
-def test_pick_engine_over_every_machine(setting, cuda, vllm):
-    if setting == "vllm" and not (cuda and vllm):
+@given(st.sampled_from(ENGINES), st.booleans(), st.booleans(), st.booleans())
+def test_pick_engine_over_every_machine(setting, cuda, vllm, cpu_build):
+    vllm_cpu = vllm and cpu_build  # the CPU build is a vLLM
+    if setting == "vllm" and not (cuda and vllm or vllm_cpu):
         with pytest.raises(EngineUnavailable) as err:
-            pick_engine(setting, cuda=cuda, vllm=vllm)
+            pick_engine(setting, cuda=cuda, vllm=vllm, vllm_cpu=vllm_cpu)
         message = str(err.value)
         assert ("CUDA" in message) == (not cuda)
         assert (INSTALL_HINT in message) == (not vllm)
         assert 'engine = "transformers"' in message
         return
-    kind = pick_engine(setting, cuda=cuda, vllm=vllm)
-    auto = "vllm" if cuda and vllm else "transformers"
+    kind = pick_engine(setting, cuda=cuda, vllm=vllm, vllm_cpu=vllm_cpu)
+    auto = "vllm" if cuda and vllm and not vllm_cpu else "transformers"  # auto never picks the CPU build
     assert kind == {"transformers": "transformers", "vllm": "vllm", "auto": auto}[setting]
 
 
@@ -46,7 +48,11 @@ def test_unknown_engine_names_the_choices(setting):
         pick_engine(setting, cuda=True, vllm=True)
 
 
+no_vllm_cpu = pytest.mark.skipif(vllm_cpu_build(), reason="about a machine without vLLM's CPU build")
+
+
 @no_cuda
+@no_vllm_cpu
 def test_this_cpu_machine_runs_transformers_and_refuses_vllm():
     assert choose_engine("auto") == "transformers"
     assert choose_engine("transformers") == "transformers"
@@ -84,6 +90,7 @@ def test_open_transformers_on_a_folder_per_role(role):
 
 
 @no_cuda
+@no_vllm_cpu
 def test_open_vllm_on_the_cpu():
     folder = tiny_folder()
     with pytest.raises(EngineUnavailable, match="CUDA"):
