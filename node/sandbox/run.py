@@ -12,6 +12,7 @@ The parent's side of a run:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -42,8 +43,7 @@ def _memory_file(name: str, data: bytes) -> int:
 
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
 
 
 def _read_ready(fd: int) -> bytes:
@@ -121,14 +121,17 @@ def _run(host: HostSandbox, source: str, stdin: str, limits: SandboxLimits) -> R
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="swarmnode-sandbox-")))
         (work / "stdin").write_text(stdin)
-        fds = [_memory_file("launcher", LAUNCHER.encode()), _memory_file("program", source.encode()),
-               _memory_file("seccomp", host.seccomp)]
         info_read, info_write = os.pipe()
         block_read, block_write = os.pipe()
         ready_read, ready_write = os.pipe()
-        fds += [info_write, block_read, ready_write, info_read, block_write, ready_read]
-        stack.callback(_close_all, fds)
-        passed = BwrapFds(fds[0], fds[1], fds[2], info_write, block_read, ready_write)
+        ours = [info_read, block_write, ready_read]
+        launcher = _memory_file("launcher", LAUNCHER.encode())
+        program = _memory_file("program", source.encode())
+        seccomp = _memory_file("seccomp", host.seccomp)
+        passed = BwrapFds(launcher, program, seccomp, info_write, block_read, ready_write)
+        theirs = list(dataclasses.astuple(passed))  # the child's: ours to close once it holds them
+        stack.callback(_close_all, ours)
+        stack.callback(_close_all, theirs)
         launcher_args = [str(host.uid), str(host.gid), str(limits.memory_bytes), str(limits.cpu_time_s),
                          str(limits.file_size_bytes), str(0 if host.as_root else limits.max_processes),
                          str(limits.line_budget), str(ready_write)]
@@ -143,16 +146,15 @@ def _run(host: HostSandbox, source: str, stdin: str, limits: SandboxLimits) -> R
         fout = stack.enter_context(open(work / "out", "wb"))
         ferr = stack.enter_context(open(work / "err", "wb"))
         proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=ferr, env={}, start_new_session=True,
-                                pass_fds=tuple(fds[:6]))
-        for i in (3, 4, 5):  # our copies of the ends the child holds
-            os.close(fds[i])
-            fds[i] = -1
+                                pass_fds=tuple(theirs))
+        _close_all(theirs)
+        theirs.clear()
         first = -1  # a pidfd of the sandbox's first process: signalling it can never hit a reused pid
         try:
             info = _read_info(info_read, time.monotonic() + START_TIMEOUT_S)
             if info is not None:
                 first = os.pidfd_open(info["child-pid"])  # alive: it waits on the block fd
-                fds.append(first)
+                ours.append(first)
                 if cgroup is not None:
                     cgroup.attach(info["child-pid"])
                 os.write(block_write, b"go")
