@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from swarmnode.node.rl.tasks import Task
-from swarmnode.node.rl.tasks.code import grade
+from swarmnode.node.rl.tasks.code import extract_code, grade, program_text
 from swarmnode.node.sandbox.bwrap import ENVIRONMENT, INTERPRETER_FLAGS
 from swarmnode.node.sandbox.run import check_sandbox
 
@@ -45,9 +45,8 @@ def bare(task: Task, completions: list[str]) -> float:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for completion in completions:
-            program = completion.split("```python\n")[1].split("```")[0] + "\n\n" + task.target + "\n"
             path = Path(tmp) / "main.py"
-            path.write_text(program)
+            path.write_text(program_text(task, extract_code(completion)))
             subprocess.run([sys.executable, *INTERPRETER_FLAGS, str(path)], cwd=tmp, env=env,
                            capture_output=True, timeout=30)
     return time.perf_counter() - start

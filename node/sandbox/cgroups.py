@@ -8,6 +8,7 @@ parent, named after the node's pid; a node's first run removes what a crashed no
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 PARENT = "swarmnode-sandbox"
+log = logging.getLogger(__name__)
 REMOVE_WAIT_S = 5.0  # how long a finished run's processes may take to leave before the directory stays
 
 
@@ -108,8 +110,9 @@ class RunCgroup:
             pass
         return False
 
-    def kill_and_remove(self) -> bool:
-        """SIGKILL whatever is left and remove the directories; False if a process outlived the wait."""
+    def kill_and_remove(self) -> None:
+        """SIGKILL whatever is left and remove the directories; a process that outlives the wait (the
+        kernel's, not the program's doing) leaves them for `sweep`, with a warning."""
         deadline = time.monotonic() + REMOVE_WAIT_S
         while True:
             if self.layout.version == 2 and (self.dirs[0] / "cgroup.kill").exists():
@@ -120,9 +123,11 @@ class RunCgroup:
                 except ProcessLookupError:
                     pass
             if all(_try_rmdir(d) for d in self.dirs):
-                return True
+                return
             if time.monotonic() >= deadline:
-                return False
+                left = [str(d) for d in self.dirs]
+                log.warning("a sandbox cgroup outlived its run", extra={"cgroups": left})
+                return
             time.sleep(0.002)
 
 

@@ -29,13 +29,18 @@ LINE_BUDGET = 5_000_000  # Python lines the sandbox lets a graded program execut
 CODE_LIMITS = SandboxLimits(wall_time_s=10.0, cpu_time_s=5, line_budget=LINE_BUDGET)  # what grading uses
 
 __all__ = ["BUDGET_EXIT", "CODE_LIMITS", "KIND", "LINE_BUDGET", "Outcome", "RunResult", "SandboxLimits",
-           "extract_code", "grade", "run_python"]
+           "extract_code", "grade", "program_text", "run_python"]
 
 
 def extract_code(completion: str) -> str:
     """The last fenced code block of a completion (```python ... ```), or the whole text without fences."""
     blocks = re.findall(r"```[a-zA-Z0-9_+-]*\n(.*?)```", completion, flags=re.DOTALL)
     return blocks[-1] if blocks else completion
+
+
+def program_text(task: Task, code: str) -> str:
+    """What runs for a code task: the completion's code, a blank line, then the task's tests."""
+    return code + "\n\n" + task.target + "\n"
 
 
 MACHINE_BOUND = (Outcome.TIMEOUT, Outcome.MEMORY, Outcome.KILLED)  # outcomes no reward may follow from
@@ -49,7 +54,7 @@ def grade(task: Task, completion: str, limits: SandboxLimits = CODE_LIMITS) -> G
     code = extract_code(completion)
     if not code.strip():
         return Grade(0.0, "empty answer")
-    result = run_python(code + "\n\n" + task.target + "\n", limits=limits)
+    result = run_python(program_text(task, code), limits=limits)
     if result.outcome is Outcome.OK:
         return Grade(1.0, "tests passed")
     last = result.stderr.strip().splitlines()[-1:]
