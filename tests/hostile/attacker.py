@@ -219,8 +219,9 @@ class Report:
         self.facts.setdefault(attack, {})[key] = value
 
     def error(self, attack: str, exc: BaseException) -> None:
+        """Keep the first errors of each attack: a noisy one must not crowd out a quiet one's only clue."""
         for leaf in leaves(exc):
-            if len(self.errors) < 200:
+            if sum(e.startswith(f"{attack}: ") for e in self.errors) < ERRORS_PER_ATTACK:
                 self.errors.append(f"{attack}: {type(leaf).__name__}: {leaf}"[:300])
 
     def as_dict(self) -> dict[str, Any]:
@@ -951,7 +952,8 @@ async def newest_weights(ctx: Context) -> tuple[int, bytes]:
     return manifest.version, manifest.merkle_root
 
 
-STAKED_SEND_ATTEMPTS = 4
+STAKED_SEND_PATIENCE_S = 60.0  # a staked submission is dialled again until this long after its first try
+STAKED_SEND_BACKOFF_MAX_S = 5.0
 
 
 async def send_staked(ctx: Context, attack: str, identity: NodeIdentity, sealed: Sequence[tuple[str, bytes]],
@@ -964,17 +966,25 @@ async def send_staked(ctx: Context, attack: str, identity: NodeIdentity, sealed:
             digests = ctx.report.facts.setdefault(attack, {}).setdefault("digests", {})
             digests.setdefault(label, []).append(envelope_digest(envelope).hex())
             ack = None
-            for attempt in range(STAKED_SEND_ATTEMPTS):  # the victim may be busy with the floods: retry
+            # the victim may be busy with the floods (handshakes time out under load): a real attacker keeps
+            # dialling, so this does too, until its patience runs out
+            give_up_at = time.monotonic() + STAKED_SEND_PATIENCE_S
+            attempt = 0
+            delivered = False
+            while True:
                 try:
                     peer = await dial(host, node)
                     ack = await submit(host, peer, envelope, ctx.swarm.run)
+                    delivered = True
                     break
                 except transport_errors() as exc:
                     ctx.report.count(attack, f"{label}_transport_error")
                     ctx.report.error(attack, exc)
-                    if attempt + 1 < STAKED_SEND_ATTEMPTS:
-                        await trio.sleep(1.0 + attempt)
-            else:
+                    attempt += 1
+                    if time.monotonic() >= give_up_at:
+                        break
+                    await trio.sleep(min(float(attempt), STAKED_SEND_BACKOFF_MAX_S))
+            if not delivered:
                 statuses.append(None)
                 continue
             statuses.append(ack.status if ack is not None else None)
@@ -1060,6 +1070,7 @@ STAKED_GRACE_S = 120.0  # the staked attacks may outlast the window by this much
 HEAD_START_MAX_S = 60.0  # the noisy attacks wait at most this long for the replays to be sent
 POISON_ATTEMPTS = 3  # a poison submission that arrives stale is rebuilt on the newest version
 BOMB_TRIES = 20  # a bomb frame refused at once (every slot taken) is sent again, this many times at most
+ERRORS_PER_ATTACK = 40  # the report keeps this many errors of each attack
 REPORT_EVERY_S = 2.0  # the report is rewritten this often: a killed attacker still leaves its counts
 
 
