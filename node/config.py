@@ -74,6 +74,9 @@ class WorkSettings:
     submissions_per_version: int = 4  # worker: most submissions per checkpoint version before waiting
     cheat: str = ""  # worker, devnet only: perturbed-model | tampered-prompt | forged-reward | code-injection
     min_batch_groups: int = 0  # trainer: signal groups per step (0: the run's prompts_per_step)
+    # trainer: a step that waited this long on a step's worth of groups, too few with signal, reports the
+    # run as without learning signal (node.trainer.liveness; 0: never)
+    no_signal_after_s: float = 600.0
     diloco_plan: str = ""  # trainer of a multi-trainer run: the DilocoRun file its lead signed
     diloco_lead: str = ""  # with diloco_plan: 0x address of the run's lead trainer, the plan's signer
     # Retention (spec/validation.md Retention, spec/bounds.md): checkpoint versions kept beyond the async
@@ -251,6 +254,8 @@ def check_work(work: WorkSettings) -> WorkSettings:
         raise ConfigError(
             "[work] steps and min_batch_groups must be >= 0; threads and submissions_per_version >= 1"
         )
+    if work.no_signal_after_s < 0:
+        raise ConfigError("[work] no_signal_after_s must be >= 0 (0: never report a run without signal)")
     if not 1 <= work.nproc <= 64 or work.max_restarts < 0:
         raise ConfigError("[work] nproc must be in [1, 64] and max_restarts >= 0")
     if work.retention_versions < 2 or work.accepted_max_mb < 1:

@@ -41,6 +41,15 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     "With several --trainers, each trainer's GRPO steps: ceil(N / --inner-steps) DiLoCo rounds.",
 )
 @click.option(
+    "--no-signal-after",
+    "no_signal_after_s",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    help="Stop the run, saying why, once the trainer's step waited this many seconds on a step's worth of "
+    "groups too few of which had learning signal (a model that always or never solves its tasks; 0: never).",
+)
+@click.option(
     "--inner-steps",
     type=int,
     default=3,
@@ -148,6 +157,7 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
 )
 def devnet_command(
     steps: int,
+    no_signal_after_s: float,
     inner_steps: int,
     outer_lr: float,
     outer_momentum: float,
@@ -192,6 +202,7 @@ def devnet_command(
         run_id,
         record_deliveries,
         steps=steps,
+        no_signal_after_s=no_signal_after_s,
         cheaters=cheats,
         ledger=ledger_kind if steps else "",
         threads=threads,
@@ -217,6 +228,8 @@ def devnet_command(
         )
     if inner_steps < 1:
         raise click.UsageError("--inner-steps must be at least 1")
+    if (model or tasks or eval_tasks) and not steps:
+        raise click.UsageError("--model, --tasks and --eval-tasks are for a training run: add --steps N")
     if steps and (model or tasks or eval_tasks):  # the same clean errors as `train`, before any node starts
         load_run_inputs(model, tasks, eval_tasks)
     devnet = Devnet(plan, out or default_folder())
@@ -248,6 +261,8 @@ def devnet_command(
         raise click.ClickException(f"nodes did not stop cleanly: {failed}")
     if until_discovered and summary["reason"] != "discovered":
         raise click.ClickException(f"discovery did not complete ({summary['reason']})")
+    if steps and summary["reason"].startswith("no learning signal"):
+        raise click.ClickException(f"the run stopped: {summary['reason']}")
     if steps and summary["reason"] != "trained":
         raise click.ClickException(f"the run did not finish its {steps} steps ({summary['reason']})")
 

@@ -1,8 +1,9 @@
 """The devnet's live view: the status table, and the loop that runs a devnet while showing it.
 
 `run_devnet` starts the bootstrap, then every other node, and redraws `status_table` from the nodes'
-`status.json` twice a second until the run ends (discovery complete, training done, `duration` passed,
-a node crashed, or SIGINT/SIGTERM); then it stops every node and writes `summary.json`.
+`status.json` twice a second until the run ends (discovery complete, training done, a trainer reported
+no learning signal, `duration` passed, a node crashed, or SIGINT/SIGTERM); then it stops every node and
+writes `summary.json`.
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ async def run_devnet(
                         break
                     if devnet.plan.steps and devnet.trainer_done():
                         reason = "trained"
+                        break
+                    if devnet.plan.steps and (starved := devnet.without_signal()):
+                        reason = f"no learning signal ({starved})"
                         break
                     if duration and elapsed >= duration:
                         reason = "duration"

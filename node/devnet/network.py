@@ -355,6 +355,15 @@ class Devnet:
                 return False
         return bool(trainers)
 
+    def without_signal(self) -> str | None:
+        """A trainer's report that the run has no learning signal (spec/rollouts.md), if any."""
+        for node in self.nodes.values():
+            if node.role == "trainer":
+                signal = ((node.status() or {}).get("work") or {}).get("signal") or {}
+                if signal.get("starved"):
+                    return f"{node.name}: {signal.get('message', 'no learning signal')}"
+        return None
+
     def discovered(self) -> bool:
         """Every role node is ready and has found a verified provider of each role it needs."""
         for node in self.nodes.values():

@@ -37,6 +37,9 @@ class DevnetPlan:
     # Signal groups per trainer step: 24 of a submission's 32 prompts (about 31 have signal) make a step
     # take one submission, as the synchronous baseline does, so the two compare at equal data per step.
     min_batch_groups: int = 24
+    # A trainer whose step waited this long on a step's worth of groups without signal reports the run as
+    # without learning signal (spec/rollouts.md), and the devnet stops on that report.
+    no_signal_after_s: float = 120.0
     # Several trainers (DiLoCo, spec/diloco.md): H GRPO steps per round, then an fp16 all-reduce; `steps`
     # counts each trainer's GRPO steps, so the run is ceil(steps / H) rounds.
     inner_steps: int = 3
@@ -93,6 +96,7 @@ class DevnetPlan:
                 "steps": self.steps,
                 "shard_mb": self.shard_mb,
                 "min_batch_groups": self.min_batch_groups,
+                "no_signal_after_s": self.no_signal_after_s,
                 "max_new_tokens": self.max_new_tokens,
                 "nproc": self.trainer_nproc,
             }

@@ -220,6 +220,8 @@ def work_cell(role: str, work: dict[str, Any], steps: int) -> str:
         reward = f" reward {rewards[-1]:.3f}" if rewards else ""
         total = f"/{steps}" if steps else ""
         done = " [green]done[/]" if work.get("done") else ""
+        if (work.get("signal") or {}).get("starved"):
+            done = " [red]no learning signal[/]"
         return (
             f"step {work.get('step', 0)}{total} v{work.get('version', '-')}{reward}"
             f" used {work.get('submissions_used', 0)} wait {work.get('wait_s', 0):.0f}s{done}"

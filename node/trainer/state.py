@@ -110,6 +110,7 @@ class TrainerState:
         self.origin: OriginNode | None = None
         self.endpoint = ""
         self.done = False
+        self.signal: dict[str, Any] = {}  # a starved step's diagnosis (`node.trainer.liveness`); {} otherwise
         self.tallies = Tallies()
         self.validators: dict[bytes, ValidatorPull] = {}
         self._net: RoleNet | None = None
@@ -183,6 +184,7 @@ class TrainerState:
             "train_s": round(sum(r.train_s for r in records), 2),
             "step_s": [round(r.step_s, 2) for r in records],
             "done": self.done,
+            "signal": self.signal,
             "endpoint": self.endpoint,
             "per_worker": {"0x" + w.hex(): n for w, n in sorted(per_worker.items())},  # rows still held
             "inbox": stored,  # rows and bytes held now (bounded: module docstring)

@@ -6,6 +6,9 @@ Decisions:
   accepted rollout nor trains on one twice.
 - A ready batch whose oldest usable version went out less than 1.5 median first-arrival lags ago waits
   for that version's rows on their way (`protocol.pacing.hold_until_ms`, at most 60 s).
+- A step that waits on a step's worth of groups without signal for `work.no_signal_after_s` says so in
+  the log and in the status (`liveness`), once, and keeps waiting; the wait re-checks every
+  `SIGNAL_RECHECK_S` even when nothing arrives.
 - After `work.steps` steps the loop ends (`done`); the node keeps serving.
 """
 
@@ -23,10 +26,20 @@ from swarmnode.node.trainer.batch import BatchPlan, batch_limit, groups_of, plan
 from swarmnode.node.trainer.disk import prune_saves
 from swarmnode.node.trainer.inbox import StepRecord
 from swarmnode.node.trainer.limits import KEEP_SAVES
+from swarmnode.node.trainer.liveness import (
+    REWARD_SAMPLE_ROWS,
+    SignalCheck,
+    diagnosis,
+    mean_reward,
+    starved,
+    usable_counts,
+)
 from swarmnode.node.trainer.publishing import Publishing
 from swarmnode.node.trainer.state import Policy
 
 log = logging.getLogger(__name__)
+
+SIGNAL_RECHECK_S = 5.0  # a waiting step re-checks its signal this often, arrivals or not
 
 
 class StepLoop(Publishing):
@@ -101,16 +114,46 @@ class StepLoop(Publishing):
     async def _wait_for_batch(self, step: int, need: int, *, version: int | None = None) -> BatchPlan:
         """A batch for `step` of the policy `version` (the step itself when one step is one version)."""
         _, inbox, descriptor = self._parts()
+        began = time.monotonic()
         while True:
             arrived = self._arrived
             current = step if version is None else version
-            plan = plan_batch(inbox.pending(), current, descriptor.async_level, need, batch_limit(need))
+            pending = inbox.pending()
+            plan = plan_batch(pending, current, descriptor.async_level, need, batch_limit(need))
             if plan.stale:
                 inbox.drop([row.id for row in plan.stale], step)
             if plan.ready:
+                self.signal = {}
                 hold_s = (self._hold_until_ms(current - descriptor.async_level) - wall_ms()) / 1000
                 if hold_s <= 0:
                     return plan
                 await trio.sleep(hold_s)  # rows of the oldest usable version on their way join the batch
                 continue
-            await arrived.wait()
+            groups, signal_groups = usable_counts(pending, current, descriptor.async_level)
+            check = SignalCheck(step, time.monotonic() - began, groups, signal_groups, need)
+            if not self.signal and starved(check, self.config.work.no_signal_after_s):
+                self._report_starved(check, current)
+            with trio.move_on_after(SIGNAL_RECHECK_S):
+                await arrived.wait()
+
+    def _report_starved(self, check: SignalCheck, version: int) -> None:
+        """Log and show, once per step, why the step cannot start (`node.trainer.liveness`)."""
+        inbox = self._parts()[1]
+        async_level = self._parts()[2].async_level
+        rows = [r.id for r in inbox.pending() if version - async_level <= r.checkpoint_version <= version]
+        rewards = [
+            c.reward for g in groups_of(inbox.submissions(rows[:REWARD_SAMPLE_ROWS])) for c in g.completions
+        ]
+        mean = mean_reward(rewards)
+        message = diagnosis(check, mean)
+        self.signal = {
+            "starved": True,
+            "step": check.step,
+            "waited_s": round(check.waited_s, 1),
+            "groups": check.groups,
+            "signal_groups": check.signal_groups,
+            "need": check.need,
+            "mean_reward": None if mean is None else round(mean, 4),
+            "message": message,
+        }
+        log.warning(message, extra={"groups": check.groups, "signal_groups": check.signal_groups})

@@ -571,6 +571,44 @@ def test_a_ready_step_is_held_for_the_rows_of_its_oldest_version_by_the_measured
     trio.run(main)
 
 
+def test_a_step_without_learning_signal_is_reported_with_its_cause_and_cleared_by_a_step(
+    tmp_path: Path, submissions: list[RolloutSubmission]
+) -> None:
+    """Rows whose groups all have zero advantage (the model never solves its tasks) fill a step's worth of
+    groups: after `no_signal_after_s` the trainer says why in its status, though nothing more arrives; rows
+    with signal then let the step start and the report goes."""
+    work = trainer_work(
+        work_config(prepared_dir(tmp_path / "trainer"), steps=1, min_batch_groups=2, no_signal_after_s=0.2)
+    )
+    unsolved = [
+        RolloutSubmission(RUN, 1000 + i, 0, v0_root(), (hand_group([0.0] * 4), hand_group([0.0] * 4)))
+        for i in range(2)
+    ]
+    rows = [
+        replace(entry(i + 1, signal=0), groups=2, submission=sealed(WORKER, sub), step=sub.step)
+        for i, sub in enumerate(unsolved)
+    ]
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(work.serve)
+            assert work.inbox is not None
+            work.inbox.store(VALIDATOR.address, rows, 2)
+            nursery.start_soon(work.train)
+            await wait_until(lambda: bool(work.status()["signal"]), timeout=30)
+            signal = work.status()["signal"]
+            assert signal["starved"] and signal["groups"] == 4 and signal["signal_groups"] == 0
+            assert signal["mean_reward"] == 0.0 and "never solves" in signal["message"]
+            assert "swarmnode tasks filter" in signal["message"] and not work.done
+            items = [accepted_item(i + 10, sub) for i, sub in enumerate(submissions[:2])]
+            await work.ingest(VALIDATOR.address, AcceptedBatch(tuple(items), items[-1].index))
+            await wait_until(lambda: work.done, timeout=120)
+            assert work.status()["signal"] == {} and work.status()["step"] == 1
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 # --- over the network -----------------------------------------------------------------------------------
 
 
