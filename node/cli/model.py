@@ -6,6 +6,9 @@ until a target pass rate) — the same kind of folder the devnet's built-in mode
 node reads from a folder: its ModelInfo, the digests a RunDescriptor would carry for it, the parameter
 count and the weights files. A folder or task file that cannot be used exits with status 1 and the typed
 error on stderr; nothing is written then.
+
+The ML stack (torch, transformers, tokenizers) is imported by the commands that need it, not at import:
+the options come from `node.rl.recipes`, so the rest of the CLI starts in a second.
 """
 
 from __future__ import annotations
@@ -17,16 +20,21 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from safetensors import safe_open
 
-from swarmnode.node.rl.model import SUPPORTED_MODEL_TYPES, model_commitment, weight_files
-from swarmnode.node.rl.modelinit import DEFAULT_VOCAB_SIZE, SIZES, chat_texts, init_model_folder
+from swarmnode.node.rl.recipes import (
+    DEFAULT_VOCAB_SIZE,
+    SIZES,
+    SPECIAL_TOKENS,
+    SUPPORTED_MODEL_TYPES,
+    WarmStartRecipe,
+)
 from swarmnode.node.rl.tasks import Task, TaskFileError, read_tasks
-from swarmnode.node.rl.tokenizer import SPECIAL_TOKENS, load_tokenizer
-from swarmnode.node.rl.warmstart import EvalPoint, WarmStartRecipe, warm_start
+
+if TYPE_CHECKING:
+    from swarmnode.node.rl.warmstart import EvalPoint
 
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # the byte alphabet and the special tokens: no merges at all
 WARM_EVAL_TASKS = 128  # tasks held out of warm-start training to judge when to stop (at most a quarter)
@@ -74,6 +82,11 @@ def _replace_dir(built: Path, out: Path) -> None:
 
 def describe_folder(folder: Path) -> dict[str, Any]:
     """What `model show` prints: ModelInfo, the run's digests of the folder, parameters, weights files."""
+    from safetensors import safe_open
+
+    from swarmnode.node.rl.model import model_commitment, weight_files
+    from swarmnode.node.rl.tokenizer import load_tokenizer
+
     tokenizer, info = load_tokenizer(folder)
     commitment = model_commitment(folder)
     weights = []
@@ -159,6 +172,8 @@ def init_command(directory: Path, arch: str, size: str, tasks_file: Path | None,
     if directory.is_dir() and any(directory.iterdir()) and not force:
         raise click.ClickException(f"{directory} is not empty: pass --force to replace it")
     tasks = _read(tasks_file)
+    from swarmnode.node.rl.modelinit import chat_texts, init_model_folder
+
     directory.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory.parent, prefix=f".{directory.name}.") as scratch:
         try:
@@ -177,6 +192,9 @@ def init_command(directory: Path, arch: str, size: str, tasks_file: Path | None,
 
 
 def _warm(folder: Path, out: Path, tasks: Sequence[Task], target: float, max_steps: int) -> Path:
+    from swarmnode.node.rl.tokenizer import load_tokenizer
+    from swarmnode.node.rl.warmstart import warm_start
+
     train, held = split_for_warm_start(tasks)
     tokenizer, _ = load_tokenizer(folder)
     longest = max(len(tokenizer.encode(t.target)) for t in held)

@@ -9,22 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from swarmnode.node.rl import memory_plan
-from swarmnode.node.rl.memory_plan import (
-    PARAM_DTYPES,
-    MemoryPlan,
-    ParameterCounts,
-    RankMemory,
-    count_parameters,
-    min_ranks,
-)
-from swarmnode.node.rl.model import ModelFolderError, read_config
+from swarmnode.node.rl.recipes import PARAM_DTYPES
+
+if TYPE_CHECKING:  # torch and transformers load when the command runs, not with the CLI
+    from swarmnode.node.rl.memory_plan import MemoryPlan, ParameterCounts, RankMemory
 
 DEFAULT_MICRO_BATCH_TOKENS = 4096
 DEFAULT_DEVICE_GIB = 80.0
@@ -42,6 +36,9 @@ _ROWS = (
 
 def folder_counts(folder: Path) -> ParameterCounts:
     """Parameter counts of the folder's config; a folder that cannot give them is a usage error."""
+    from swarmnode.node.rl.memory_plan import count_parameters
+    from swarmnode.node.rl.model import ModelFolderError, read_config
+
     try:
         config = read_config(folder)
     except ModelFolderError as exc:
@@ -61,6 +58,8 @@ def _memory_doc(memory: RankMemory) -> dict[str, int]:
 
 def plan_doc(folder: Path, counts: ParameterCounts, plan: MemoryPlan, budget: int) -> dict[str, Any]:
     """What --json prints: the model's counts, the plan per rank and unsharded, and whether it fits."""
+    from swarmnode.node.rl.memory_plan import min_ranks
+
     return {
         "model": str(folder),
         "parameters": counts.total,
@@ -130,6 +129,8 @@ def _print_plan(doc: dict[str, Any]) -> None:
 def plan_memory(folder: Path, nproc: int, tokens: int, param_dtype: str, device_gib: float,
                 as_json: bool) -> None:
     """Weights, gradients, AdamW state and activations per rank of an N-rank FSDP2 trainer for DIR."""
+    from swarmnode.node.rl import memory_plan
+
     counts = folder_counts(folder)
     budget = int(device_gib * GIB)
     doc = plan_doc(folder, counts, memory_plan.plan_memory(counts, nproc, tokens, param_dtype), budget)

@@ -49,9 +49,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from swarmnode.node.rl.model import SUPPORTED_MODEL_TYPES
+from swarmnode.node.rl.recipes import PARAM_DTYPES, SUPPORTED_MODEL_TYPES
 
-PARAM_DTYPES = {"bf16": 2, "fp32": 4}  # bytes per element
 ADAM_MOMENTS_BYTES = 8  # exp_avg + exp_avg_sq, fp32
 MASTER_BYTES = 4  # the fp32 copy kept beside bf16 parameters
 REDUCE_BYTES = 4  # FSDP2 reduce dtype: fp32

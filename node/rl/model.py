@@ -51,9 +51,9 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.rl.recipes import SUPPORTED_MODEL_TYPES, ModelRecipe
 from swarmnode.protocol.messages import FileDigest
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -291,23 +291,6 @@ def load_weights(path: str | os.PathLike[str], config_hash: bytes) -> dict[str, 
 
 
 # --- tiny models built in code --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelRecipe:
-    """A small model of a supported architecture, built from code (tests, the devnet, `model init`)."""
-
-    arch: str = "qwen2"
-    vocab_size: int = 512
-    hidden_size: int = 64
-    intermediate_size: int = 256
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    max_positions: int = 128
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-6
-    init_std: float = 0.02
 
 
 _CONFIG_CLASSES: Mapping[str, Callable[..., PretrainedConfig]] = {

@@ -9,23 +9,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from swarmnode.node.rl.model import ModelRecipe, build_model, hf_config, save_model_folder
+from swarmnode.node.rl.model import build_model, hf_config, save_model_folder
+from swarmnode.node.rl.recipes import DEFAULT_VOCAB_SIZE, SIZES
 from swarmnode.node.rl.tokenizer import CHAT_TEMPLATE, prompt_messages, train_tokenizer
-
-# Named sizes for `model init --size`; `tiny` is the devnet's (about 0.2M parameters).
-SIZES: Mapping[str, ModelRecipe] = {
-    "tiny": ModelRecipe(),
-    "small": ModelRecipe(
-        hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=8, num_kv_heads=4, max_positions=1024
-    ),
-}
-DEFAULT_VOCAB_SIZE = 512
 
 
 def chat_texts(prompts_and_answers: Iterable[tuple[str, str]]) -> list[str]:

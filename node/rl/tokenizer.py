@@ -20,11 +20,8 @@ from typing import cast
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from swarmnode.node.rl.model import ModelFolderError, ModelInfo, model_info, tokenizer_files
+from swarmnode.node.rl.recipes import IM_END, PAD_TOKEN, SPECIAL_TOKENS
 
-PAD_TOKEN = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
 # Qwen2's pre-tokenizer split (transformers' tokenization_qwen2): digits one by one, words, punctuation runs.
 QWEN2_SPLIT = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501

@@ -34,6 +34,7 @@ import torch
 
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import save_model_folder
+from swarmnode.node.rl.recipes import WarmStartRecipe
 from swarmnode.node.rl.sync import eval_reward
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tokenizer import ChatTokenizer
@@ -41,32 +42,6 @@ from swarmnode.node.rl.tokenizer import ChatTokenizer
 IGNORE = -100  # label of a position that carries no loss (cross_entropy's ignore_index)
 EVAL_RUN = "swarmnode-warm-start"
 EVAL_WORKER = b"warm-start-eval"
-
-
-@dataclass(frozen=True)
-class WarmStartRecipe:
-    """Everything besides the folder and the tasks that determines a warm start."""
-
-    data_seed: int = 1
-    batch_size: int = 128
-    lr: float = 3e-3
-    betas: tuple[float, float] = (0.9, 0.98)
-    max_steps: int = 3000
-    eval_every: int = 50
-    eval_samples: int = 2
-    target_pass_rate: float = 0.3
-    max_new_tokens: int = 6
-    temperature: float = 1.0
-
-    def check(self) -> None:
-        """Refuse a recipe that cannot run (ValueError naming the field)."""
-        for name in ("batch_size", "max_steps", "eval_every", "eval_samples", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"warm-start {name} must be at least 1, got {getattr(self, name)}")
-        if not 0.0 <= self.target_pass_rate <= 1.0:
-            raise ValueError(f"warm-start target pass rate {self.target_pass_rate} is not in [0, 1]")
-        if not self.lr > 0 or not self.temperature > 0:
-            raise ValueError("warm-start lr and temperature must be positive")
 
 
 @dataclass(frozen=True)
