@@ -24,6 +24,7 @@ from swarmnode.crypto.keystore import KeystoreError, load_keystore
 from swarmnode.ledger.errors import LedgerError
 from swarmnode.node.cli.password import key_password, password_for_children, take_env_password
 from swarmnode.node.config import CHEATS, ROLE_NAMES, ConfigError, NodeConfig, load_config
+from swarmnode.node.errors import OperatorError
 from swarmnode.node.p2p.host import apply_yamux_tuning
 from swarmnode.node.runtime import NodeRuntime, cancel_on_signal, configure_logging, run_until_signalled
 
@@ -40,6 +41,31 @@ def _config(path: Path | None, overrides: dict[str, Any]) -> NodeConfig:
         return load_config(path, overrides)
     except ConfigError as exc:
         raise click.ClickException(f"config: {exc}") from None
+
+
+def operator_error(exc: BaseException) -> OperatorError | LedgerError | None:
+    """The first error an operator can fix inside `exc` (a trio node raises exception groups), if any."""
+    if isinstance(exc, OperatorError | LedgerError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := operator_error(inner)) is not None:
+                return found
+    for linked in (exc.__cause__, exc.__context__):
+        if linked is not None and (found := operator_error(linked)) is not None:
+            return found
+    return None
+
+
+def serve_node(runtime: NodeRuntime, role: str, log_level: str) -> None:
+    """Run the node; an error the operator can fix ends it with one line (its traceback with DEBUG)."""
+    try:
+        trio.run(run_until_signalled, runtime)
+    except BaseException as exc:
+        fault = operator_error(exc)
+        if fault is None or log_level.upper() == "DEBUG":
+            raise
+        raise click.ClickException(f"the {role} stopped: {fault}") from None
 
 
 def _node_options(fn: Any) -> Any:
@@ -144,10 +170,10 @@ def run_command(
     apply_yamux_tuning()
     try:
         service = make_role(config, identity)
-    except (LedgerError, ValueError, OSError, RuntimeError) as exc:  # NotEligible says how to stake
+    except (OperatorError, LedgerError, ValueError, OSError, RuntimeError) as exc:  # NotEligible: stake how
         raise click.ClickException(f"cannot start the {config.role}: {exc}") from None
     runtime = NodeRuntime(config, identity, service)
-    trio.run(run_until_signalled, runtime)
+    serve_node(runtime, config.role, config.log_level)
     skip_final_collection()
     if rank == 0:  # rank 0 of a trainer group: stopped cleanly; skip torch's racy C++ teardown
         from swarmnode.node.trainer.group import exit_rank

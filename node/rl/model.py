@@ -51,6 +51,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.errors import OperatorError
 from swarmnode.node.rl.recipes import SUPPORTED_MODEL_TYPES, ModelRecipe
 from swarmnode.protocol.messages import FileDigest
 
@@ -73,11 +74,11 @@ TOKENIZER_FILES = (
 META_CONFIG_HASH = "swarmnode.model_config_hash"
 
 
-class ModelFolderError(ValueError):
+class ModelFolderError(OperatorError, ValueError):
     """A folder that is not a loadable model; the message names the folder and the file."""
 
 
-class ModelMismatch(ValueError):
+class ModelMismatch(OperatorError, ValueError):
     """A model folder that differs from what a run committed to; the message names the file."""
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from swarmnode.node.errors import OperatorError
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.grpo import GrpoLoss, grpo_loss, has_signal
 from swarmnode.node.rl.model import ModelInfo, save_weights, state_dict_of
@@ -41,7 +42,7 @@ from swarmnode.node.rl.rollouts import unpack_logprobs
 from swarmnode.protocol.messages import GrpoParams, RolloutGroup
 
 
-class TrainerStateMismatch(RuntimeError):
+class TrainerStateMismatch(OperatorError, RuntimeError):
     """The trainer directory holds state of the other kind (one process vs a sharded group)."""
 
 

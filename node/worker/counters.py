@@ -13,10 +13,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swarmnode.node.errors import OperatorError
+
 STATE_FILE = "worker_state.json"
 
 
-class WorkerStateError(RuntimeError):
+class WorkerStateError(OperatorError, RuntimeError):
     """The worker's state file cannot be read; the message names it."""
 
 

@@ -12,11 +12,12 @@ from pathlib import Path
 from swarmnode.crypto.identity import format_address
 from swarmnode.ledger import Ledger
 from swarmnode.node.config import NodeConfig
+from swarmnode.node.errors import OperatorError
 
 WORKER_MEMORY_GB = 1  # what the refusal message suggests registering: the devnet model needs far less
 
 
-class NotEligible(RuntimeError):
+class NotEligible(OperatorError, RuntimeError):
     """The ledger does not let this worker work: not registered as a worker, under-staked, or ejected."""
 
 

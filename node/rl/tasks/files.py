@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from swarmnode.node.errors import OperatorError
 from swarmnode.node.rl.tasks.core import MAX_TARGET_LENGTH, Task, task_to_json
 from swarmnode.node.rl.tasks.graders import GRADERS
 
@@ -53,7 +54,7 @@ TARGET_COLUMNS = ("answer", "tests", "target")
 COLUMNS = ("prompt", "kind", *TARGET_COLUMNS, "target_length", "task_id")
 
 
-class TaskFileError(ValueError):
+class TaskFileError(OperatorError, ValueError):
     """A task file this node cannot use: names the file, the row (1-based) when one is at fault, and why."""
 
     def __init__(self, path: str | os.PathLike[str], problem: str, row: int | None = None) -> None:
