@@ -9,7 +9,7 @@ dialable = true                    # false behind NAT: announce nothing, DHT cli
 bootstrap = ["/ip4/10.0.0.1/tcp/4001/p2p/16Uiu2..."]
 run = "my-run"
 role = "worker"                    # trainer | relay | worker | validator | bootstrap
-ledger_url = "sqlite:///data/ledger.db"
+ledger_url = "signed:/srv/swarm/ledger.db"   # signed:PATH (one SQLite file every node opens) | evm:URL
 data_dir = "data"                  # relative to this file
 http_host = "127.0.0.1"            # data plane (HTTP) endpoint announced in Hello
 http_port = 8080
@@ -85,7 +85,8 @@ class WorkSettings:
     retention_versions: int = 4
     accepted_max_mb: int = 2048
     # The run's model and tasks, which every role checks against the signed RunDescriptor: a Hugging Face
-    # model folder and a JSONL/Parquet task file ("" = the devnet's built-in model and generated tasks).
+    # model folder and a JSONL/Parquet task file ("" = the devnet's built-in model and generated tasks);
+    # in a config file, relative to the file (`WORK_PATHS`).
     model: str = ""
     tasks: str = ""
     engine: str = "auto"  # auto (vLLM when CUDA and the vllm extra are present, else transformers)
@@ -242,8 +243,13 @@ def parse_config(document: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     if "scoring" in document:
         kwargs["scoring"] = _section(ScoreParams, document["scoring"], "scoring")
     if "work" in document:
-        kwargs["work"] = check_work(_section(WorkSettings, document["work"], "work"))
+        work = _section(WorkSettings, document["work"], "work")
+        kwargs["work"] = check_work(replace(work, **{key: str((base_dir / path).resolve())
+                                                     for key in WORK_PATHS if (path := getattr(work, key))}))
     return kwargs
+
+
+WORK_PATHS = ("model", "tasks", "diloco_plan")  # [work] files, relative to the config file like [node]'s
 
 
 def check_work(work: WorkSettings) -> WorkSettings:

@@ -262,13 +262,14 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
 
 def _register_groups() -> None:
     """Command groups that live beside their subsystems, added explicitly (no import-time registration)."""
-    from swarmnode.node.cli import ledger, model, plan, run, tasks
+    from swarmnode.node.cli import ledger, model, plan, run, status, tasks
 
     ledger.register_commands(main)
     model.register_commands(main)
     run.register_commands(main)
     tasks.register_commands(main)
     main.add_command(plan.plan_memory)
+    main.add_command(status.status_command)
     main.add_command(diloco)
 
 

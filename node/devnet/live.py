@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from swarmnode.node.devnet.network import Devnet
-from swarmnode.node.devnet.rl import work_cell
+from swarmnode.node.status_view import work_cell
 
 
 def status_table(devnet: Devnet, elapsed: float) -> Table:

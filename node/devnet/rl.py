@@ -210,42 +210,6 @@ def ledger_facts(devnet_ledger: DevnetLedger) -> LedgerFacts:
         slashes_by_status=by_status,
     )
 
-
-def work_cell(role: str, work: dict[str, Any], steps: int) -> str:
-    """One line of live progress for a node's work status (the devnet table's last column)."""
-    if not isinstance(work, dict) or not work:
-        return "-"
-    if role == "trainer":
-        rewards = work.get("rewards") or []
-        reward = f" reward {rewards[-1]:.3f}" if rewards else ""
-        total = f"/{steps}" if steps else ""
-        done = " [green]done[/]" if work.get("done") else ""
-        if (work.get("signal") or {}).get("starved"):
-            done = " [red]no learning signal[/]"
-        return (
-            f"step {work.get('step', 0)}{total} v{work.get('version', '-')}{reward}"
-            f" used {work.get('submissions_used', 0)} wait {work.get('wait_s', 0):.0f}s{done}"
-        )
-    if role == "worker":
-        cheat = f" [red]{work['cheat']}[/]" if work.get("cheat") else ""
-        return (
-            f"v{work.get('version', '-')} sent {work.get('submitted', 0)}"
-            f" ok {work.get('accepted', 0)} rej {work.get('rejected', 0)}{cheat}"
-        )
-    if role == "validator":
-        credits = work.get("credits") or {}
-        return (
-            f"ok {work.get('accepted', 0)} rej {work.get('rejected', 0)} slash {work.get('slashes', 0)}"
-            f" (final {work.get('slashes_finalized', 0)}) credited {credits.get('committed', 0)}"
-            f" in {credits.get('batches', 0)} batches queue {work.get('queued', 0)}"
-            f" cpu {work.get('cpu_s', 0):.0f}s"
-        )
-    if role == "relay":
-        served = work.get("bytes_served", 0) / 1e6
-        return f"holds {work.get('versions_held', [])} served {served:.1f} MB"
-    return "-"
-
-
 def final_checkpoint(trainer_data: Path, run: str) -> tuple[int, dict[str, Any]] | None:
     """The newest complete checkpoint the trainer published: (version, state dict)."""
     from swarmnode.node.dataplane.checkpoint import load_checkpoint

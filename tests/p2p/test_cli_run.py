@@ -72,3 +72,11 @@ def test_devnet_command_until_discovered(tmp_path: Path) -> None:
         assert (out / name / "data" / "node.log").stat().st_size > 0
         assert json.loads((out / name / "data" / "status.json").read_text())["stopped"]
     assert str(out) in result.stdout
+    # `swarmnode status` reads what each node wrote, from its data directory or its config file
+    for name, role in (("trainer-1", "trainer"), ("worker-1", "worker")):
+        for target in (out / name / "data", out / name / "node.toml"):
+            shown = subprocess.run([sys.executable, "-m", "swarmnode.node.cli.main", "status", str(target)],
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert shown.returncode == 0, shown.stderr
+            assert shown.stdout.startswith(f"{role} of run devnet: stopped"), shown.stdout
+            assert "peers connected" in shown.stdout

@@ -53,6 +53,17 @@ def test_full_config(tmp_path: Path) -> None:
     assert config.http_endpoint == "http://127.0.0.1:8081"
 
 
+def test_work_files_are_relative_to_the_config_file_like_the_node_s(tmp_path: Path) -> None:
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    tasks = tmp_path / "elsewhere" / "tasks.jsonl"
+    tasks.write_text("")
+    work = f'\n[work]\nmodel = "models/m"\ntasks = "{tasks}"\n'
+    config = load_config(write(tmp_path, TOML + work))
+    assert config.work.model == str(tmp_path / "models" / "m") and config.work.tasks == str(tasks)
+    assert config.work.diloco_plan == ""  # unset stays unset
+
+
 def test_flags_override_the_file(tmp_path: Path) -> None:
     config = load_config(
         write(tmp_path, TOML), {"role": "relay", "http_port": 9999, "listen": None, "bootstrap": ()}

@@ -1,0 +1,87 @@
+"""A node's status document (`data_dir/status.json`, rewritten every second) as lines a person reads.
+
+Shared by `swarmnode status` and the devnet's live table: one wording for what a node does and waits for.
+Pure: the document and the clock are arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+STALE_AFTER_S = 10.0  # a status not rewritten for this long: the node is stopped, hung or gone
+
+
+def work_cell(role: str, work: dict[str, Any], steps: int) -> str:
+    """One line of live progress for a node's work status (the devnet table's last column)."""
+    if not isinstance(work, dict) or not work:
+        return "-"
+    if role == "trainer":
+        rewards = work.get("rewards") or []
+        reward = f" reward {rewards[-1]:.3f}" if rewards else ""
+        total = f"/{steps}" if steps else ""
+        done = " [green]done[/]" if work.get("done") else ""
+        if (work.get("signal") or {}).get("starved"):
+            done = " [red]no learning signal[/]"
+        return (
+            f"step {work.get('step', 0)}{total} v{_or_dash(work.get('version'))}{reward}"
+            f" used {work.get('submissions_used', 0)} wait {work.get('wait_s', 0):.0f}s{done}"
+        )
+    if role == "worker":
+        cheat = f" [red]{work['cheat']}[/]" if work.get("cheat") else ""
+        return (
+            f"v{_or_dash(work.get('version'))} sent {work.get('submitted', 0)}"
+            f" ok {work.get('accepted', 0)} rej {work.get('rejected', 0)}{cheat}"
+        )
+    if role == "validator":
+        credits = work.get("credits") or {}
+        return (
+            f"ok {work.get('accepted', 0)} rej {work.get('rejected', 0)} slash {work.get('slashes', 0)}"
+            f" (final {work.get('slashes_finalized', 0)}) credited {credits.get('committed', 0)}"
+            f" in {credits.get('batches', 0)} batches queue {work.get('queued', 0)}"
+            f" cpu {work.get('cpu_s', 0):.0f}s"
+        )
+    if role == "relay":
+        served = work.get("bytes_served", 0) / 1e6
+        return f"holds {work.get('versions_held', [])} served {served:.1f} MB"
+    return "-"
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def waiting_for(status: dict[str, Any]) -> list[str]:
+    """The roles this node needs and has not found a verified provider of (empty: nothing missing)."""
+    found = status.get("providers_found") or {}
+    return [role for role in status.get("needs") or [] if not found.get(role)]
+
+
+def describe(status: dict[str, Any], now: float) -> list[str]:
+    """A node's status in a few plain lines: who, whether it runs, its peers, what it waits for, its work."""
+    role = status.get("role", "?")
+    age = now - float(status.get("updated") or 0)
+    if status.get("stopped"):
+        state = "stopped"
+    elif age > STALE_AFTER_S:
+        state = f"not updated for {age:.0f}s (stopped, hung or killed: pid {status.get('pid', '?')})"
+    else:
+        state = ("ready" if status.get("ready") else "starting") + f", up {status.get('uptime_s', 0):.0f}s"
+    lines = [
+        f"{role} of run {status.get('run', '?')}: {state}",
+        f"  peer id {status.get('peer_id', '?')}",
+        f"  address {status.get('address', '?')}",
+        f"  listening on {', '.join(status.get('listen_addrs') or []) or '-'}",
+    ]
+    peers = status.get("connected_peers") or []
+    missing = waiting_for(status)
+    waits = f"; waiting for a {', a '.join(missing)}" if missing else ""
+    lines.append(f"  {len(peers)} peers connected{waits}")
+    if not peers and not status.get("stopped"):
+        lines.append("  no peers: check the --bootstrap address (its port, its /p2p/ id from `keys show`)")
+    work = status.get("work") or {}
+    if work:
+        lines.append(f"  work: {work_cell(role, work, 0)}")
+    signal = work.get("signal") or {}
+    if signal.get("starved"):
+        lines.append(f"  {signal.get('message', 'no learning signal')}")
+    return lines
