@@ -262,7 +262,7 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
 
 def _register_groups() -> None:
     """Command groups that live beside their subsystems, added explicitly (no import-time registration)."""
-    from swarmnode.node.cli import ledger, model, plan, run, status, tasks
+    from swarmnode.node.cli import init, ledger, model, plan, run, status, tasks
 
     ledger.register_commands(main)
     model.register_commands(main)
@@ -270,6 +270,7 @@ def _register_groups() -> None:
     tasks.register_commands(main)
     main.add_command(plan.plan_memory)
     main.add_command(status.status_command)
+    main.add_command(init.init_command)
     main.add_command(diloco)
 
 
