@@ -8,6 +8,7 @@ writes `summary.json`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -105,6 +106,9 @@ async def run_devnet(
                 while True:
                     elapsed = time.monotonic() - started
                     view.update(status_table(devnet, elapsed))
+                    if devnet.ledger is not None:
+                        with contextlib.suppress(OSError):  # a chain that is gone shows in the nodes' errors
+                            await trio.to_thread.run_sync(devnet.ledger.keep_time)
                     if probe_rate and "probe" not in devnet.nodes and devnet.discovered():
                         devnet.add_node("probe", "probe")
                         count = str(int(probe_rate * 86_400))

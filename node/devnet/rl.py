@@ -14,6 +14,7 @@ seeds (`node.rl.sync.eval_reward`).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,20 @@ class DevnetLedger:
         contract = self.harness.ledger.address
         self.url = f"evm:{self.anvil.url}#{contract}"
         (self.folder / "contract.txt").write_text(contract + "\n")
+
+    def keep_time(self) -> None:
+        """An EVM devnet: mine an empty block when the newest is a second old or more.
+
+        The contract reads the epoch from the newest block's timestamp, and anvil mines only when a
+        transaction comes: on an idle chain (the run's end, or a busy machine between credit batches) the
+        epoch stood still and a slash's challenge window never passed, so it stayed pending. A real chain
+        makes blocks whatever happens; the devnet's chain now does too. A signed log reads the wall clock.
+        """
+        if self.harness is None:
+            return
+        w3 = self.harness.w3
+        if time.time() - int(w3.eth.get_block("latest")["timestamp"]) >= 1:
+            w3.provider.make_request("evm_mine", [])
 
     def open(self) -> Ledger:
         from swarmnode.node.roles.common import open_work_ledger

@@ -258,3 +258,26 @@ def test_a_batch_and_a_challenge_window_on_anvils_clock(anvil_binary: str) -> No
         )
         assert ledger.stake(worker.address).bonded_gwei == 700
         assert ledger.stake(val.address).bonded_gwei == 900
+
+
+def test_an_idle_devnet_chain_keeps_its_epochs_moving(anvil_binary: str, tmp_path: Path) -> None:
+    """The devnet's anvil mines only on a transaction: with none, the contract's epoch stood still and a
+    slash's challenge window never passed. `keep_time` (the devnet loop calls it twice a second) mines an
+    empty block once the newest is a second old, so the epochs follow the wall clock."""
+    from swarmnode.node.devnet.rl import DEVNET_PARAMS, DevnetLedger
+
+    ledger = DevnetLedger("evm", tmp_path)
+    ledger.create()
+    try:
+        chain = ledger.harness.ledger
+        start = chain.current_epoch()
+        deadline = time.monotonic() + 3 * DEVNET_PARAMS.epoch_seconds + 10
+        while chain.current_epoch() < start + 2:
+            assert time.monotonic() < deadline, "the idle chain's epoch did not advance"
+            ledger.keep_time()
+            time.sleep(0.5)  # the devnet loop's period
+        idle = chain.current_epoch()
+        time.sleep(2 * DEVNET_PARAMS.epoch_seconds)  # without keep_time, nothing mines: the epoch stands
+        assert chain.current_epoch() == idle
+    finally:
+        ledger.stop()
