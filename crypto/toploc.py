@@ -27,7 +27,7 @@ normative text; the decisions it records:
 - Beyond the reference: a chunk with fewer than k values (a short last chunk of a narrow model) uses
   all of its values as points and zero-pads the coefficients; the reference fails there.
 
-Two tiers of verdicts (DESIGN.md, TOPLOC): `ChunkCheck.passed` applies the reference thresholds per
+Two tiers of verdicts (spec/toploc.md): `ChunkCheck.passed` applies the reference thresholds per
 chunk; `judge` applies a run's `CalibratedPolicy` to the submission's `aggregate`, because a quantised
 or noised model stays far below the reference thresholds while sitting 2-3x above honest statistics.
 """

@@ -33,7 +33,7 @@ MAX_SUBMISSIONS_PER_VERSION_LIMIT = 1 << 16  # the most any run may allow (the c
 
 @dataclass(frozen=True)
 class GrpoParams:
-    """Hyper-parameters of the GRPO step (DESIGN.md, GRPO): fixed for the whole run."""
+    """Hyper-parameters of the GRPO step (spec/rollouts.md): fixed for the whole run."""
 
     group_size: Annotated[int, Range(2, 1024)]
     prompts_per_step: Annotated[int, Range(1, 65536)]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPS = ("node", "protocol", "crypto", "ledger")
+DATA_PACKAGES = {"swarmnode.node.rl.assets"}  # folders of package data only (no __init__.py), listed too
 
 
 def source_packages() -> set[str]:
@@ -25,7 +26,7 @@ def source_packages() -> set[str]:
 
 def test_every_source_package_is_listed_under_swarmnode():
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert set(setuptools["packages"]) == source_packages()
+    assert set(setuptools["packages"]) == source_packages() | DATA_PACKAGES
     assert setuptools["package-dir"] == {f"swarmnode.{top}": top for top in TOPS}
 
 
@@ -36,6 +37,7 @@ def test_the_wheel_installs_only_swarmnode(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert built.returncode == 0, built.stderr[-3000:]
+    assert "Warning" not in built.stdout + built.stderr, built.stderr[-3000:]  # setuptools has no complaint
     (wheel,) = tmp_path.glob("swarmnode-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()

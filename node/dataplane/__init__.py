@@ -2,7 +2,7 @@
 
 Design decisions (spec/shards.md is the normative text):
 
-- HTTP/1.1 on trio + h11, not libp2p streams (DESIGN.md, Wire). Servers send files with `os.sendfile`;
+- HTTP/1.1 on trio + h11, not libp2p streams (spec/shards.md). Servers send files with `os.sendfile`;
   clients read bodies with `recv_into` into one reused buffer and hash while writing, so a byte costs one
   kernel copy in, one sha256 pass and one page-cache write, and Python runs a few steps per MiB.
 - Trust comes from the trainer-signed `CheckpointManifest` (per-shard sha256, Merkle root), never from

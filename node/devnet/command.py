@@ -188,7 +188,7 @@ def devnet_command(
 ) -> None:
     """Run a swarm of separate node processes on 127.0.0.1 (or an emulated WAN) and show live status.
 
-    With --steps N it is the whole training run of DESIGN.md on loopback: bootstrap, trainer, relays,
+    With --steps N it is a whole training run on loopback: bootstrap, trainer, relays,
     workers (--cheaters more that cheat), validators, a ledger every role is staked and registered in.
     It ends with a summary table, a PNG plot and the final ledger, in the devnet folder.
     """

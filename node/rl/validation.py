@@ -1,4 +1,4 @@
-"""The validator's judgement of one signed RolloutSubmission (DESIGN.md step 5).
+"""The validator's judgement of one signed RolloutSubmission (spec/validation.md).
 
 1. envelope and signature (done by `open_envelope` before this module sees it);
 2. stake and registration of the worker;

@@ -1,6 +1,6 @@
 """The trainer's work: GRPO steps on accepted rollouts pulled from validators, checkpoints out via the origin.
 
-The distributed twin of `node.rl.sync.run_sync` (DESIGN.md, Run lifecycle, steps 1 and 6):
+The distributed twin of `node.rl.sync.run_sync` (spec/rollouts.md, Training on them):
 
 - The policy being trained is version `step` (version 0 is the base checkpoint). It is published through
   an `OriginNode` (signed manifest, shards over HTTP), gossiped on `checkpoints` and re-gossiped every
@@ -56,7 +56,7 @@ One concern per module (each module's docstring records its design decisions):
   `group` (join, leave, timeouts, bytes between ranks), `rank` (one rank's shard and step), `commands`
   (rank 0's commands and pings), `launch` (the ranks under torchrun).
 
-Import from here: `from node.trainer import SwarmTrainerWork, ...` is the public surface. A cadence
+Import from here: `from swarmnode.node.trainer import SwarmTrainerWork, ...` is the public surface. A cadence
 is read from the module that uses it (a test shortens `PULL_BACKOFF_S` in `pull`, `RUN_WAIT_S` in
 `registration`): setting it here changes nothing.
 """

@@ -1,6 +1,6 @@
 """The worker's work: follow the newest checkpoint, generate the assigned groups with proofs, submit them.
 
-One loop, in the order of the run lifecycle (DESIGN.md, steps 3-4):
+One loop, in the order of a worker's part of a run (spec/rollouts.md):
 1. wait for the run descriptor and check it names the dataset, model and base this node holds;
 2. follow checkpoints (`SwarmFollower`, newest only, not serving); load each verified one in a thread
    (`build.prepare_weights`);
