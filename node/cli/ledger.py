@@ -30,6 +30,7 @@ from swarmnode.node.cli.ledger_common import (
     short_hex,
 )
 from swarmnode.node.cli.stake import register_command, stake_group
+from swarmnode.protocol.runs import step_counter, step_version
 
 # --- ledger --------------------------------------------------------------------------------------
 
@@ -124,6 +125,9 @@ def ledger_contributions(
 ) -> None:
     """Credited contributions, optionally for one node or run, each with the batch that credited it.
 
+    Each credits one assignment: a worker's COUNTER-th submission on checkpoint VERSION (the table shows
+    version/n; --json keeps the packed step, version << 32 | counter).
+
     `swarmnode ledger prove --contribution N` proves one of them is in its batch's Merkle root.
     """
     node = address_arg(node_text)
@@ -134,13 +138,13 @@ def ledger_contributions(
         return
     print_table(
         "contributions",
-        ["#", "batch", "run", "step", "worker", "validator", "tokens", "flops", "rollout", "epoch"],
+        ["#", "batch", "run", "version/n", "worker", "validator", "tokens", "flops", "rollout", "epoch"],
         [
             [
                 r.index,
                 r.batch,
                 r.run,
-                r.step,
+                f"{step_version(r.step)}/{step_counter(r.step)}",  # the step packs both (protocol.runs)
                 format_address(r.worker),
                 format_address(r.validator),
                 r.tokens,

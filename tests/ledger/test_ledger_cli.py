@@ -278,6 +278,9 @@ def test_operator_flow_and_queries(env: dict[str, str], tmp_path: Path) -> None:
         ["stake", "status", "--node", format_address(VAL.address)],
     ):
         assert "0x" in run(env, *query)  # rich tables name the nodes
+    steps = [(c["step"] >> 32, c["step"] & 0xFFFFFFFF) for c in contributions]
+    table = run({**env, "COLUMNS": "200"}, "ledger", "contributions")
+    assert "version/n" in table and all(f"{v}/{n}" in table for v, n in steps)  # not the packed step
 
     run(env, "stake", "unbond", "100", "--key", str(tmp_path / "w1.json"))
     out = run(env, "stake", "withdraw", "--key", str(tmp_path / "w1.json"), code=1)
