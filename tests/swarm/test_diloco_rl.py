@@ -470,7 +470,7 @@ def test_the_plan_and_its_lead_are_configured_together(tmp_path: Path) -> None:
         f"[node]\nidentity='k'\nrun='{RUN}'\nrole='trainer'\ndata_dir='d'\n"
         f"[work]\ndiloco_plan='plan.bin'\ndiloco_lead='{LEAD.address.hex()}'\n"
     )
-    assert load_config(toml).work.diloco_plan == "plan.bin"
+    assert load_config(toml).work.diloco_plan == str(tmp_path / "plan.bin")  # relative to the config file
 
 
 @pytest.mark.parametrize(
