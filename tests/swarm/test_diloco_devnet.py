@@ -146,7 +146,12 @@ def test_a_killed_co_trainer_rejoins_and_both_trainers_end_on_the_same_weights(t
         assert lead["lead"] is True and co["lead"] is False
         assert lead["round"] == co["round"] == plan.rounds
         history = {h["round"]: h for h in lead["history"]}
-        assert sorted(history) == list(range(plan.rounds - len(history), plan.rounds))  # no round skipped
+        co_history = {h["round"]: h for h in co["history"]}
+        # No round of the run is skipped. Under load the restarted co-trainer may finish a round first: the
+        # lead is then overtaken and resyncs from it (its log says so), so that round is in the co-trainer's
+        # history, not the lead's.
+        assert max(history) == plan.rounds - 1
+        assert set(range(min(history), plan.rounds)) <= set(history) | set(co_history), (history, co_history)
         for r in alone:
             assert history[r]["contributors"] == [lead_hex] and history[r]["voters"] == [], history[r]
         assert _done_theta(lead["events"]) == _done_theta(co["events"])
