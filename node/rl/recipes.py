@@ -29,8 +29,8 @@ class ModelRecipe:
     hidden_size: int = 64
     intermediate_size: int = 256
     num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
+    num_heads: int = 2  # heads of 32: the smallest size vLLM's CPU attention takes (16 is refused)
+    num_kv_heads: int = 1
     max_positions: int = 128
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6

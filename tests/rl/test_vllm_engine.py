@@ -16,7 +16,7 @@ import importlib.util
 import os
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -295,17 +295,17 @@ BF16_SAMPLING_TOLERANCE = 0.1  # bf16 logits; to be replaced by the calibrated v
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """A tiny Qwen2 folder with heads of 32 (vLLM's CPU attention takes 32, 64, 80, ...; the tiny model's
-    heads are 16): the tiny model's tokenizer, 2 layers of width 64 in 2 heads."""
+    """The tiny Qwen2 folder's recipe (heads of 32: vLLM's CPU attention takes 32, 64, 80, ..., not 16)
+    with room for 256 positions, its tokenizer and weights of its own seed."""
     if (reason := _vllm_missing()) is not None:
         if os.environ.get(REQUIRE_VLLM_ENV):  # the test command's vLLM environment: a skip would hide it
             pytest.fail(f"{REQUIRE_VLLM_ENV} is set but {reason}")
         pytest.skip(reason)
-    from swarmnode.node.rl.model import ModelRecipe, build_model, hf_config, read_config, save_model_folder
+    from swarmnode.node.rl.model import build_model, hf_config, read_config, save_model_folder
+    from swarmnode.node.rl.recipes import SIZES
 
     base = read_config(tiny_folder())
-    recipe = ModelRecipe(vocab_size=base.vocab_size, hidden_size=64, num_heads=2, num_kv_heads=1,
-                         max_positions=256)
+    recipe = replace(SIZES["tiny"], vocab_size=base.vocab_size, max_positions=256)
     config = hf_config(recipe, eos_token_id=base.eos_token_id, pad_token_id=base.pad_token_id)
     return save_model_folder(build_model(config, seed=3), tiny_folder(), tmp_path_factory.mktemp("vllm"))
 
