@@ -54,6 +54,7 @@ from swarmnode.ledger.types import (
     WorkerTotal,
 )
 from swarmnode.protocol.ledger_messages import (
+    MAX_CHALLENGE_WINDOW_EPOCHS,
     CommitCredits,
     Credit,
     FinalizeSlash,
@@ -301,6 +302,11 @@ def process_register_run(state: LedgerState, author: bytes, op: RegisterRun, epo
     if op.run in state.runs:
         raise RunExists(f"run {op.run!r} is already registered (owner {short(state.runs[op.run].owner)})")
     check_validator_set(op.validators)
+    if op.challenge_window_epochs > MAX_CHALLENGE_WINDOW_EPOCHS:  # a window is how long a slash freezes stake
+        raise MalformedOperation(
+            f"a challenge window of {op.challenge_window_epochs} epochs is above the protocol's "
+            f"{MAX_CHALLENGE_WINDOW_EPOCHS} (MAX_CHALLENGE_WINDOW_EPOCHS)"
+        )
     state.runs[op.run] = RunInfo(
         run=op.run,
         owner=author,

@@ -43,6 +43,7 @@ from swarmnode.node.p2p.gossip import GossipSettings
 from swarmnode.node.p2p.host import parse_announce
 from swarmnode.node.p2p.records import InvalidRecord, check_run
 from swarmnode.node.p2p.scoring import ScoreParams
+from swarmnode.protocol.ledger_messages import MAX_CHALLENGE_WINDOW_EPOCHS
 
 ROLE_NAMES = ("trainer", "relay", "worker", "validator", "bootstrap")
 
@@ -97,6 +98,9 @@ class WorkSettings:
     # swarm: about one ledger epoch) and finalize their slashes once the window passed.
     run_validators: tuple[str, ...] = ()
     challenge_window_epochs: int = 24
+    # Worker and validator: the longest challenge window of a run this node takes part in (a pending slash
+    # freezes its stake that long); the protocol allows at most MAX_CHALLENGE_WINDOW_EPOCHS (720).
+    max_challenge_window_epochs: int = 168
     credit_interval_s: float = 5.0
     slash_check_s: float = 5.0
     # Trainer: ranks of its FSDP2 process group on this host (1: one process). Rank 0 is the node; a rank
@@ -283,6 +287,11 @@ def check_work(work: WorkSettings) -> WorkSettings:
         raise ConfigError(
             "[work] challenge_window_epochs must be >= 0; credit_interval_s and slash_check_s > 0"
         )
+    for key in ("challenge_window_epochs", "max_challenge_window_epochs"):
+        if not 0 <= getattr(work, key) <= MAX_CHALLENGE_WINDOW_EPOCHS:
+            bound = MAX_CHALLENGE_WINDOW_EPOCHS  # how long a pending slash may freeze stake
+            raise ConfigError(f"[work] {key} must be in 0..{bound} epochs (the protocol's bound on "
+                              f"how long a pending slash freezes stake), not {getattr(work, key)}")
     for text in work.run_validators:
         if not isinstance(text, str) or len(_hex_bytes(text)) != 20:
             raise ConfigError(f"[work] run_validators must be 0x addresses, not {text!r}")

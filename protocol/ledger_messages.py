@@ -73,6 +73,10 @@ RUN_LIMIT_MAX = U32_MAX  # max tokens per credit: a credit's tokens fit 32 bits
 # max flops per token: 2 x parameters for inference, so up to ~550B-parameter models. A credit's flops are a
 # u64 whatever the limits, so a worker's totals (at most 2^32 credits) fit the contract's 128-bit field.
 FLOPS_PER_TOKEN_MAX = (1 << 40) - 1
+# The longest challenge window a run may set. A pending slash freezes the accused's stake (no withdrawal, no
+# finalization) until its window passes, so the window bounds how long one accusation can hold anyone's
+# stake: 720 epochs, 30 days at the default 1-hour epoch.
+MAX_CHALLENGE_WINDOW_EPOCHS = 720
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class RegisterRun:
 
     run: RunId
     validators: Annotated[tuple[Address, ...], MaxLen(MAX_RUN_VALIDATORS)]
-    challenge_window_epochs: Annotated[int, Range(0, U32_MAX)]
+    challenge_window_epochs: Annotated[int, Range(0, MAX_CHALLENGE_WINDOW_EPOCHS)]
     max_tokens_per_credit: Annotated[int, Range(1, RUN_LIMIT_MAX)]
     max_flops_per_token: Annotated[int, Range(0, FLOPS_PER_TOKEN_MAX)]
 

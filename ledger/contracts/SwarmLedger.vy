@@ -27,6 +27,7 @@ MAX_PROOF_DEPTH: constant(uint256) = 16
 MERKLE_LEVELS: constant(uint256) = 10  # ceil(log2(MAX_CREDITS)) + 1
 RUN_LIMIT_MAX: constant(uint256) = 2 ** 32 - 1  # protocol/ledger_messages.py: max tokens per credit
 FLOPS_PER_TOKEN_MAX: constant(uint256) = 2 ** 40 - 1
+MAX_CHALLENGE_WINDOW_EPOCHS: constant(uint32) = 720  # protocol/ledger_messages.py: how long a slash may pend
 PAGE: constant(uint256) = 32
 BAD_PROOF: constant(uint16) = 605
 MALFORMED_ROLLOUT: constant(uint16) = 609
@@ -603,6 +604,7 @@ def register_run(run: String[64], validators: DynArray[address, MAX_VALIDATORS],
     assert max_tokens_per_credit >= 1 and convert(max_tokens_per_credit, uint256) <= RUN_LIMIT_MAX, \
         "malformed"
     assert convert(max_flops_per_token, uint256) <= FLOPS_PER_TOKEN_MAX, "malformed"
+    assert challenge_window_epochs <= MAX_CHALLENGE_WINDOW_EPOCHS, "malformed"
     st: uint256 = self.status_word[msg.sender]
     assert self._role(st) != 0, "unknown_node"
     assert self._role(st) == ROLE_TRAINER, "wrong_role"

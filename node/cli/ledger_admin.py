@@ -31,7 +31,12 @@ from swarmnode.node.cli.ledger_common import (
     to_jsonable,
 )
 from swarmnode.protocol.codec import Pattern
-from swarmnode.protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, U32_MAX
+from swarmnode.protocol.ledger_messages import (
+    FLOPS_PER_TOKEN_MAX,
+    MAX_CHALLENGE_WINDOW_EPOCHS,
+    MAX_RUN_VALIDATORS,
+    RUN_LIMIT_MAX,
+)
 from swarmnode.protocol.types import RunId
 
 RUN_ID = re.compile(next(m.regex for m in typing.get_args(RunId)[1:] if isinstance(m, Pattern)))
@@ -93,10 +98,11 @@ def run_group() -> None:
 @click.option(
     "--challenge-window",
     "window",
-    type=click.IntRange(0, U32_MAX),
+    type=click.IntRange(0, MAX_CHALLENGE_WINDOW_EPOCHS),
     required=True,
     metavar="EPOCHS",
-    help="epochs a slash waits, voidable, before it may take stake",
+    help=f"epochs a slash waits, voidable, before it may take stake (at most {MAX_CHALLENGE_WINDOW_EPOCHS}: "
+    "a pending slash freezes the accused's stake that long)",
 )
 @click.option(
     "--max-tokens",

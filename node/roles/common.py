@@ -126,6 +126,17 @@ def check_run_owner(info: RunInfo, descriptor: RunDescriptor) -> None:
         )
 
 
+def check_run_terms(info: RunInfo, max_window_epochs: int) -> None:
+    """A worker or validator takes part in a run only if a slash in it cannot freeze its stake longer than
+    it accepts (`[work] max_challenge_window_epochs`; spec/ledger.md §2.2)."""
+    if info.challenge_window_epochs > max_window_epochs:
+        raise RunMismatch(
+            f"run {info.run!r} holds a pending slash for {info.challenge_window_epochs} epochs before it is "
+            f"final, longer than this node accepts ({max_window_epochs}, "
+            "[work] max_challenge_window_epochs): refusing the run; raise that setting to take part"
+        )
+
+
 def read_run(ledger: Ledger, run: str) -> RunInfo | None:
     """Blocking: the run as the ledger holds it now (a signed log first reads what others appended)."""
     if isinstance(ledger, SignedLog):
@@ -133,14 +144,17 @@ def read_run(ledger: Ledger, run: str) -> RunInfo | None:
     return ledger.run(run)
 
 
-async def wait_run_owner(ledger: Ledger, descriptor: RunDescriptor, *, poll_s: float = 1.0) -> RunInfo:
+async def wait_run_owner(ledger: Ledger, descriptor: RunDescriptor, max_window_epochs: int, *,
+                         poll_s: float = 1.0) -> RunInfo:
     """Wait until the run is on the ledger, then refuse it (RunMismatch) unless its owner signed
-    `descriptor`. The blocking ledger reads run in a worker thread, one at a time."""
+    `descriptor` and its terms are within this node's (`check_run_terms`). The blocking ledger reads run in
+    a worker thread, one at a time."""
     logged = False
     while True:
         info = await trio.to_thread.run_sync(read_run, ledger, descriptor.run)
         if info is not None:
             check_run_owner(info, descriptor)
+            check_run_terms(info, max_window_epochs)
             return info
         if not logged:
             log.info("waiting for the run's owner to register it", extra={"run": descriptor.run})

@@ -24,7 +24,7 @@ from swarmnode.ledger import LedgerError
 from swarmnode.ledger.errors import ChallengeWindowOpen, DuplicateSlash, SlashNotPending
 from swarmnode.ledger.evidence import SLASHABLE_REASONS, slash_digest
 from swarmnode.ledger.types import SLASH_PENDING, SLASH_VOIDED, Receipt, RunInfo
-from swarmnode.node.roles.common import check_run_owner, read_run
+from swarmnode.node.roles.common import check_run_owner, check_run_terms, read_run
 from swarmnode.node.validator.judgement import reason_name
 from swarmnode.node.validator.ledger_access import (
     LedgerUnavailable,
@@ -79,11 +79,13 @@ class Settlement(ValidatorState):
         info = await self.ledger.call("run", lambda: read_run(ledger, self.run_id))
         if info is not None:
             check_run_owner(info, self.setup.descriptor)
+            check_run_terms(info, self.config.work.max_challenge_window_epochs)
         return info
 
     async def wait_run_on_ledger(self, descriptor: RunDescriptor) -> RunInfo | None:
         """Before judging: wait until the run is on the ledger, and refuse it (RunMismatch) unless its
-        owner is the trainer that signed `descriptor`. Without a ledger, nothing to wait for."""
+        owner is the trainer that signed `descriptor` and its challenge window is one this node accepts.
+        Without a ledger, nothing to wait for."""
         ledger = self.ledger.ledger
         if ledger is None:
             return None
@@ -95,6 +97,7 @@ class Settlement(ValidatorState):
                 info = None
             if info is not None:
                 check_run_owner(info, descriptor)
+                check_run_terms(info, self.config.work.max_challenge_window_epochs)
                 if self.identity.address not in info.validators:
                     log.warning(
                         "this validator is not in the run's validator set: its credits wait until the "

@@ -17,6 +17,7 @@ import msgpack
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.signing import _SECP256K1_N
 from swarmnode.node.conformance import check_codec, check_envelope, check_identity, check_merkle
+from swarmnode.protocol import ledger_messages as lm
 from swarmnode.protocol import messages as m
 from swarmnode.protocol.codec import encode, to_wire
 from swarmnode.protocol.envelope import ENVELOPE_VERSION, REPLAY_WINDOW, Envelope, seal, signing_digest
@@ -96,6 +97,10 @@ def codec_cases() -> Iterator[Vector]:
                  _reject(Reason.WRONG_FIELD_TYPE))
     yield _codec("invalid/negative-int", "verdict", _pack({**wire, "step": -1}), _reject(Reason.OUT_OF_RANGE))
     yield _codec("invalid/int-above-range", "verdict", _pack({**wire, "reason_code": 1000}),
+                 _reject(Reason.OUT_OF_RANGE))
+    register = next(x for x in every_message() if isinstance(x, lm.RegisterRun))
+    yield _codec("invalid/challenge-window-above-bound", register.TYPE,
+                 _pack({**to_wire(register), "challenge_window_epochs": lm.MAX_CHALLENGE_WINDOW_EPOCHS + 1}),
                  _reject(Reason.OUT_OF_RANGE))
     yield _codec("invalid/nan-float", "verdict", _pack({**wire, "mean_mant_err": float("nan")}),
                  _reject(Reason.OUT_OF_RANGE))

@@ -301,6 +301,12 @@ VECTORS: dict[str, list[Step]] = {
             "run-1 with 17 validators",
             E.MalformedOperation,
         ),
+        # a window is how long one pending slash freezes stake: bounded for every run (ledger.md §2.2)
+        run_op("tr", replace(T.register_run("run-1", (ID["val"],)), challenge_window_epochs=721),
+               "run-1 with a window of 721 epochs", E.MalformedOperation),
+        run_op("tr", replace(T.register_run("run-1", (ID["val"],)), challenge_window_epochs=2**32 - 1),
+               "run-1 with a window of 2^32 - 1 epochs", E.MalformedOperation),
+        new_run("tr", "run-w", ("val",), window=720),  # the bound itself is allowed
         new_run("tr", "run-1", ("val", "val2")),
         new_run("tr2", "run-1", ("out",), expect=E.RunExists),
         new_run("tr", "run-1", ("val",), expect=E.RunExists),

@@ -279,7 +279,7 @@ def test_a_worker_waits_for_the_run_and_refuses_one_another_key_owns(tmp_path, s
             found: list[object] = []
 
             async def wait() -> None:
-                found.append(await wait_run_owner(ledger, setup.descriptor, poll_s=0.01))
+                found.append(await wait_run_owner(ledger, setup.descriptor, WINDOW_ACCEPTED, poll_s=0.01))
 
             nursery.start_soon(wait)
             await trio.sleep(0.1)
@@ -292,7 +292,28 @@ def test_a_worker_waits_for_the_run_and_refuses_one_another_key_owns(tmp_path, s
     other = replace(setup.descriptor, run="another-run")
     ledger.register_run(OTHER_TRAINER, T.register_run("another-run", (VALIDATOR,)))
     with pytest.raises(RunMismatch, match="not by its descriptor's trainer"):
-        trio.run(lambda: wait_run_owner(ledger, other, poll_s=0.01))
+        trio.run(lambda: wait_run_owner(ledger, other, WINDOW_ACCEPTED, poll_s=0.01))
+    ledger.close()
+
+
+WINDOW_ACCEPTED = 168  # WorkSettings.max_challenge_window_epochs' default
+
+
+@pytest.mark.parametrize("window", [WINDOW_ACCEPTED, WINDOW_ACCEPTED + 1])
+def test_a_worker_refuses_a_run_whose_challenge_window_is_longer_than_it_accepts(tmp_path, setup, window):
+    """A slash pending in the run would freeze the worker's stake for the whole window: the worker reads the
+    window before it works and refuses one above its `[work] max_challenge_window_epochs`, naming both."""
+    ledger = SignedLog.create(tmp_path / "ledger.db", PARAMS, ledger_id="devnet")
+    for who, role in ((TRAINER, "trainer"), (VALIDATOR, "validator")):
+        ledger.register(who, role, T.compute())
+        ledger.deposit(who, STAKE)
+    ledger.register_run(TRAINER, T.register_run(RUN, (VALIDATOR,), window=window))
+    if window <= WINDOW_ACCEPTED:
+        info = trio.run(lambda: wait_run_owner(ledger, setup.descriptor, WINDOW_ACCEPTED, poll_s=0.01))
+        assert info.challenge_window_epochs == window
+    else:
+        with pytest.raises(RunMismatch, match=f"{window} epochs .* accepts \\({WINDOW_ACCEPTED}, "):
+            trio.run(lambda: wait_run_owner(ledger, setup.descriptor, WINDOW_ACCEPTED, poll_s=0.01))
     ledger.close()
 
 
