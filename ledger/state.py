@@ -479,16 +479,20 @@ def check_void(state: LedgerState, author: bytes, op: VoidSlash, epoch: int) -> 
 
 
 def process_void(state: LedgerState, author: bytes, op: VoidSlash, epoch: int) -> SlashRecord:
-    """A vote, or the void: the worker keeps its stake and the validator who slashed pays what it asked."""
+    """A vote, or the void: the worker keeps its stake. A quorum's void makes the validator who slashed pay
+    what it asked; the owner's void costs no one (an owner risks no stake on a slash, so it may take none)."""
     record, voids = check_void(state, author, op, epoch)
     run = state.runs[record.run]
-    votes = record.votes if author == run.owner else record.votes + 1
+    by_owner = author == run.owner
+    votes = record.votes if by_owner else record.votes + 1
     if not voids:
         state.voters.setdefault(record.index, set()).add(author)
         updated = replace(record, votes=votes)
     else:
         slasher = state.nodes[record.validator]
-        penalty, ejected = take_stake(slasher, record.requested_gwei, state.params, epoch)
+        penalty, ejected = (0, False) if by_owner else take_stake(
+            slasher, record.requested_gwei, state.params, epoch
+        )
         state.nodes[record.worker].pending_slashes -= 1
         slasher.pending_slashes -= 1
         state.voters.pop(record.index, None)

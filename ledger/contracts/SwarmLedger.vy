@@ -838,8 +838,8 @@ def _close(index: uint256, worker: address, validator: address):
 
 @external
 def void_slash(index: uint256):
-    """The run owner voids at once; another run validator votes, and a majority of the run's validators
-    other than the slasher voids (state.check_void). A void costs the slasher what it asked."""
+    """The run owner voids at once, at no one's cost; another run validator votes, and a majority of the
+    run's validators other than the slasher voids, at the slasher's cost: what it asked (state.process_void)."""
     self._pending(index)
     epoch: uint64 = self._epoch()
     assert epoch < self.slash_records[index].final_epoch, "challenge_window_closed"
@@ -866,7 +866,8 @@ def void_slash(index: uint256):
         return
     penalty: uint256 = 0
     ejected: bool = False
-    penalty, ejected = self._take_stake(slasher, self.slash_records[index].requested, epoch)
+    if msg.sender != self.runs[key].owner:  # only a quorum's void costs the slasher; the owner risks nothing
+        penalty, ejected = self._take_stake(slasher, self.slash_records[index].requested, epoch)
     self._close(index, self.slash_records[index].worker, slasher)
     self.slash_records[index].status = SLASH_VOIDED
     self.slash_records[index].penalty = penalty

@@ -220,9 +220,9 @@ def slash_group() -> None:
 def slash_void(index: int, ledger_spec: str, contract: str | None, key: str | None, as_json: bool) -> None:
     """Void pending slash INDEX, or vote to.
 
-    Signed by the run's owner, it voids the slash at once; signed by another of the run's validators, it is
-    one vote, and the vote that reaches a majority of the run's validators other than the slasher voids it.
-    A voided slash leaves the worker's stake alone and takes what the slash asked from the slasher.
+    Signed by the run's owner, it voids the slash at once and costs no one; signed by another of the run's
+    validators, it is one vote, and the vote that reaches a majority of the run's validators other than the
+    slasher voids it and takes what the slash asked from the slasher. Either way the worker keeps its stake.
     Refused once the challenge window has closed.
     """
     identity = load_identity(key)
@@ -233,8 +233,11 @@ def slash_void(index: int, ledger_spec: str, contract: str | None, key: str | No
         emit_json({"operation": "void_slash", "receipt": receipt, "slash": record})
         return
     report_receipt("void_slash", receipt, as_json)
-    if record.status == SLASH_VOIDED:
-        click.echo(f"slash {index} is voided: the slasher paid {record.penalty_gwei} gwei")
+    if record.status == SLASH_VOIDED and record.votes == 0:
+        click.echo(f"slash {index} is voided by the run's owner: the worker keeps its stake; it costs no one")
+    elif record.status == SLASH_VOIDED:
+        click.echo(f"slash {index} is voided by a quorum of {record.votes}: the slasher paid "
+                   f"{record.penalty_gwei} gwei")
     else:
         click.echo(
             f"slash {index} has {record.votes} void vote(s); still pending until epoch {record.final_epoch}"

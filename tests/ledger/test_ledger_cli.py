@@ -251,12 +251,12 @@ def test_operator_flow_and_queries(env: dict[str, str], tmp_path: Path) -> None:
         run(env, "ledger", "slash", "finalize", "0", "--key", str(tmp_path / "tr.json"), "--json")
     )
     assert final["slash"]["status"] == "final" and final["slash"]["taken_gwei"] == 400
-    assert "is voided: the slasher paid 100 gwei" in run(
+    assert "voided by the run's owner: the worker keeps its stake; it costs no one" in run(
         env, "ledger", "slash", "void", "1", "--key", str(tmp_path / "tr.json")
     )
     assert json.loads(run(env, "ledger", "slashes", "--pending", "--json"))["slashes"] == []
     by_run = json.loads(run(env, "ledger", "slashes", "--run", "run-b", "--json"))["slashes"]
-    assert [(s["status"], s["penalty_gwei"]) for s in by_run] == [("voided", 100)]
+    assert [(s["status"], s["penalty_gwei"]) for s in by_run] == [("voided", 0)]  # an owner's void is free
 
     status = json.loads(run(env, "stake", "status", "--key", str(tmp_path / "w1.json"), "--json"))
     assert status["stake"] == {

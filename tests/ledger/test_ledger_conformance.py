@@ -501,7 +501,8 @@ VECTORS: dict[str, list[Step]] = {
         *OUTSIDER,
         new_run("tr", "run-1", ("val", "val2", "val3"), window=3),
         slash("val", "w1", 1, amount=300),  # slash 0
-        void("tr", 0),  # the owner voids at once: w1 keeps it all, val pays 300 and counts a slash
+        void("val2", 0),
+        void("val3", 0),  # the quorum (2 of the others): w1 keeps it all, val pays 300 and counts a slash
         void("tr", 0, expect=E.SlashNotPending),
         finalize("w1", 0, expect=E.SlashNotPending),
         commit("val", "run-1", cr("w1", 0), expect=E.InsufficientStake),  # 700 of 1000 bonded
@@ -532,12 +533,12 @@ VECTORS: dict[str, list[Step]] = {
         slash("val2", "w2", 4, amount=50, run="run-2"),  # slash 3
         void("val3", 3, expect=E.NotRunValidator),
         void("val2", 3, expect=E.NotRunValidator),
-        void("tr", 3),  # val2 pays 50: 950 of 1000 bonded
-        deposit("val2", 50),
+        void("tr", 3),  # the owner's void: w2 keeps its stake, and it costs val2 nothing
+        commit("val2", "run-1", cr("w1", 7)),  # val2 whole: 1000 bonded, no slash counted
         new_run("tr", "run-3", ("val2", "val3"), window=1),  # a set of two: one other vote voids
         slash("val2", "w2", 5, amount=50, run="run-3"),  # slash 4
-        void("val3", 4),  # val2's second voided slash: ejected
-        commit("val2", "run-1", cr("w2", 0), expect=E.NodeEjected),
+        void("val3", 4),  # val2 pays 50, its first slash count: 950 of 1000, not ejected
+        commit("val2", "run-1", cr("w1", 8), expect=E.InsufficientStake),
     ],
     "ejected_owner": [
         *SETUP,
@@ -710,15 +711,17 @@ def test_final_state_of_voided_slash(tmp_path: Path) -> None:
         SLASH_VOIDED,
         SLASH_VOIDED,
     ]
-    assert [s.penalty_gwei for s in slashes] == [300, 200, 0, 50, 50]
+    assert [s.penalty_gwei for s in slashes] == [300, 200, 0, 0, 50]  # slash 3: the owner's void, free
     assert [s.taken_gwei for s in slashes] == [0, 0, 100, 0, 0]
-    assert [s.votes for s in slashes] == [0, 2, 0, 0, 1]
-    assert [s.ejected for s in slashes] == [False, True, False, False, True]
+    assert [s.votes for s in slashes] == [2, 2, 0, 0, 1]
+    assert [s.ejected for s in slashes] == [False, True, False, False, False]
     w1 = ledger.stake(ID["w1"].address)
     assert w1 is not None and (w1.bonded_gwei, w1.eligible) == (2_500, True)  # two voided slashes: all kept
     val = ledger.node(ID["val"].address)
     assert val is not None and val.ejected and val.slash_count == 2
     assert ledger.stake(ID["val"].address).bonded_gwei == ledger.stake(ID["val"].address).unbonding_gwei == 0
+    val2 = ledger.node(ID["val2"].address)
+    assert val2 is not None and not val2.ejected and val2.slash_count == 1  # the owner's void counted none
     harness.close()
 
 

@@ -229,7 +229,8 @@ def check_accepted_commit(before: Snapshot, after: Snapshot, author: bytes) -> N
 
 def check_resolution(before: Snapshot, after: Snapshot) -> None:
     """A void or finalize that resolved a slash took what the rules say from whom they say: finalize takes
-    up to the request from the worker; a void takes nothing from it and up to the request from the slasher."""
+    up to the request from the worker; a void takes nothing from it, and a quorum's void (votes > 0) up to
+    the request from the slasher, an owner's (no votes) nothing."""
     for old, new in zip(before.slashes, after.slashes, strict=True):
         if old == new or new.status == SLASH_PENDING:
             continue
@@ -237,7 +238,8 @@ def check_resolution(before: Snapshot, after: Snapshot) -> None:
         held_after = {s.address: s.bonded_gwei + s.unbonding_gwei for s in after.stakes}
         payer = new.worker if new.status == SLASH_FINAL else new.validator
         paid = new.taken_gwei if new.status == SLASH_FINAL else new.penalty_gwei
-        assert paid == min(new.requested_gwei, held[payer])
+        owed = 0 if new.status == SLASH_VOIDED and new.votes == 0 else new.requested_gwei
+        assert paid == min(owed, held[payer])
         assert held_after[payer] == held[payer] - paid
         if new.validator != new.worker:
             other = new.validator if payer == new.worker else new.worker

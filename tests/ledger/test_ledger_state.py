@@ -388,12 +388,33 @@ def test_a_quorum_voids_and_the_slasher_pays() -> None:
     assert state.voters == {} and all(n.pending_slashes == 0 for n in state.nodes.values())
 
 
-def test_a_second_voided_slash_ejects_the_validator() -> None:
+def test_an_owners_voids_cost_no_one() -> None:
+    """An owner risks no stake on a slash, so its void takes none: three voids (the ejection threshold is 2)
+    leave the slasher's stake, slash count and membership whole, and the worker's stake too (issue #31: an
+    owner burned and ejected an honest validator this way to protect a colluding cheater)."""
+    state = staked_state()
+    for nonce in (1, 2, 3):
+        apply(state, "v1", T.slash(ID["w1"], 100, nonce=nonce))
+    for index in (0, 1, 2):
+        record = apply(state, "tr", VoidSlash(index), 1)
+        assert (record.status, record.penalty_gwei, record.ejected) == (SLASH_VOIDED, 0, False)
+        assert record.votes == 0
+    for who in ("v1", "w1"):
+        node = state.nodes[A[who]]
+        assert (node.bonded_gwei, node.info.slash_count, node.info.ejected, node.pending_slashes) == (
+            400, 0, False, 0
+        )
+    apply(state, "v1", T.batch("run-1", *credits(0)), 1)  # still a validator of the run
+
+
+def test_a_second_slash_voided_by_a_quorum_ejects_the_validator() -> None:
     state = staked_state()
     for nonce in (1, 2):
         apply(state, "v1", T.slash(ID["w1"], 100, nonce=nonce))
-    apply(state, "tr", VoidSlash(0))
-    record = apply(state, "tr", VoidSlash(1), 1)
+    apply(state, "v2", VoidSlash(0))
+    apply(state, "v3", VoidSlash(0))  # a majority of the others (v2, v3): 2 votes
+    apply(state, "v2", VoidSlash(1), 1)
+    record = apply(state, "v3", VoidSlash(1), 1)
     v1 = state.nodes[A["v1"]]
     assert record.ejected and v1.info.ejected
     assert (v1.bonded_gwei, v1.unbonding_gwei, v1.release_epoch) == (
