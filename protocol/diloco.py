@@ -36,6 +36,17 @@ MAX_TRAINERS = 256
 MAX_RUN_LEN = 59  # the run id plus ".t255" must still be a run id (64 characters)
 KEEP_ROUNDS = 3  # rounds whose contributions and votes a trainer keeps serving
 ZERO_DIGEST = bytes(32)
+# An AdamW step moves each weight by at most about lr (Kingma & Ba 2015, section 2.1: lr when
+# 1 - beta1 <= sqrt(1 - beta2), lr (1 - beta1) / sqrt(1 - beta2) otherwise: 3.2 lr at torch's default betas),
+# plus lr * weight_decay * |w|. So H honest inner steps move no weight by more than a few H * inner_lr; 8 is
+# the margin, far below what breaks a model (issue: one trainer's finite 1e6 made every logit equal).
+DELTA_STEP_BOUND = 8
+
+
+def max_delta_element(inner_steps: int, inner_lr: float) -> float:
+    """The largest |x| any element of a contribution's pseudo-gradient may hold (spec/diloco.md, Weights):
+    elementwise, so a sharded trainer checks its own tensors with no reduction and all trainers agree."""
+    return DELTA_STEP_BOUND * inner_steps * inner_lr
 
 
 def _rule(detail: str) -> Reject:

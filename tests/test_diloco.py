@@ -34,6 +34,7 @@ from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.rl.model import ModelInfo, ModelRecipe, build_model, hf_config
 from swarmnode.node.rl.tasks.arithmetic import generate_tasks
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
+from swarmnode.protocol.diloco import max_delta_element
 from tests.tinymodel import tiny_folder
 
 # smaller than the tiny folder's model (one layer, width 32), with its tokenizer and special tokens
@@ -311,6 +312,56 @@ def test_payload_must_match_the_model() -> None:
         decompress(payload, "fp16", like=like)
     with pytest.raises(ValueError, match="missing"):
         decompress({"a": payload["a"]}, "fp16", like=like)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(["none", "fp16", "int8"]),
+    inner_steps=st.integers(1, 200),
+    inner_lr=st.sampled_from([1e-5, 2e-4, 1e-3]),
+    scale=st.sampled_from([0.0, 0.5, 0.99, 1.5, 1e3, 1e6, 3e38]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_a_well_formed_payload_above_the_runs_bound_is_refused(kind, inner_steps, inner_lr, scale, seed):
+    """Finite, well-formed, every dtype right, and still refused once any element exceeds the bound
+    DELTA_STEP_BOUND x H x inner_lr (issue #31: a co-trainer's 3e38 moved θ by 2e38, 1e6 flattened the
+    logits); at or below it, accepted unchanged."""
+    bound = max_delta_element(inner_steps, inner_lr)
+    gen = torch.Generator().manual_seed(seed)
+    delta = {"w": torch.rand(4, 3, generator=gen) * 2 - 1, "b": torch.rand(5, generator=gen) * 2 - 1}
+    peak = max(float(t.abs().max()) for t in delta.values())
+    delta = {name: (t / peak * scale * bound).clamp(-3e38, 3e38) for name, t in delta.items()}
+    if kind == "fp16" and scale * bound >= 65504:
+        return  # fp16 cannot carry it at all: Compressor refuses to send it (test below)
+    payload = Compressor(kind).compress(delta)
+    received = decompress(payload, kind)
+    largest = max(float(t.abs().max()) for t in received.values())
+    if largest > bound:
+        with pytest.raises(ValueError, match="above the run's bound"):
+            decompress(payload, kind, max_abs=bound)
+    else:
+        accepted = decompress(payload, kind, max_abs=bound)
+        assert all(torch.equal(received[name], t) for name, t in accepted.items())
+    if scale <= 1 or scale >= 1.5:  # what was sent is within 0.1% of scale x bound (fp16 and int8 rounding)
+        assert (largest > bound) == (scale > 1)
+
+
+def test_honest_inner_steps_stay_far_inside_the_bound() -> None:
+    """H AdamW steps at the devnet's learning rate on a tiny model move no weight by more than a fraction
+    of DELTA_STEP_BOUND x H x lr: the margin the bound leaves honest trainers."""
+    params = DilocoParams(inner_steps=8, inner_lr=1e-3)
+    model = build_model(hf_config(ModelRecipe(vocab_size=64), eos_token_id=1, pad_token_id=0), seed=0)
+    theta = trainable_state(model)
+    trainer = InnerTrainer(model, params)
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 64, (4, 12), generator=gen) for _ in range(params.inner_steps)]
+
+    def loss(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return m(input_ids=ids, labels=ids).loss
+
+    inner = trainer.run_round(theta, batches, loss)
+    largest = max(float(t.abs().max()) for t in pseudo_gradient(theta, inner).values())
+    assert 0 < largest <= max_delta_element(params.inner_steps, params.inner_lr) / 4
 
 
 def test_compress_rejects_what_cannot_be_sent() -> None:

@@ -44,6 +44,7 @@ from torch import Tensor
 from swarmnode.node.diloco.compression import COMPRESSIONS, Compressor, decompress, payload_nbytes
 from swarmnode.node.diloco.pretraining import round_batches
 from swarmnode.node.diloco.weights import check_like, load_trainable, trainable_state
+from swarmnode.protocol.diloco import max_delta_element
 
 B = TypeVar("B")
 LossFn = Callable[[torch.nn.Module, B], Tensor]
@@ -330,12 +331,13 @@ def reference_diloco(
     compressors = [Compressor(params.compression) for _ in data_per_trainer]
     theta = trainable_state(trainers[0].model)
     outer = OuterOptimizer(theta, params)
+    bound = max_delta_element(params.inner_steps, params.inner_lr)  # every trainer's check of the others'
     for r in range(rounds):
         received, losses, nbytes = [], [], 0
         for trainer, compressor, data in zip(trainers, compressors, data_per_trainer, strict=True):
             inner = trainer.run_round(theta, round_batches(data, r, params.inner_steps), loss_fn)
             payload = compressor.compress(pseudo_gradient(theta, inner))
-            received.append(decompress(payload, params.compression, like=theta))
+            received.append(decompress(payload, params.compression, like=theta, max_abs=bound))
             losses.extend(trainer.last_losses)
             nbytes = payload_nbytes(payload)
         theta = outer.step(average(received))

@@ -85,11 +85,17 @@ class Compressor:
 
 
 def decompress(
-    payload: Mapping[str, Tensor], kind: str, *, like: Mapping[str, Tensor] | None = None
+    payload: Mapping[str, Tensor],
+    kind: str,
+    *,
+    like: Mapping[str, Tensor] | None = None,
+    max_abs: float | None = None,
 ) -> dict[str, Tensor]:
     """float32 pseudo-gradient of a payload (maybe a peer's); ValueError on anything malformed.
 
-    With `like` (e.g. θ), the names and shapes must also match it exactly.
+    With `like` (e.g. θ), the names and shapes must also match it exactly; with `max_abs` (the run's
+    `protocol.diloco.max_delta_element`), no element may exceed it in magnitude: finite but huge values
+    would move every trainer's θ as far as NaN does.
     """
     _check_kind(kind)
     if kind == "int8":
@@ -104,6 +110,9 @@ def decompress(
     for name, t in out.items():
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"{kind} payload: {name} is not finite")
+        if max_abs is not None and t.numel() and (peak := float(t.abs().max())) > max_abs:
+            raise ValueError(f"{kind} payload: {name} holds |x| = {peak:.4g}, above the run's bound "
+                             f"{max_abs:.4g} (DELTA_STEP_BOUND x inner_steps x inner_lr)")
     if like is not None:
         check_like(out, like, what=f"{kind} payload")
     return out

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from safetensors.torch import load as load_safetensors
+
+from swarmnode.node.diloco.compression import decompress
 from swarmnode.protocol import diloco as rules
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.errors import ProtocolError
@@ -171,6 +174,17 @@ def check_rl_plan_case(inp: dict[str, Any]) -> dict[str, Any]:
     return _verdict(run)
 
 
+def check_payload_case(inp: dict[str, Any]) -> dict[str, Any]:
+    """A peer's payload (safetensors bytes) judged under a run's compression and pseudo-gradient bound."""
+    plan = decode(DilocoRun, _hex(inp["plan"]))
+    bound = rules.max_delta_element(plan.inner_steps, plan.inner_lr)
+    try:
+        delta = decompress(load_safetensors(_hex(inp["payload"])), plan.compression, max_abs=bound)
+    except ValueError as exc:
+        return {"valid": False, "bound": bound, "above_bound": "above the run's bound" in str(exc)}
+    return {"valid": True, "bound": bound, "max_abs": max(float(t.abs().max()) for t in delta.values())}
+
+
 DILOCO_HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "diloco-run": check_run_case,
     "diloco-contribution": check_contribution_case,
@@ -182,4 +196,5 @@ DILOCO_HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "diloco-route": check_route_case,
     "diloco-owner": check_owner_case,
     "diloco-rl-plan": check_rl_plan_case,
+    "diloco-payload": check_payload_case,
 }

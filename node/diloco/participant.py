@@ -31,7 +31,7 @@ from swarmnode.node.diloco.payload import load_delta
 from swarmnode.node.diloco.rank_files import PayloadFiles, outer_keys, stream_theta_digest
 from swarmnode.node.diloco.sharded import ShardedDiloco
 from swarmnode.node.diloco.weights import check_like, trainable_state
-from swarmnode.protocol.diloco import Contribution, OuterState
+from swarmnode.protocol.diloco import Contribution, OuterState, max_delta_element
 from swarmnode.protocol.errors import Reason, Reject
 from swarmnode.protocol.messages import DilocoEntry, DilocoRun, ShardInfo
 
@@ -163,7 +163,8 @@ class WholeParticipant:
         return await self.holdings.publish_contribution(r, base, payload, delta)
 
     def load(self, directory: Path, contribution: Contribution) -> dict[str, torch.Tensor]:
-        return load_delta(directory, contribution, self.plan.compression, like=self._like)
+        bound = max_delta_element(self.plan.inner_steps, self.plan.inner_lr)
+        return load_delta(directory, contribution, self.plan.compression, like=self._like, max_abs=bound)
 
     def step(self, decided: Sequence[HeldContribution]) -> None:
         deltas = [h.delta for h in decided if h.delta is not None]

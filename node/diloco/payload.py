@@ -18,11 +18,13 @@ def load_delta(
     compression: str,
     *,
     like: Mapping[str, torch.Tensor] | None,
+    max_abs: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """The float32 pseudo-gradient of a verified contribution directory (blocking: run in a thread).
 
     Raises CheckpointInvalid when the files do not match the manifest and ValueError when the payload is
-    not one the run's compression produces for the model `like` (names, shapes, dtypes, finite values).
+    not one the run's compression produces for the model `like` (names, shapes, dtypes, finite values, no
+    element above `max_abs`).
     """
     payload = load_checkpoint(directory, contribution.manifest)
-    return decompress(payload, compression, like=like)
+    return decompress(payload, compression, like=like, max_abs=max_abs)

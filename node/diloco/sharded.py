@@ -66,6 +66,7 @@ from swarmnode.node.diloco.rank_files import (
 )
 from swarmnode.node.trainer.group import GroupInfo, all_gather_bytes
 from swarmnode.node.trainer.rank import write_file
+from swarmnode.protocol.diloco import max_delta_element
 from swarmnode.protocol.messages import ShardInfo
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class RankOuter:
         self.group = policy.group
         self.params = params
         self.kind = params.compression
+        self.max_abs = max_delta_element(params.inner_steps, params.inner_lr)  # a peer's bound, per element
         self.shapes = {name: tuple(p.shape) for name, p in _trainable(policy.model)}
         names = list(self.shapes)
         sizes = [(name, math.prod(shape) * 4) for name, shape in self.shapes.items()]
@@ -194,7 +196,8 @@ class RankOuter:
         try:
             files = PayloadFiles(directory, shards)
             files.check_names(payload_keys(list(self.shapes), self.kind), "payload")
-            decompress(files.tensors(payload_keys(self.mine, self.kind)), self.kind, like=self.theta())
+            decompress(files.tensors(payload_keys(self.mine, self.kind)), self.kind, like=self.theta(),
+                       max_abs=self.max_abs)
         except (ValueError, CheckpointInvalid) as exc:
             error = str(exc)
         self._agree(error)
@@ -212,7 +215,7 @@ class RankOuter:
                 f.check_names(payload_keys(list(self.shapes), self.kind), f"contribution {k}")
             for f in files:
                 payload = f.tensors(payload_keys(self.mine, self.kind))
-                deltas.append(decompress(payload, self.kind, like=theta))
+                deltas.append(decompress(payload, self.kind, like=theta, max_abs=self.max_abs))
                 self._note_peak(*deltas)
             if len(files) > ORDER_FREE:
                 for k in range(self.group.rank, len(files), self.group.world_size):

@@ -14,8 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import save
+
 from swarmnode.crypto.hashing import sha256
 from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.diloco.compression import Compressor
 from swarmnode.node.diloco.conformance import (
     check_contribution_case,
     check_decide_case,
@@ -23,6 +27,7 @@ from swarmnode.node.diloco.conformance import (
     check_lineage_case,
     check_outer_case,
     check_owner_case,
+    check_payload_case,
     check_rl_plan_case,
     check_route_case,
     check_run_case,
@@ -477,6 +482,29 @@ def rl_plan_cases() -> Iterator[Vector]:
     )
 
 
+def payload_cases() -> Iterator[Vector]:
+    """A peer's pseudo-gradient against the run's elementwise bound DELTA_STEP_BOUND x H x inner_lr, in each
+    compression. H = 64 and inner_lr = 2^-10 make the bound exactly 0.5 in float32 and float64, so the
+    cases at it and one float32 step above it are exact."""
+    just_above = float(torch.nextafter(torch.tensor(0.5), torch.tensor(1.0)))
+
+    def case(name: str, compression: str, values: list[float]) -> Vector:
+        delta = {"layer.weight": torch.tensor([values], dtype=torch.float32), "layer.bias": torch.zeros(2)}
+        payload = Compressor(compression).compress(delta)
+        plan = _plan(compression=compression, inner_steps=64, inner_lr=2**-10)
+        inp = {"plan": _h(encode(plan)), "payload": _h(save(payload))}
+        return _case(f"payload/{name}", "diloco-payload", inp, check_payload_case)
+
+    yield case("valid-none-at-the-bound", "none", [0.5, -0.25, 0.0])
+    yield case("valid-fp16-inside", "fp16", [0.25, -0.125, 0.0625])
+    yield case("valid-int8-at-the-bound", "int8", [0.5, -0.25, 0.0])
+    yield case("invalid-none-one-float32-step-above", "none", [just_above, 0.0, 0.0])
+    yield case("invalid-none-one-element-1e6", "none", [0.1, 1e6, 0.0])
+    yield case("invalid-none-3e38", "none", [3e38, 0.0, 0.0])
+    yield case("invalid-fp16-1e4", "fp16", [0.0, 0.0, -1e4])
+    yield case("invalid-int8-scaled-huge", "int8", [1e6, -5e5, 0.0])
+
+
 SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
     "diloco-run": run_cases,
     "diloco-contribution": contribution_cases,
@@ -488,6 +516,7 @@ SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
     "diloco-route": route_cases,
     "diloco-owner": owner_cases,
     "diloco-rl-plan": rl_plan_cases,
+    "diloco-payload": payload_cases,
 }
 
 
