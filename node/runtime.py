@@ -259,7 +259,9 @@ class NodeRuntime:
         try:
             while True:
                 try:
-                    view = await trio.to_thread.run_sync(read_ledger_view, ledger, view, wall_ms())
+                    view = await trio.to_thread.run_sync(
+                        read_ledger_view, ledger, view, wall_ms(), self.config.run
+                    )
                     gossip.set_ledger_view(view)
                     self.ledger_reads += 1
                 except LEDGER_READ_ERRORS as exc:
@@ -334,12 +336,21 @@ class NodeRuntime:
             await trio.sleep(STATUS_INTERVAL)
 
 
-def read_ledger_view(ledger: Ledger, previous: LedgerView | None, now_ms: int) -> LedgerView:
-    """Blocking: one read of the sets gossip authority needs (registered, eligible validators)."""
+def read_ledger_view(
+    ledger: Ledger, previous: LedgerView | None, now_ms: int, run: str | None = None
+) -> LedgerView:
+    """Blocking: one read of the sets gossip authority needs (registered nodes, eligible validators).
+
+    Verdicts are run-scoped (spec/gossip.md, Authority): once `run` is on the ledger, only the eligible
+    validators of its validator set may sign them; a staked validator outside the set has no more say on
+    this run's gossip than on its credits."""
     if isinstance(ledger, SignedLog):
         ledger.refresh()  # entries other writers appended since our last look
     nodes = [n for n in ledger.nodes() if not n.ejected]
     eligible = {s.address for s in ledger.stakes() if s.eligible}
+    info = ledger.run(run) if run else None
+    if info is not None:
+        eligible &= set(info.validators)
     return advance_ledger_view(
         previous,
         validators=frozenset(n.address for n in nodes if n.role == "validator" and n.address in eligible),

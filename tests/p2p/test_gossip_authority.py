@@ -400,3 +400,31 @@ def test_the_ledger_view_is_read_from_a_real_signed_log(tmp_path: Path) -> None:
         "ignore NOT_FOR_US"
     )
     harness.close()
+
+
+def test_verdicts_are_scoped_to_the_runs_validator_set(tmp_path: Path) -> None:
+    """Issue #31: a staked validator outside a run forged 16 batches of 256 accepting verdicts for made-up
+    workers, and every honest worker's pacer counted 4,097 workers. Once the run is on the ledger, only its
+    own validators may sign its verdicts; one outside is Ignored for the grace period, then Rejected."""
+    params = Params(min_stake_per_unit_gwei=10, unbonding_delay_epochs=1, slash_gwei=5, ejection_threshold=1)
+    harness = SignedHarness.create(tmp_path, params, ledger_id=LEDGER_ID)
+    log = harness.ledger
+    inside, outside, owner = (NodeIdentity(secrets.token_bytes(32)) for _ in range(3))
+    for identity, role in ((inside, "validator"), (outside, "validator"), (owner, "trainer")):
+        log.register(identity, role, ComputeSpec("cpu", 1, 1, 0), identity.peer_id)
+        log.deposit(identity, 10)
+    before = read_ledger_view(log, None, NOW, "run-1")  # not registered yet: any eligible validator
+    assert before.validators == {inside.address, outside.address}
+    log.register_run(owner, register_run("run-1", (inside,), window=0))
+    view = read_ledger_view(log, before, NOW + 1000, "run-1")
+    assert view.validators == {inside.address}
+    authority = AuthorityView(ledger=view)
+    assert verdict_of(authorise, "verdicts", inside.address, OLD, authority) == "accept"
+    assert verdict_of(authorise, "verdicts", outside.address, OLD, authority) == "ignore NOT_FOR_US"  # grace
+    settled = read_ledger_view(log, view, NOW + 1000 + FORMER_GRACE_MS, "run-1")
+    assert verdict_of(authorise, "verdicts", outside.address, OLD, AuthorityView(ledger=settled)) == (
+        "reject UNAUTHORISED"
+    )
+    other_run = read_ledger_view(log, None, NOW, "run-2")  # another run's nodes: not registered, all eligible
+    assert other_run.validators == {inside.address, outside.address}
+    harness.close()

@@ -62,7 +62,7 @@ def advance_ledger_view(
             former.setdefault(address, now_ms)
     for address in [a for a, left in former.items() if now_ms - left >= FORMER_GRACE_MS]:
         del former[address]
-    for address in validators | registered:
+    for address in validators:  # back in the set it left (ejection, the way out of `registered`, is final)
         former.pop(address, None)
     return LedgerView(validators, registered, MappingProxyType(former), now_ms, ledger_id)
 
