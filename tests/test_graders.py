@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from swarmnode.node.rl.tasks import Grade, GraderFault, Task, code, grade, math
 from swarmnode.node.rl.tasks.code import CODE_LIMITS, LINE_BUDGET, Outcome, SandboxLimits, run_python
+from swarmnode.node.rl.tasks.graders import reference_completion
 
 EXAMPLE_TIME_S = 0.5  # per hostile answer, on a loaded 2-core machine (they take about a millisecond)
 
@@ -45,6 +46,26 @@ def math_grade(answer: str, target: str = "1") -> Grade:
 )
 def test_symbolic_answers_are_decided_numerically(answer: str, target: str, reward: float) -> None:
     assert math.answers_match(answer, target).reward == reward
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    answer=st.one_of(
+        st.integers(-10**9, 10**9).map(str),
+        st.fractions(max_denominator=50).map(lambda f: f"\\frac{{{f.numerator}}}{{{f.denominator}}}"),
+        st.sampled_from(["x^2+1", "\\sqrt{2}", "2\\pi", "-3.5"]),
+    ),
+    boxed=st.booleans(),
+)
+def test_a_math_tasks_reference_completion_is_graded_right(answer: str, boxed: bool) -> None:
+    """What a warm start trains on must be what the grader rewards: a bare answer is boxed, a boxed one
+    kept (issue #32: `model init` on plain math answers trained to loss 0 and pass rate 0)."""
+    target = f"\\boxed{{{answer}}}" if boxed else answer
+    task = Task("math", "What is it?", target)
+    completion = reference_completion(task)
+    assert completion == (target if boxed else f"\\boxed{{{answer}}}")
+    assert grade(task, completion).reward == 1.0
+    assert reference_completion(Task("arithmetic", "1+2=", "3")) == "3"
 
 
 @pytest.mark.parametrize(

@@ -173,11 +173,13 @@ def init_command(directory: Path, arch: str, size: str, tasks_file: Path | None,
         raise click.ClickException(f"{directory} is not empty: pass --force to replace it")
     tasks = _read(tasks_file)
     from swarmnode.node.rl.modelinit import chat_texts, init_model_folder
+    from swarmnode.node.rl.tasks.graders import reference_completion
 
     directory.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory.parent, prefix=f".{directory.name}.") as scratch:
         try:
-            built = init_model_folder(Path(scratch) / "init", chat_texts((t.prompt, t.target) for t in tasks),
+            texts = chat_texts((t.prompt, reference_completion(t)) for t in tasks)
+            built = init_model_folder(Path(scratch) / "init", texts,
                                       arch=arch, size=size, seed=seed, vocab_size=vocab_size)
             if warm_pass > 0:
                 built = _warm(built, Path(scratch) / "warm", tasks, warm_pass, max_steps)
@@ -192,12 +194,13 @@ def init_command(directory: Path, arch: str, size: str, tasks_file: Path | None,
 
 
 def _warm(folder: Path, out: Path, tasks: Sequence[Task], target: float, max_steps: int) -> Path:
+    from swarmnode.node.rl.tasks.graders import reference_completion
     from swarmnode.node.rl.tokenizer import load_tokenizer
     from swarmnode.node.rl.warmstart import warm_start
 
     train, held = split_for_warm_start(tasks)
     tokenizer, _ = load_tokenizer(folder)
-    longest = max(len(tokenizer.encode(t.target)) for t in held)
+    longest = max(len(tokenizer.encode(reference_completion(t))) for t in held)
     recipe = replace(WarmStartRecipe(), target_pass_rate=target, max_steps=max_steps,
                      eval_every=WARM_EVAL_EVERY, max_new_tokens=longest + 1 + SPARE_NEW_TOKENS)
 

@@ -7,8 +7,9 @@ model is made this way by scripts/make_devnet_model.py; `swarmnode model init --
 
 Decisions:
 - The prompt is the run's prompt (the task's chat through the model's template with its target length,
-  `encode_prompt`), the target is the task's target text plus the model's first EOS id; the loss is on the
-  target tokens only.
+  `encode_prompt`), the target is a completion the task's grader accepts (`graders.reference_completion`:
+  the target text, with a math answer boxed) plus the model's first EOS id; the loss is on the target
+  tokens only.
   Batches are right-padded with the model's pad id, which causal attention never looks at.
 - Stopping is on the pass rate at temperature 1 (what GRPO samples at), measured every `eval_every` steps
   on a fixed eval set with fixed seeds (`derive_seed` at step 0), so two evaluations differ only by the
@@ -37,6 +38,7 @@ from swarmnode.node.rl.model import save_model_folder
 from swarmnode.node.rl.recipes import WarmStartRecipe
 from swarmnode.node.rl.sync import eval_reward
 from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks.graders import reference_completion
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 
 IGNORE = -100  # label of a position that carries no loss (cross_entropy's ignore_index)
@@ -69,7 +71,7 @@ class WarmStartResult:
 def training_pair(tokenizer: ChatTokenizer, task: Task) -> tuple[list[int], list[int]]:
     """(prompt ids, target ids + the first EOS id) of one task."""
     prompt = tokenizer.encode_prompt(task.prompt, task.target_length)
-    return prompt, tokenizer.encode(task.target) + [tokenizer.eos_token_ids[0]]
+    return prompt, tokenizer.encode(reference_completion(task)) + [tokenizer.eos_token_ids[0]]
 
 
 def make_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int

@@ -27,6 +27,14 @@ def executes_completion(kind: str) -> bool:
     return kind not in PARSING_KINDS
 
 
+def reference_completion(task: Task) -> str:
+    """What a supervised warm start trains a model to write for `task`: a completion its grader accepts
+    (math: the answer boxed). For code it is the target, the task's tests, as before: no solution is known."""
+    if task.kind == math.KIND:
+        return math.reference_completion(task.target)
+    return task.target
+
+
 def grade(task: Task, completion: str) -> Grade:
     """Reward of a completion's text (up to EOS) for `task`, by the grader of its kind.
 

@@ -56,6 +56,13 @@ class BeyondBounds(ValueError):
     """An answer whose evaluation would pass one of the grader's size bounds: graded as wrong."""
 
 
+def reference_completion(target: str) -> str:
+    """A completion the grader accepts for `target`: the target itself when it already boxes its answer,
+    else the answer boxed (a supervised warm start on a bare `42` teaches the model to omit `\\boxed{}`,
+    and then nothing it writes is graded right)."""
+    return target if extract_boxed(target) is not None else f"\\boxed{{{target}}}"
+
+
 def extract_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (braces matched), or None."""
     start = text.rfind("\\boxed")
