@@ -426,6 +426,20 @@ class ExtraFormatter(logging.Formatter):
         return super().format(record) + (f" {extras}" if extras else "")
 
 
+class RaisedToCallerFilter(logging.Filter):
+    """py-libp2p logs `Failed to open stream to peer ...` at ERROR and then raises StreamFailure to our code,
+    which handles it (a peer that left, a backoff, a retry) and logs what it means. The ERROR is a
+    duplicate that floods every log when peers stop normally (issue #32): it is shown only at DEBUG."""
+
+    PREFIXES = ("Failed to open stream to peer",)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
 def configure_logging(config: NodeConfig, *, stream: TextIO = sys.stderr) -> None:
     """Structured JSON lines to data_dir/node.log, readable lines to stderr; libp2p's own logs included."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -447,3 +461,6 @@ def configure_logging(config: NodeConfig, *, stream: TextIO = sys.stderr) -> Non
         # some py-libp2p modules pin their own level at import (network/auto_connector.py:137 sets INFO)
         if name.startswith("libp2p.") and isinstance(child, logging.Logger):
             child.setLevel(logging.NOTSET)
+    basic_host = logging.getLogger("libp2p.host.basic_host")
+    if not any(isinstance(f, RaisedToCallerFilter) for f in basic_host.filters):
+        basic_host.addFilter(RaisedToCallerFilter())
