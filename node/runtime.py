@@ -45,11 +45,11 @@ from swarmnode.node.p2p.records import ROLES
 from swarmnode.node.p2p.reqresp import RequestResponse
 from swarmnode.node.p2p.scoring import PeerGuard
 from swarmnode.node.roles.base import RoleNet, RoleService
+from swarmnode.node.status_view import STATUS_FILE
 from swarmnode.protocol.messages import Hello
 
 log = logging.getLogger(__name__)
 
-STATUS_FILE = "status.json"
 DELIVERIES_FILE = "deliveries.jsonl"
 LOG_FILE = "node.log"
 STATUS_INTERVAL = 1.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+STATUS_FILE = "status.json"  # in the node's data_dir: written by node.runtime, read by `swarmnode status`
 STALE_AFTER_S = 10.0  # a status not rewritten for this long: the node is stopped, hung or gone
 
 

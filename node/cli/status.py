@@ -15,9 +15,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from swarmnode.node.status_view import describe
-
-STATUS_FILE = "status.json"  # node.runtime.STATUS_FILE, without importing the runtime
+from swarmnode.node.status_view import STATUS_FILE, describe
 
 
 def status_path(target: Path) -> Path:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarmnode.node.status_view import STATUS_FILE
+
 LOOPBACK = "127.0.0.1"
 HOME_PROFILE = "home"
 
@@ -139,7 +141,7 @@ class DevnetNode:
 
     def status(self) -> dict[str, Any] | None:
         try:
-            return json.loads((self.data_dir / "status.json").read_text())
+            return json.loads((self.data_dir / STATUS_FILE).read_text())
         except (OSError, json.JSONDecodeError):
             return None
 

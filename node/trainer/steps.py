@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import trio
@@ -24,7 +25,7 @@ from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.trainer import StepStats
 from swarmnode.node.trainer.batch import BatchPlan, batch_limit, groups_of, plan_batch
 from swarmnode.node.trainer.disk import prune_saves
-from swarmnode.node.trainer.inbox import StepRecord
+from swarmnode.node.trainer.inbox import InboxRow, StepRecord
 from swarmnode.node.trainer.limits import KEEP_SAVES
 from swarmnode.node.trainer.liveness import (
     REWARD_SAMPLE_ROWS,
@@ -132,15 +133,17 @@ class StepLoop(Publishing):
             groups, signal_groups = usable_counts(pending, current, descriptor.async_level)
             check = SignalCheck(step, time.monotonic() - began, groups, signal_groups, need)
             if not self.signal and starved(check, self.config.work.no_signal_after_s):
-                self._report_starved(check, current)
+                self._report_starved(check, current, pending)
             with trio.move_on_after(SIGNAL_RECHECK_S):
                 await arrived.wait()
 
-    def _report_starved(self, check: SignalCheck, version: int) -> None:
-        """Log and show, once per step, why the step cannot start (`node.trainer.liveness`)."""
-        inbox = self._parts()[1]
-        async_level = self._parts()[2].async_level
-        rows = [r.id for r in inbox.pending() if version - async_level <= r.checkpoint_version <= version]
+    def _report_starved(self, check: SignalCheck, version: int, pending: Sequence[InboxRow]) -> None:
+        """Log and show, once per step, why the step cannot start (`node.trainer.liveness`). The mean reward
+        is sampled from at most REWARD_SAMPLE_ROWS of the usable `pending` rows (decoded here, on the trio
+        thread: the inbox's SQLite connection is this thread's, and the sample bounds the work)."""
+        _, inbox, descriptor = self._parts()
+        low = version - descriptor.async_level
+        rows = [r.id for r in pending if low <= r.checkpoint_version <= version]
         rewards = [
             c.reward for g in groups_of(inbox.submissions(rows[:REWARD_SAMPLE_ROWS])) for c in g.completions
         ]
