@@ -73,10 +73,12 @@ class Judge(Settlement):
         return newest is not None and newest - item.checkpoint_version > self.setup.descriptor.async_level
 
     async def _next_ready(self) -> PendingItem:
-        """The oldest queued submission that can be judged now, or whose wait for its checkpoint ran out."""
+        """The next submission to judge among those that can be judged now (or whose wait for their
+        checkpoint ran out): round-robin across workers (`fairness.RoundRobin`), oldest first per worker."""
         while True:
             now = trio.current_time()
             soonest = float("inf")
+            ready = []
             for item in self._queue:
                 deadline = self._deadlines.setdefault(item.id, now + self.wait_for_checkpoint_s)
                 retry = self._retry_at.get(item.id, now)
@@ -84,8 +86,13 @@ class Judge(Settlement):
                     soonest = min(soonest, retry)
                     continue
                 if item.id in self._decided or deadline <= now or self._ready(item):
-                    return item
-                soonest = min(soonest, deadline)
+                    ready.append(item)
+                else:
+                    soonest = min(soonest, deadline)
+            if ready:
+                item = self._turns.pick(ready)
+                self._turns.served(item.worker)
+                return item
             changed = self._changed
             with trio.move_on_at(soonest):
                 await changed.wait()

@@ -26,6 +26,7 @@ from swarmnode.node.rl.validation import Accepted
 from swarmnode.node.roles.common import TtlCache, bounded_get, run_model_dir, run_tasks
 from swarmnode.node.roles.follow import SwarmFollower
 from swarmnode.node.validator.engines import CheckpointEngines
+from swarmnode.node.validator.fairness import RoundRobin
 from swarmnode.node.validator.judgement import Decision, Judgement, reason_name
 from swarmnode.node.validator.ledger_access import LedgerAccess
 from swarmnode.node.validator.limits import (
@@ -119,6 +120,7 @@ class ValidatorState:
         self._secret = self.store.secret()
         self._queue: list[PendingItem] = self.store.pending()
         self._deadlines: dict[int, float] = {}
+        self._turns = RoundRobin()  # fair judging: whose turn it is (node.validator.fairness)
         # decided and stored, the ledger write and `finish` still to do (by item id); read back on a restart
         self._decided: dict[int, Decision] = {i: Decision.restore(d) for i, d in self.store.decided().items()}
         self._attempts: dict[int, int] = {}  # ledger failures of an item so far
