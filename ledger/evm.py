@@ -451,6 +451,7 @@ class EvmLedger:
             op.challenge_window_epochs,
             op.max_tokens_per_credit,
             op.max_flops_per_token,
+            op.max_submissions_per_version,
         )
         receipt = self._transact(identity, call, "register_run", about=f" of run {op.run!r}")
         self._run_names[run_key(op.run)] = op.run
@@ -599,6 +600,7 @@ class EvmLedger:
             max_tokens_per_credit=row[4],
             max_flops_per_token=row[5],
             registered_epoch=row[6],
+            max_submissions_per_version=row[7],
         )
 
     def run(self, run: str) -> RunInfo | None:

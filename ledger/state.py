@@ -55,6 +55,7 @@ from swarmnode.ledger.types import (
 )
 from swarmnode.protocol.ledger_messages import (
     MAX_CHALLENGE_WINDOW_EPOCHS,
+    MAX_VERSIONS_PER_EPOCH,
     CommitCredits,
     Credit,
     FinalizeSlash,
@@ -315,6 +316,7 @@ def process_register_run(state: LedgerState, author: bytes, op: RegisterRun, epo
         max_tokens_per_credit=op.max_tokens_per_credit,
         max_flops_per_token=op.max_flops_per_token,
         registered_epoch=epoch,
+        max_submissions_per_version=op.max_submissions_per_version,
     )
     state.epoch = epoch
 
@@ -339,8 +341,10 @@ def process_set_validators(state: LedgerState, author: bytes, op: SetRunValidato
 # --- credits ---------------------------------------------------------------------------------------
 
 
-def check_credit(state: LedgerState, run: RunInfo, credit: Credit) -> None:
-    """One credit of a batch: an eligible worker, within the run's bounds, its assignment not yet paid."""
+def check_credit(state: LedgerState, run: RunInfo, credit: Credit, epoch: int) -> None:
+    """One credit of a batch: an eligible worker, within the run's bounds (tokens, flops, an assignment
+    that can exist: a counter below the run's per-version bound, a version the run's age allows), its
+    assignment not yet paid."""
     worker = get_node(state, credit.worker, "worker")
     if worker.info.role != "worker":
         raise WrongRole(f"{short(credit.worker)} is registered as a {worker.info.role}, not a worker")
@@ -360,9 +364,26 @@ def check_credit(state: LedgerState, run: RunInfo, credit: Credit) -> None:
             f"{credit.flops} flops for {credit.tokens} tokens is above run {run.run!r}'s "
             f"{run.max_flops_per_token} flops per token"
         )
+    version, counter = step_version(credit.step), step_counter(credit.step)
+    if counter >= run.max_submissions_per_version:
+        raise ExceedsRunBounds(
+            f"assignment counter {counter} is not below run {run.run!r}'s {run.max_submissions_per_version} "
+            "submissions per version"
+        )
+    newest = max_credit_version(run, epoch)
+    if version > newest:
+        raise ExceedsRunBounds(
+            f"version {version} cannot exist yet in run {run.run!r}: at most {newest} at epoch {epoch} "
+            f"(MAX_VERSIONS_PER_EPOCH per epoch since epoch {run.registered_epoch})"
+        )
     assignment = assignment_of(run.run, credit)
     if assignment in state.assignments:
         raise DuplicateContribution(f"assignment ({describe_assignment(assignment)}) was already credited")
+
+
+def max_credit_version(run: RunInfo, epoch: int) -> int:
+    """The newest checkpoint version a credit of `run` may name at `epoch` (spec/ledger.md §4.7)."""
+    return (epoch - run.registered_epoch + 1) * MAX_VERSIONS_PER_EPOCH
 
 
 def check_commit(state: LedgerState, author: bytes, op: CommitCredits, epoch: int) -> RunInfo:
@@ -376,7 +397,7 @@ def check_commit(state: LedgerState, author: bytes, op: CommitCredits, epoch: in
     if any(b <= a for a, b in zip(keys, keys[1:], strict=False)):
         raise MalformedOperation("a batch's credits must be strictly ascending by (worker, step)")
     for credit in op.credits:
-        check_credit(state, run, credit)
+        check_credit(state, run, credit, epoch)
     return run
 
 

@@ -19,7 +19,14 @@ from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import Params
 from swarmnode.protocol.envelope import seal
 from swarmnode.protocol.errors import Reason
-from swarmnode.protocol.ledger_messages import CommitCredits, ComputeSpec, Credit, RegisterRun, Slash
+from swarmnode.protocol.ledger_messages import (
+    MAX_SUBMISSIONS_PER_VERSION_LIMIT,
+    CommitCredits,
+    ComputeSpec,
+    Credit,
+    RegisterRun,
+    Slash,
+)
 from swarmnode.protocol.messages import Completion, RolloutGroup, RolloutSubmission
 from swarmnode.protocol.runs import assignment_step
 
@@ -100,6 +107,7 @@ def register_run(
     window: int = 2,
     max_tokens: int = 4096,
     max_flops_per_token: int = 10**4,
+    per_version: int = MAX_SUBMISSIONS_PER_VERSION_LIMIT,  # the widest: bitmap tests use big counters
 ) -> RegisterRun:
     return RegisterRun(
         run=run,
@@ -107,6 +115,7 @@ def register_run(
         challenge_window_epochs=window,
         max_tokens_per_credit=max_tokens,
         max_flops_per_token=max_flops_per_token,
+        max_submissions_per_version=per_version,
     )
 
 

@@ -66,6 +66,7 @@ class RunInfo:
     max_tokens_per_credit: int
     max_flops_per_token: int
     registered_epoch: int
+    max_submissions_per_version: int = 64  # protocol.ledger_messages.DEFAULT_MAX_SUBMISSIONS_PER_VERSION
 
 
 @dataclass(frozen=True)

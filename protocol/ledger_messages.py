@@ -77,6 +77,12 @@ FLOPS_PER_TOKEN_MAX = (1 << 40) - 1
 # finalization) until its window passes, so the window bounds how long one accusation can hold anyone's
 # stake: 720 epochs, 30 days at the default 1-hour epoch.
 MAX_CHALLENGE_WINDOW_EPOCHS = 720
+DEFAULT_MAX_SUBMISSIONS_PER_VERSION = 64  # counters a worker may use per checkpoint version, by default
+MAX_SUBMISSIONS_PER_VERSION_LIMIT = 1 << 16  # the most any run may allow (the counter field has 32 bits)
+# A credit's version may not run ahead of the run's age: at most this many versions per epoch since the run
+# was registered (one a second at the default 1-hour epoch, far above any real run's step rate), so a run
+# validator cannot credit versions that cannot exist yet (issue: version 10^9 was credited).
+MAX_VERSIONS_PER_EPOCH = 3600
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,10 @@ class RegisterRun:
     challenge_window_epochs: Annotated[int, Range(0, MAX_CHALLENGE_WINDOW_EPOCHS)]
     max_tokens_per_credit: Annotated[int, Range(1, RUN_LIMIT_MAX)]
     max_flops_per_token: Annotated[int, Range(0, FLOPS_PER_TOKEN_MAX)]
+    # the RunDescriptor's: a credit's counter (its step's low 32 bits) must be below it
+    max_submissions_per_version: Annotated[
+        int, Range(1, MAX_SUBMISSIONS_PER_VERSION_LIMIT)
+    ] = DEFAULT_MAX_SUBMISSIONS_PER_VERSION
 
 
 @dataclass(frozen=True)

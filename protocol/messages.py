@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 from swarmnode.protocol.codec import MaxLen, Pattern, Range, Size, registry  # noqa: F401
-from swarmnode.protocol.ledger_messages import (
+from swarmnode.protocol.ledger_messages import (  # noqa: F401 - the run's counter bounds are re-exported
+    DEFAULT_MAX_SUBMISSIONS_PER_VERSION,
+    MAX_SUBMISSIONS_PER_VERSION_LIMIT,
     CommitCredits,
     FinalizeSlash,
     LedgerEntry,
@@ -28,8 +30,6 @@ from swarmnode.protocol.types import KIB, MIB, Address, Digest, Role, RunId, Url
 
 # --- run ----------------------------------------------------------------------------------------
 
-DEFAULT_MAX_SUBMISSIONS_PER_VERSION = 64  # counters a worker may use per checkpoint version, by default
-MAX_SUBMISSIONS_PER_VERSION_LIMIT = 1 << 16  # the most any run may allow (the counter field has 32 bits)
 
 @dataclass(frozen=True)
 class GrpoParams:

@@ -28,6 +28,8 @@ MERKLE_LEVELS: constant(uint256) = 10  # ceil(log2(MAX_CREDITS)) + 1
 RUN_LIMIT_MAX: constant(uint256) = 2 ** 32 - 1  # protocol/ledger_messages.py: max tokens per credit
 FLOPS_PER_TOKEN_MAX: constant(uint256) = 2 ** 40 - 1
 MAX_CHALLENGE_WINDOW_EPOCHS: constant(uint32) = 720  # protocol/ledger_messages.py: how long a slash may pend
+MAX_SUBMISSIONS_PER_VERSION_LIMIT: constant(uint32) = 2 ** 16  # protocol/ledger_messages.py
+MAX_VERSIONS_PER_EPOCH: constant(uint256) = 3600  # protocol/ledger_messages.py: a credit's version bound
 PAGE: constant(uint256) = 32
 BAD_PROOF: constant(uint16) = 605
 MALFORMED_ROLLOUT: constant(uint16) = 609
@@ -96,6 +98,7 @@ struct Run:
     max_tokens_per_credit: uint64
     max_flops_per_token: uint64
     registered_epoch: uint64
+    max_submissions_per_version: uint32
 
 struct CreditIn:
     worker: address
@@ -598,13 +601,15 @@ def withdraw():
 @external
 def register_run(run: String[64], validators: DynArray[address, MAX_VALIDATORS],
                  challenge_window_epochs: uint32, max_tokens_per_credit: uint64,
-                 max_flops_per_token: uint64):
+                 max_flops_per_token: uint64, max_submissions_per_version: uint32):
     """msg.sender, a registered unejected trainer, becomes the run's owner (state.process_register_run)."""
     self._check_run_id(run)
     assert max_tokens_per_credit >= 1 and convert(max_tokens_per_credit, uint256) <= RUN_LIMIT_MAX, \
         "malformed"
     assert convert(max_flops_per_token, uint256) <= FLOPS_PER_TOKEN_MAX, "malformed"
     assert challenge_window_epochs <= MAX_CHALLENGE_WINDOW_EPOCHS, "malformed"
+    assert max_submissions_per_version >= 1 and max_submissions_per_version <= MAX_SUBMISSIONS_PER_VERSION_LIMIT, \
+        "malformed"
     st: uint256 = self.status_word[msg.sender]
     assert self._role(st) != 0, "unknown_node"
     assert self._role(st) == ROLE_TRAINER, "wrong_role"
@@ -617,7 +622,7 @@ def register_run(run: String[64], validators: DynArray[address, MAX_VALIDATORS],
     self.runs[key] = Run(
         run=run, owner=msg.sender, validators=validators, challenge_window_epochs=challenge_window_epochs,
         max_tokens_per_credit=max_tokens_per_credit, max_flops_per_token=max_flops_per_token,
-        registered_epoch=epoch)
+        registered_epoch=epoch, max_submissions_per_version=max_submissions_per_version)
     for v: address in validators:
         self.is_run_validator[key][v] = True
     self.run_at[self.run_count] = key
@@ -678,6 +683,10 @@ def commit_credits(run: String[64], credits: DynArray[CreditIn, MAX_CREDITS]):
 
     max_tokens: uint64 = self.runs[key].max_tokens_per_credit
     max_flops_per_token: uint256 = convert(self.runs[key].max_flops_per_token, uint256)
+    max_counter: uint256 = convert(self.runs[key].max_submissions_per_version, uint256)  # exclusive
+    # state.max_credit_version: the run's age in epochs, plus one, times MAX_VERSIONS_PER_EPOCH
+    max_version: uint256 = (convert(self._epoch() - self.runs[key].registered_epoch, uint256) + 1) \
+        * MAX_VERSIONS_PER_EPOCH
     leaves: DynArray[bytes32, MAX_CREDITS] = []
     previous: uint256 = 0  # (worker << 64 | step) + 1 of the previous credit; 0: none yet
     failure: uint256 = 0  # FAIL_* of the first credit that failed its own check
@@ -730,6 +739,8 @@ def commit_credits(run: String[64], credits: DynArray[CreditIn, MAX_CREDITS]):
             elif c.tokens > max_tokens:
                 failure = FAIL_EXCEEDS_RUN_BOUNDS
             elif convert(c.flops, uint256) > unsafe_mul(convert(c.tokens, uint256), max_flops_per_token):
+                failure = FAIL_EXCEEDS_RUN_BOUNDS
+            elif counter >= max_counter or version > max_version:
                 failure = FAIL_EXCEEDS_RUN_BOUNDS
             elif (bits >> bit) & 1 != 0:
                 failure = FAIL_DUPLICATE_ASSIGNMENT

@@ -32,9 +32,11 @@ from swarmnode.node.cli.ledger_common import (
 )
 from swarmnode.protocol.codec import Pattern
 from swarmnode.protocol.ledger_messages import (
+    DEFAULT_MAX_SUBMISSIONS_PER_VERSION,
     FLOPS_PER_TOKEN_MAX,
     MAX_CHALLENGE_WINDOW_EPOCHS,
     MAX_RUN_VALIDATORS,
+    MAX_SUBMISSIONS_PER_VERSION_LIMIT,
     RUN_LIMIT_MAX,
 )
 from swarmnode.protocol.types import RunId
@@ -118,6 +120,14 @@ def run_group() -> None:
     metavar="F",
     help="most flops a credit may claim per token (validators credit 2 x the model's parameters)",
 )
+@click.option(
+    "--max-submissions-per-version",
+    type=click.IntRange(1, MAX_SUBMISSIONS_PER_VERSION_LIMIT),
+    default=DEFAULT_MAX_SUBMISSIONS_PER_VERSION,
+    show_default=True,
+    metavar="N",
+    help="the RunDescriptor's max_submissions_per_version: a credit's counter must be below it",
+)
 @ledger_options
 @key_option
 @json_option
@@ -127,6 +137,7 @@ def run_register(
     window: int,
     max_tokens: int,
     max_flops_per_token: int,
+    max_submissions_per_version: int,
     ledger_spec: str,
     contract: str | None,
     key: str | None,
@@ -136,7 +147,7 @@ def run_register(
     from swarmnode.protocol.ledger_messages import RegisterRun
 
     identity = load_identity(key)
-    op = RegisterRun(run, validators, window, max_tokens, max_flops_per_token)
+    op = RegisterRun(run, validators, window, max_tokens, max_flops_per_token, max_submissions_per_version)
     with opened(ledger_spec, contract) as ledger:
         receipt = ledger.register_run(identity, op)
     report_receipt("register_run", receipt, as_json)
@@ -184,7 +195,8 @@ def run_show(run: str | None, ledger_spec: str, contract: str | None, as_json: b
         return
     print_table(
         "runs",
-        ["run", "owner", "validators", "challenge window", "max tokens", "max flops/token", "since epoch"],
+        ["run", "owner", "validators", "challenge window", "max tokens", "max flops/token", "per version",
+         "since epoch"],
         [
             [
                 r.run,
@@ -193,6 +205,7 @@ def run_show(run: str | None, ledger_spec: str, contract: str | None, as_json: b
                 r.challenge_window_epochs,
                 r.max_tokens_per_credit,
                 r.max_flops_per_token,
+                r.max_submissions_per_version,
                 r.registered_epoch,
             ]
             for r in runs

@@ -30,6 +30,7 @@ from swarmnode.node.rl.run import RunMismatch as RunMismatch  # re-exported: the
 from swarmnode.node.rl.tasks import Task
 from swarmnode.protocol import ids
 from swarmnode.protocol.ledger_messages import (
+    DEFAULT_MAX_SUBMISSIONS_PER_VERSION,
     FLOPS_PER_TOKEN_MAX,
     MAX_RUN_VALIDATORS,
     RUN_LIMIT_MAX,
@@ -95,10 +96,15 @@ def is_refusal(exc: BaseException) -> bool:
 
 
 def run_registration(
-    run: str, grpo: GrpoParams, validators: Sequence[bytes], parameters: int, window_epochs: int
+    run: str,
+    grpo: GrpoParams,
+    validators: Sequence[bytes],
+    parameters: int,
+    window_epochs: int,
+    max_submissions_per_version: int = DEFAULT_MAX_SUBMISSIONS_PER_VERSION,
 ) -> RegisterRun:
-    """The RegisterRun of a run (its descriptor's GRPO parameters): its validator set (sorted, distinct)
-    and the bounds of one credit.
+    """The RegisterRun of a run (its descriptor's GRPO parameters and counter bound): its validator set
+    (sorted, distinct) and the bounds of one credit.
 
     A submission carries `prompts_per_step` groups of `group_size` completions of at most `max_new_tokens`
     each; a token costs about 2 · parameters FLOPs. Both are capped at the ledger's limits (a validator
@@ -113,6 +119,7 @@ def run_registration(
         challenge_window_epochs=window_epochs,
         max_tokens_per_credit=min(tokens, RUN_LIMIT_MAX),
         max_flops_per_token=min(2 * parameters, FLOPS_PER_TOKEN_MAX),
+        max_submissions_per_version=max_submissions_per_version,
     )
 
 

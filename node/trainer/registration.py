@@ -34,7 +34,8 @@ class Registration(TrainerState):
         op = None
         if lead and self.run_validators:
             window = self.challenge_window_epochs
-            op = run_registration(descriptor.run, descriptor.grpo, self.run_validators, parameters, window)
+            op = run_registration(descriptor.run, descriptor.grpo, self.run_validators, parameters, window,
+                                  descriptor.max_submissions_per_version)
         waiting = False
         while True:
             try:

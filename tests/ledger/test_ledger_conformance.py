@@ -22,7 +22,13 @@ from swarmnode.ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Par
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope, signing_digest
 from swarmnode.protocol.errors import Reason
-from swarmnode.protocol.ledger_messages import CommitCredits, Credit, RegisterRun, SetRunValidators
+from swarmnode.protocol.ledger_messages import (
+    MAX_VERSIONS_PER_EPOCH,
+    CommitCredits,
+    Credit,
+    RegisterRun,
+    SetRunValidators,
+)
 
 PARAMS = Params(
     min_stake_per_unit_gwei=1_000,
@@ -34,6 +40,7 @@ PARAMS = Params(
 NAMES = ("tr", "tr2", "val", "val2", "val3", "out", "w1", "w2", "relay", "stranger")
 ID = {name: T.identity(name) for name in NAMES}
 ASSIGNMENT = T.assignment_step(1, 7)
+MAX_STEP_NOW = T.assignment_step(MAX_VERSIONS_PER_EPOCH, 0)  # a run registered this epoch: its newest version
 
 Expect = type[E.LedgerError] | None
 
@@ -378,6 +385,18 @@ VECTORS: dict[str, list[Step]] = {
         commit("val", "run-b", cr("w2", 0, tokens=2**32 - 1, flops=2**64 - 1)),  # the largest credit
         commit("val", "run-b", cr("w2", 1, tokens=2**32 - 1, flops=2**64), expect=E.MalformedOperation),
         commit("val", "run-1", *(cr("w2", i) for i in range(512))),  # the largest batch
+        # only assignments that can exist (issue #31: version 10^9, counters past the bound, step 2^64-1)
+        new_run("tr", "run-c", ("val",), per_version=4),
+        commit("val", "run-c", cr("w1", step=T.assignment_step(1, 3))),  # the last counter of a version
+        commit("val", "run-c", cr("w1", step=T.assignment_step(1, 4)), expect=E.ExceedsRunBounds),
+        commit("val", "run-c", cr("w1", step=T.assignment_step(3600, 0))),  # the newest version at epoch 0
+        commit("val", "run-c", cr("w1", step=T.assignment_step(3601, 0)), expect=E.ExceedsRunBounds),
+        commit("val", "run-c", cr("w1", step=T.assignment_step(10**9, 0)), expect=E.ExceedsRunBounds),
+        commit("val", "run-c", cr("w1", step=2**64 - 1), expect=E.ExceedsRunBounds),
+        advance(1),
+        commit("val", "run-c", cr("w1", step=T.assignment_step(7200, 0))),  # one epoch older: 3,600 more
+        new_run("tr", "run-d", ("val",), per_version=0, expect=E.MalformedOperation),
+        new_run("tr", "run-d", ("val",), per_version=2**16 + 1, expect=E.MalformedOperation),
     ],
     "assignment_paid_once": [
         *SETUP,
@@ -429,9 +448,10 @@ VECTORS: dict[str, list[Step]] = {
             cr("w1", step=T.assignment_step(1, 300 + 256)),
             cr("w1", step=T.assignment_step(2, 300)),
         ),
-        commit("val", "run-1", cr("w1", step=T.assignment_step(1, 2**32 - 1)), cr("w1", step=2**64 - 1)),
+        # the largest counter and version the run allows now (2^16 per version; 3,600 versions per epoch)
+        commit("val", "run-1", cr("w1", step=T.assignment_step(1, 2**16 - 1)), cr("w1", step=MAX_STEP_NOW)),
         commit(
-            "val2", "run-1", cr("w1", step=2**64 - 1, digest=sha256(b"x")), expect=E.DuplicateContribution
+            "val2", "run-1", cr("w1", step=MAX_STEP_NOW, digest=sha256(b"x")), expect=E.DuplicateContribution
         ),
         commit("val", "run-1", cr("w2", step=0)),
         commit("val", "run-1", cr("w2", step=0), expect=E.DuplicateContribution),
@@ -752,5 +772,6 @@ def test_the_credited_figures_of_bounded_credits(tmp_path: Path) -> None:
     assert totals[("run-a", w2)] == (1, 2**32 - 1, (2**32 - 1) ** 2)
     assert totals[("run-b", w2)] == (1, 2**32 - 1, 2**64 - 1)
     assert totals[("run-1", w2)] == (512, 512 * 100, 512 * 10**5)
-    assert [b.count for b in harness.ledger.batches()] == [1, 2, 1, 1, 1, 512]
+    assert totals[("run-c", w1)] == (3, 300, 3 * 10**5)
+    assert [b.count for b in harness.ledger.batches()] == [1, 2, 1, 1, 1, 512, 1, 1, 1]
     harness.close()
