@@ -51,6 +51,7 @@ from swarmnode.node.diloco.service import DilocoService, mounted
 from swarmnode.node.diloco.trainer import DilocoTrainerWork
 from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.p2p.endpoints import MANIFEST
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.p2p.reqresp import RequestFailed
 from swarmnode.node.rl.engine import TransformersEngine
@@ -68,7 +69,7 @@ from swarmnode.node.trainer import (
 )
 from swarmnode.node.trainer.group import launched_rank
 from swarmnode.node.trainer.inbox import InboxEntry, RolloutInbox
-from swarmnode.node.trainer.service import MANIFEST, Trainer
+from swarmnode.node.trainer.service import Trainer
 from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.diloco import check_rl_plan, rollout_owner

@@ -30,11 +30,11 @@ from multiaddr import Multiaddr  # type: ignore[import-untyped]
 
 from swarmnode.crypto.identity import address_of_peer_id
 from swarmnode.node.p2p.clock import Clock
+from swarmnode.node.p2p.endpoints import HELLO, PING
 from swarmnode.node.p2p.host import TRANSPORT_ERRORS
 from swarmnode.node.p2p.reqresp import (
     BadResponse,
     PeerUnreachable,
-    ProtocolSpec,
     RequestFailed,
     RequestResponse,
 )
@@ -47,8 +47,6 @@ from swarmnode.protocol.messages import Hello, Ping, Pong
 log = logging.getLogger(__name__)
 
 AGENT = "swarmnode/0.1"
-HELLO = ProtocolSpec(ids.HELLO, Hello, Hello, timeout=5.0)
-PING = ProtocolSpec(ids.PING, Ping, Pong, timeout=5.0)
 IPFS_PING = TProtocol(IPFS_PING_ID)  # /ipfs/ping/1.0.0, served by every py-libp2p (and go/js/rust) host
 IPFS_PING_TIMEOUT = 5.0
 # ValueError: the pong differs from the ping

@@ -1,4 +1,4 @@
-"""What the role works share: the run's setup from its descriptor, the ledger, the ACCEPTED protocol.
+"""What the role works share: the run's setup from its descriptor and the ledger.
 
 The run on the ledger (spec/ledger.md, Runs): its owner is the trainer that signs the RunDescriptor. The
 lead trainer registers it (`ensure_run`, with `run_registration`'s bounds); every follower refuses a run
@@ -24,11 +24,9 @@ from swarmnode.ledger.errors import BackendError, CorruptLog, EpochRegression, R
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import RunInfo
 from swarmnode.node.config import WorkSettings
-from swarmnode.node.p2p.reqresp import ProtocolSpec
 from swarmnode.node.rl.run import DEVNET_MODEL, devnet_dataset
 from swarmnode.node.rl.run import RunMismatch as RunMismatch  # re-exported: the roles raise it
 from swarmnode.node.rl.tasks import Task
-from swarmnode.protocol import ids
 from swarmnode.protocol.ledger_messages import (
     DEFAULT_MAX_SUBMISSIONS_PER_VERSION,
     FLOPS_PER_TOKEN_MAX,
@@ -37,14 +35,7 @@ from swarmnode.protocol.ledger_messages import (
     RegisterRun,
     SetRunValidators,
 )
-from swarmnode.protocol.messages import AcceptedBatch, AcceptedRequest, GrpoParams, RunDescriptor
-
-# The trainer pulls accepted submissions from each validator with this (long poll, cursor).
-# Long polls hold a serving slot up to 30 s: room for every trainer of a run (a lead and up to 15
-# co-trainers) and two streams each; others are refused before their frame is read (`admit`).
-ACCEPTED = ProtocolSpec(
-    ids.ACCEPTED, AcceptedRequest, AcceptedBatch, timeout=45.0, max_inbound=32, max_per_peer=2
-)
+from swarmnode.protocol.messages import GrpoParams, RunDescriptor
 
 CONTRACT_ENV = "SWARMNODE_CONTRACT"
 # LedgerErrors that say nothing about the operation (the backend or the log's file failed, a nonce race):

@@ -25,10 +25,10 @@ import trio
 from libp2p.peer.id import ID
 
 from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.p2p.endpoints import ACCEPTED
 from swarmnode.node.p2p.reqresp import RequestFailed
 from swarmnode.node.rl.model import ModelInfo
 from swarmnode.node.roles.base import RoleNet
-from swarmnode.node.roles.common import ACCEPTED
 from swarmnode.node.trainer.checks import check_batch
 from swarmnode.node.trainer.inbox import InboxEntry, RolloutInbox, Stored
 from swarmnode.node.trainer.limits import (

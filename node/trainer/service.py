@@ -12,10 +12,9 @@ from typing import ClassVar, Protocol
 from libp2p.peer.id import ID
 
 from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.p2p.endpoints import MANIFEST
 from swarmnode.node.p2p.records import open_run_record, run_record_key
-from swarmnode.node.p2p.reqresp import ProtocolSpec
 from swarmnode.node.roles.base import IdleWork, RoleNet, RoleService, RoleWork
-from swarmnode.protocol import ids
 from swarmnode.protocol.envelope import Opened
 from swarmnode.protocol.errors import Reason
 from swarmnode.protocol.messages import (
@@ -25,8 +24,6 @@ from swarmnode.protocol.messages import (
     RunDescriptor,
     ValidatorPolicy,
 )
-
-MANIFEST = ProtocolSpec(ids.MANIFEST, ManifestRequest, ManifestResponse, timeout=10.0)
 
 
 class TrainerWork(RoleWork, Protocol):

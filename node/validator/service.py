@@ -10,17 +10,12 @@ from typing import ClassVar, Protocol
 
 from libp2p.peer.id import ID
 
-from swarmnode.node.p2p.reqresp import ProtocolSpec
+from swarmnode.node.p2p.endpoints import SUBMIT
 from swarmnode.node.roles.base import IdleWork, RoleNet, RoleService, RoleWork
-from swarmnode.protocol import ids
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.envelope import Opened, envelope_digest
 from swarmnode.protocol.errors import Reason
-from swarmnode.protocol.messages import RolloutSubmission, SubmitAck
-
-# Submissions are large (up to 16 MiB): at most 4 are handled at once, 2 streams per peer, 8 streams in all
-# (about 128 MiB buffered); a sender whose stake was read as too low is refused before its frame is read.
-SUBMIT = ProtocolSpec(ids.SUBMIT, RolloutSubmission, SubmitAck, timeout=60.0, max_inbound=4, max_per_peer=2)
+from swarmnode.protocol.messages import SubmitAck
 
 
 class ValidatorWork(RoleWork, Protocol):

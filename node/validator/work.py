@@ -14,10 +14,11 @@ import trio
 
 from swarmnode.node.dataplane.checkpoint import load_checkpoint
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
+from swarmnode.node.p2p.endpoints import ACCEPTED
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.rl.run import RunSetup, load_run_setup
 from swarmnode.node.roles.base import RoleNet
-from swarmnode.node.roles.common import ACCEPTED, set_threads
+from swarmnode.node.roles.common import set_threads
 from swarmnode.node.roles.follow import SwarmFollower
 from swarmnode.node.validator.accepted_log import AcceptedLog
 from swarmnode.node.validator.engines import CheckpointEngines

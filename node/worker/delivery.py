@@ -17,10 +17,10 @@ from typing import Protocol
 import trio
 from libp2p.peer.id import ID
 
+from swarmnode.node.p2p.endpoints import SUBMIT
 from swarmnode.node.p2p.peers import PeerRecord
 from swarmnode.node.p2p.reqresp import RequestFailed
 from swarmnode.node.roles.base import RoleNet
-from swarmnode.node.validator.service import SUBMIT
 from swarmnode.node.worker.stats import WorkerStats
 from swarmnode.protocol.errors import Reason
 from swarmnode.protocol.messages import RolloutSubmission, SubmitAck

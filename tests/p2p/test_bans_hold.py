@@ -23,8 +23,9 @@ from libp2p.utils.varint import encode_varint_prefixed
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import SeqCounter, wall_ms
+from swarmnode.node.p2p.endpoints import HELLO, PING
 from swarmnode.node.p2p.host import TRANSPORT_ERRORS, build_host, listen_addrs, parse_peer_addr
-from swarmnode.node.p2p.peers import HELLO, PING, PeerDirectory
+from swarmnode.node.p2p.peers import PeerDirectory
 from swarmnode.node.p2p.reqresp import RequestResponse
 from swarmnode.node.p2p.scoring import PeerBanned, PeerGuard
 from swarmnode.protocol import ids

@@ -17,8 +17,8 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import wall_ms
+from swarmnode.node.p2p.endpoints import HELLO
 from swarmnode.node.p2p.host import build_host, listen_addrs, parse_peer_addr
-from swarmnode.node.p2p.peers import HELLO
 from swarmnode.node.p2p.records import role_key, run_record_key
 from swarmnode.node.p2p.reqresp import PeerUnreachable
 from swarmnode.node.roles.probe import Probe, ProbePlan

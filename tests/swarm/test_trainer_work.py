@@ -37,6 +37,7 @@ from swarmnode.node.dataplane.origin import model_folder_files
 from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.p2p.dht import DiscoverySettings
+from swarmnode.node.p2p.endpoints import ACCEPTED
 from swarmnode.node.p2p.peers import PeerRecord
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import model_commitment, state_dict_of
@@ -44,7 +45,6 @@ from swarmnode.node.rl.rollouts import build_submission
 from swarmnode.node.rl.run import RunMismatch, devnet_dataset, devnet_grpo, devnet_run, run_commitment
 from swarmnode.node.rl.trainer import signal_groups
 from swarmnode.node.roles.base import RoleNet
-from swarmnode.node.roles.common import ACCEPTED
 from swarmnode.node.runtime import NodeRuntime
 from swarmnode.node.trainer import (
     MANIFEST_OK,

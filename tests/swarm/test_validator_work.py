@@ -927,9 +927,9 @@ def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base
     from libp2p.peer.id import ID
 
     from swarmnode.node.devnet.network import free_port
+    from swarmnode.node.p2p.endpoints import ACCEPTED, SUBMIT
     from swarmnode.node.p2p.records import RunRecord
-    from swarmnode.node.roles.common import ACCEPTED
-    from swarmnode.node.validator.service import SUBMIT, Validator
+    from swarmnode.node.validator.service import Validator
     from tests.p2p.helpers import RUN as P2P_RUN
     from tests.p2p.helpers import node_config, swarm, wait_until
 
