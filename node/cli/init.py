@@ -90,6 +90,8 @@ def render_node_toml(plan: NodePlan) -> str:
             "challenge_window_epochs = 24          # epochs a slash waits, voidable, before it takes stake",
             "steps = 0                             # GRPO steps, then stop (0: train until stopped)",
         ]
+    if plan.role in ("worker", "validator"):
+        lines.append("max_challenge_window_epochs = 168     # refuse runs whose slashes pend longer")
     if plan.role == "worker":
         lines.append("submissions_per_version = 4           # rollouts sent per checkpoint version at most")
     if plan.role == "bootstrap":
