@@ -370,13 +370,21 @@ def test_forged_head_and_ledger_junk_are_not_forwarded(tmp_path: Path) -> None:
 # --- the runtime's view of a real signed log -------------------------------------------------------------
 
 
+LOG_PARAMS = Params(min_stake_per_unit_gwei=10, unbonding_delay_epochs=1, slash_gwei=5, ejection_threshold=1)
+
+
+def registered_log(tmp_path: Path, *roles: str) -> tuple[SignedHarness, list[NodeIdentity]]:
+    """A real signed log with one fresh identity registered per role (none staked yet)."""
+    harness = SignedHarness.create(tmp_path, LOG_PARAMS, ledger_id=LEDGER_ID)
+    identities = [NodeIdentity(secrets.token_bytes(32)) for _ in roles]
+    for identity, role in zip(identities, roles, strict=True):
+        harness.ledger.register(identity, role, ComputeSpec("cpu", 1, 1, 0), identity.peer_id)
+    return harness, identities
+
+
 def test_the_ledger_view_is_read_from_a_real_signed_log(tmp_path: Path) -> None:
-    params = Params(min_stake_per_unit_gwei=10, unbonding_delay_epochs=1, slash_gwei=5, ejection_threshold=1)
-    harness = SignedHarness.create(tmp_path, params, ledger_id=LEDGER_ID)
+    harness, (staked, unstaked, worker) = registered_log(tmp_path, "validator", "validator", "worker")
     log = harness.ledger
-    staked, unstaked, worker = (NodeIdentity(secrets.token_bytes(32)) for _ in range(3))
-    for identity, role in ((staked, "validator"), (unstaked, "validator"), (worker, "worker")):
-        log.register(identity, role, ComputeSpec("cpu", 1, 1, 0), identity.peer_id)
     log.deposit(staked, 10)
     log.deposit(worker, 10)
     view = read_ledger_view(log, None, NOW)
@@ -392,7 +400,7 @@ def test_the_ledger_view_is_read_from_a_real_signed_log(tmp_path: Path) -> None:
     log.register(owner, "trainer", ComputeSpec("cpu", 1, 1, 0), owner.peer_id)
     log.deposit(owner, 10)
     log.register_run(owner, register_run("run-1", (staked,), window=0))
-    log.slash(staked, slash(worker, params.slash_gwei))
+    log.slash(staked, slash(worker, LOG_PARAMS.slash_gwei))
     log.finalize_slash(staked, 0)  # a window of 0: final at once
     later = read_ledger_view(log, view, NOW + 1000)
     assert worker.address not in later.registered and later.former == {worker.address: NOW + 1000}
@@ -406,12 +414,9 @@ def test_verdicts_are_scoped_to_the_runs_validator_set(tmp_path: Path) -> None:
     """Issue #31: a staked validator outside a run forged 16 batches of 256 accepting verdicts for made-up
     workers, and every honest worker's pacer counted 4,097 workers. Once the run is on the ledger, only its
     own validators may sign its verdicts; one outside is Ignored for the grace period, then Rejected."""
-    params = Params(min_stake_per_unit_gwei=10, unbonding_delay_epochs=1, slash_gwei=5, ejection_threshold=1)
-    harness = SignedHarness.create(tmp_path, params, ledger_id=LEDGER_ID)
+    harness, (inside, outside, owner) = registered_log(tmp_path, "validator", "validator", "trainer")
     log = harness.ledger
-    inside, outside, owner = (NodeIdentity(secrets.token_bytes(32)) for _ in range(3))
-    for identity, role in ((inside, "validator"), (outside, "validator"), (owner, "trainer")):
-        log.register(identity, role, ComputeSpec("cpu", 1, 1, 0), identity.peer_id)
+    for identity in (inside, outside, owner):
         log.deposit(identity, 10)
     before = read_ledger_view(log, None, NOW, "run-1")  # not registered yet: any eligible validator
     assert before.validators == {inside.address, outside.address}
