@@ -38,6 +38,7 @@ from swarmnode.node.rl.vllm_engine import (
     set_required_env,
 )
 from tests.tinymodel import tiny_folder
+from tests.vllm_gate import require_vllm
 
 VOCAB, HIDDEN = 97, 4
 temperatures = st.sampled_from([0.0, 0.7, 1.0, 1.3])
@@ -289,7 +290,6 @@ def _vllm_missing() -> str | None:
     return None
 
 
-REQUIRE_VLLM_ENV = "SWARMNODE_REQUIRE_VLLM"  # set by scripts/test.sh in build/vllm-venv: never skip there
 BF16_SAMPLING_TOLERANCE = 0.1  # bf16 logits; to be replaced by the calibrated value once measured
 
 
@@ -297,10 +297,7 @@ BF16_SAMPLING_TOLERANCE = 0.1  # bf16 logits; to be replaced by the calibrated v
 def folder(tmp_path_factory) -> Path:
     """The tiny Qwen2 folder's recipe (heads of 32: vLLM's CPU attention takes 32, 64, 80, ..., not 16)
     with room for 256 positions, its tokenizer and weights of its own seed."""
-    if (reason := _vllm_missing()) is not None:
-        if os.environ.get(REQUIRE_VLLM_ENV):  # the test command's vLLM environment: a skip would hide it
-            pytest.fail(f"{REQUIRE_VLLM_ENV} is set but {reason}")
-        pytest.skip(reason)
+    require_vllm(_vllm_missing())
     from swarmnode.node.rl.model import build_model, hf_config, read_config, save_model_folder
     from swarmnode.node.rl.recipes import SIZES
 

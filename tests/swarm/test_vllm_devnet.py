@@ -10,17 +10,15 @@ rather than skip); elsewhere it is skipped with the reason vLLM cannot run. Slow
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from swarmnode.node.rl.engines import EngineUnavailable
 from tests.swarm.test_real_models_devnet import check_nodes, swarmnode
+from tests.vllm_gate import require_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-
-REQUIRE_VLLM_ENV = "SWARMNODE_REQUIRE_VLLM"
 
 
 def _vllm_missing() -> str | None:
@@ -35,10 +33,7 @@ def _vllm_missing() -> str | None:
 
 
 def test_a_devnet_of_vllm_workers_learns_and_slashes_its_cheater(tmp_path: Path) -> None:
-    if (reason := _vllm_missing()) is not None:
-        if os.environ.get(REQUIRE_VLLM_ENV):
-            pytest.fail(f"{REQUIRE_VLLM_ENV} is set but {reason}")
-        pytest.skip(reason)
+    require_vllm(_vllm_missing())
     summary_path = tmp_path / "summary.json"
     run = swarmnode(
         "devnet", "--no-live", "--engine", "vllm", "--steps", "10", "--cheaters", "1",
