@@ -170,7 +170,8 @@ class Downloader:
                 partials[index] = partial
             before = partial.offset
             try:
-                await self._transfer(manifest, info, partial, source)
+                if partial.remaining:  # a crash between the last write and the rename leaves none
+                    await self._transfer(manifest, info, partial, source)
             finally:
                 received = max(0, partial.offset - before)
             partial.commit(self.config.fsync)
@@ -185,13 +186,14 @@ class Downloader:
             self._count(FailureKind.BAD_HASH)
             self.stats.bytes_discarded += info.size
             self.progress.rewind(version, info.size)
-            self.book.failed(
-                source, FailureKind.BAD_HASH, 0, trio.current_time() - started, trio.current_time()
-            )
             peers = [p for p in mismatch.contributors if p != "(disk)"]
+            if peers:  # bytes from our own disk alone (a restart) are nobody's fault
+                self.book.failed(
+                    source, FailureKind.BAD_HASH, 0, trio.current_time() - started, trio.current_time()
+                )
+                scored = True
             for peer in peers:
                 self.book.corrupt(peer, trio.current_time(), sole=len(peers) == 1)
-            scored = True
         finally:
             self._active -= 1
             running.discard(index)

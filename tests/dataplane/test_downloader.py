@@ -154,3 +154,37 @@ def test_a_shard_no_source_has_waits_for_the_book(tmp_path):
             book.observe(have_all(late.endpoint, MANIFEST))
 
     _scenario(tmp_path, {"late": HONEST}, body)
+
+
+def _leave_part(tmp_path, index, data):
+    """What a crash between a shard's last write and its rename leaves: a `.part` holding every byte."""
+    store = ShardStore(tmp_path / "dst", MANIFEST.run)
+    store.partial(MANIFEST.version, MANIFEST.shards[index]).part.write_bytes(data)
+
+
+def test_a_part_file_holding_every_byte_is_committed_without_a_request(tmp_path):
+    _, data = SHARDS[3]
+    _leave_part(tmp_path, 3, data)
+
+    async def body(copies, book):
+        downloader = _downloader(book)
+        assert await _fetch(tmp_path, downloader) == list(range(8))
+        assert downloader.stats.bytes_received == MANIFEST.total_size - len(data)
+        assert downloader.stats.failures == {}
+        assert copies["a"].server.stats.bytes_served == MANIFEST.total_size - len(data)
+
+    _scenario(tmp_path, {"a": HONEST}, body)
+
+
+def test_a_full_part_file_with_wrong_bytes_is_fetched_again_and_blames_no_source(tmp_path):
+    _, data = SHARDS[3]
+    _leave_part(tmp_path, 3, bytes(len(data)))
+
+    async def body(copies, book):
+        downloader = _downloader(book)
+        await _fetch(tmp_path, downloader)
+        assert downloader.stats.bytes_received == MANIFEST.total_size
+        source = book.get(copies["a"].endpoint)
+        assert source.banned_until == 0 and not source.failures
+
+    _scenario(tmp_path, {"a": HONEST}, body)
