@@ -45,7 +45,7 @@ from swarmnode.node.p2p.records import ROLES
 from swarmnode.node.p2p.reqresp import RequestResponse
 from swarmnode.node.p2p.scoring import PeerGuard
 from swarmnode.node.roles.base import RoleNet, RoleService
-from swarmnode.node.status_view import STATUS_FILE
+from swarmnode.node.status_view import STATUS_FILE, WaitReport, waiting_line
 from swarmnode.protocol.messages import Hello
 
 log = logging.getLogger(__name__)
@@ -314,6 +314,7 @@ class NodeRuntime:
             "providers_found": net.finder.summary(),
             "run_record": net.run_record is not None,
             "dht": net.discovery.statistics(),
+            "bootstrap_unreachable": dict(net.discovery.bootstrap_report.unreachable),
             "gossip": net.gossip.statistics(),
             "guard": guard.statistics(),
             "scores": guard.scores.snapshot(trio.current_time()),
@@ -323,16 +324,22 @@ class NodeRuntime:
             "work": _work_status(work),
         }
 
-    def _write_status(self, *, final: bool = False) -> None:
+    def _write_status(self, *, final: bool = False) -> dict[str, Any]:
         document = self.status() | ({"stopped": True} if final else {})
         path = self.config.data_dir / STATUS_FILE
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(document, default=str))
         os.replace(tmp, path)
+        return document
 
     async def _write_status_forever(self) -> None:
+        """The status file every second, and a "waiting for" line while the node cannot work yet."""
+        waits = WaitReport()
         while True:
-            self._write_status()
+            document = self._write_status()
+            due = waits.observe(waiting_line(document), time.monotonic())
+            if due is not None:
+                log.info("waiting for %s", due[0], extra={"waited_s": round(due[1])})
             await trio.sleep(STATUS_INTERVAL)
 
 
@@ -427,14 +434,23 @@ class ExtraFormatter(logging.Formatter):
 
 
 class RaisedToCallerFilter(logging.Filter):
-    """py-libp2p logs `Failed to open stream to peer ...` at ERROR and then raises StreamFailure to our code,
-    which handles it (a peer that left, a backoff, a retry) and logs what it means. The ERROR is a
-    duplicate that floods every log when peers stop normally (issue #32): it is shown only at DEBUG."""
+    """py-libp2p logs some failures at ERROR and then raises them to our code, which handles them (a peer
+    that left, a backoff, a retry) and logs what they mean: `Failed to open stream to peer ...` floods every
+    log when peers stop normally (issue #32), and a bootstrap dial to a wrong port or peer id is explained
+    by `node.p2p.bootstrap`. The ERROR duplicates are shown only at DEBUG."""
 
-    PREFIXES = ("Failed to open stream to peer",)
+    PREFIXES = {  # logger -> the messages it raises to the caller right after logging them
+        "libp2p.host.basic_host": ("Failed to open stream to peer",),
+        "libp2p.transport.tcp.tcp": ("Failed to open TCP stream",),
+        "libp2p.network.swarm": ("failed to upgrade security for peer",),
+    }
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES):
+        if isinstance(record.msg, str) and record.msg.startswith(self.prefixes):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return logging.getLogger().isEnabledFor(logging.DEBUG)
         return True
@@ -461,6 +477,7 @@ def configure_logging(config: NodeConfig, *, stream: TextIO = sys.stderr) -> Non
         # some py-libp2p modules pin their own level at import (network/auto_connector.py:137 sets INFO)
         if name.startswith("libp2p.") and isinstance(child, logging.Logger):
             child.setLevel(logging.NOTSET)
-    basic_host = logging.getLogger("libp2p.host.basic_host")
-    if not any(isinstance(f, RaisedToCallerFilter) for f in basic_host.filters):
-        basic_host.addFilter(RaisedToCallerFilter())
+    for name, prefixes in RaisedToCallerFilter.PREFIXES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RaisedToCallerFilter) for f in logger.filters):
+            logger.addFilter(RaisedToCallerFilter(prefixes))

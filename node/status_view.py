@@ -57,6 +57,59 @@ def waiting_for(status: dict[str, Any]) -> list[str]:
     return [role for role in status.get("needs") or [] if not found.get(role)]
 
 
+def waiting_line(status: dict[str, Any]) -> str | None:
+    """What the node waits for before it can do its work, as the end of "waiting for …"; None: nothing.
+
+    In the order a node gets going: a first peer, the roles it needs, the run's descriptor, then the
+    role's first input (a worker's first checkpoint, a trainer's first rollouts, a validator's first
+    submission). Only the first missing thing is named: the later ones follow from it.
+    """
+    if not status.get("connected_peers"):
+        unreachable = status.get("bootstrap_unreachable") or {}
+        if unreachable:
+            return "a first peer: " + "; ".join(unreachable.values())
+        return "a first peer (none answered yet: check the --bootstrap address, its port and its /p2p/ id)"
+    missing = waiting_for(status)
+    if missing:
+        return f"a {', a '.join(missing)} of run {status.get('run', '?')} (looked up in the DHT)"
+    role, work = status.get("role"), status.get("work") or {}
+    if role in ("worker", "validator", "relay") and status.get("run_record") is False:
+        return "the run's descriptor (the trainer publishes it in the DHT)"
+    if role == "worker" and work and work.get("version") is None:
+        newest = work.get("newest_known")
+        return "the first checkpoint" + (f" (version {newest} is announced)" if newest is not None else "")
+    if role == "trainer" and work and not work.get("submissions_received") and not work.get("step"):
+        return "the first rollouts from workers (through the validators)"
+    return None
+
+
+WAIT_REPORT_S = 15.0  # a node that waits says so this often (the first line after this long a wait)
+
+
+class WaitReport:
+    """Turns the successive `waiting_line`s of a node into a log line every `every_s` while it waits.
+
+    A wait shorter than `every_s` is never reported (start-up is quiet); a new thing to wait for restarts
+    the clock, so each line says how long the node has waited for what it names.
+    """
+
+    def __init__(self, every_s: float = WAIT_REPORT_S) -> None:
+        self.every_s = every_s
+        self._what: str | None = None
+        self._since = 0.0
+        self._said_at = 0.0
+
+    def observe(self, what: str | None, now: float) -> tuple[str, float] | None:
+        """(what, seconds waited) when a line is due, else None."""
+        if what != self._what:
+            self._what, self._since, self._said_at = what, now, now
+            return None
+        if what is None or now - self._said_at < self.every_s:
+            return None
+        self._said_at = now
+        return what, now - self._since
+
+
 def describe(status: dict[str, Any], now: float) -> list[str]:
     """A node's status in a few plain lines: who, whether it runs, its peers, what it waits for, its work."""
     role = status.get("role", "?")
@@ -74,11 +127,8 @@ def describe(status: dict[str, Any], now: float) -> list[str]:
         f"  listening on {', '.join(status.get('listen_addrs') or []) or '-'}",
     ]
     peers = status.get("connected_peers") or []
-    missing = waiting_for(status)
-    waits = f"; waiting for a {', a '.join(missing)}" if missing else ""
-    lines.append(f"  {len(peers)} peers connected{waits}")
-    if not peers and not status.get("stopped"):
-        lines.append("  no peers: check the --bootstrap address (its port, its /p2p/ id from `keys show`)")
+    waiting = waiting_line(status) if not status.get("stopped") else None
+    lines.append(f"  {len(peers)} peers connected" + (f"; waiting for {waiting}" if waiting else ""))
     work = status.get("work") or {}
     if work:
         lines.append(f"  work: {work_cell(role, work, 0)}")

@@ -56,6 +56,8 @@ from libp2p.records.validator import NamespacedValidator
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr  # type: ignore[import-untyped]
 
+from swarmnode.node.p2p.bootstrap import BootstrapReport
+from swarmnode.node.p2p.bootstrap import explain as explain_dial_failure
 from swarmnode.node.p2p.clock import Clock
 from swarmnode.node.p2p.host import TRANSPORT_ERRORS, parse_peer_addr
 from swarmnode.node.p2p.records import (
@@ -147,6 +149,7 @@ class Discovery:
         )
         self.dht.provider_store = self.providers
         self.bootstrap_peers = [parse_peer_addr(a) for a in settings.bootstrap]
+        self.bootstrap_report = BootstrapReport()
         self.provided: dict[bytes, str] = {}  # key -> human-readable name
         self.announced: dict[bytes, float] = {}  # key -> last successful announcement
         self.values: dict[str, bytes] = {}  # value records we publish and re-publish
@@ -256,23 +259,31 @@ class Discovery:
         """Dial every bootstrap peer (concurrently, bounded) and seed the routing table; returns #reached."""
         reached = 0
 
-        async def dial(info: PeerInfo) -> None:
+        async def dial(address: str, info: PeerInfo) -> None:
             nonlocal reached
             if info.peer_id == self.my_id or self.guard.is_banned(info.peer_id):
                 return
-            with trio.move_on_after(self.settings.dial_timeout):
+            failure: BaseException | None = None
+            with trio.move_on_after(self.settings.dial_timeout) as scope:
                 try:
                     await self.host.connect(info)
                 except TRANSPORT_ERRORS as exc:
-                    self.stats["bootstrap_failures"] += 1
-                    log.debug("bootstrap dial failed", extra={"peer": str(info.peer_id), "detail": str(exc)})
+                    failure = exc
+                else:
+                    self.bootstrap_report.reached(address)
+                    await self.dht.add_peer(info.peer_id)
+                    reached += 1
                     return
-                await self.dht.add_peer(info.peer_id)
-                reached += 1
+            if failure is None and not scope.cancelled_caught:
+                return
+            self.stats["bootstrap_failures"] += 1
+            reason = explain_dial_failure(address, failure, self.settings.dial_timeout)
+            if reason is not None:
+                self.bootstrap_report.failed(address, reason, self.clock())
 
         async with trio.open_nursery() as nursery:
-            for info in self.bootstrap_peers:
-                nursery.start_soon(dial, info)
+            for address, info in zip(self.settings.bootstrap, self.bootstrap_peers, strict=True):
+                nursery.start_soon(dial, address, info)
         self.stats["bootstrap_rounds"] += 1
         if reached:
             await self.refresh()
