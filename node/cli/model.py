@@ -163,10 +163,12 @@ def model_group() -> None:
               "weights)")
 @click.option("--max-steps", type=click.IntRange(min=1), default=WarmStartRecipe.max_steps, show_default=True,
               help="warm-start steps before giving up")
+@click.option("--keep-best", is_flag=True, help="if the warm start misses --warm-start-pass, write the "
+              "model of its best evaluation anyway (and say so) instead of nothing")
 @click.option("--force", is_flag=True, help="replace DIR if it is not empty")
 @click.option("--json", "as_json", is_flag=True, help="print the new folder's description as JSON")
 def init_command(directory: Path, arch: str, size: str, tasks_file: Path | None, seed: int, vocab_size: int,
-                 warm_pass: float, max_steps: int, force: bool, as_json: bool) -> None:
+                 warm_pass: float, max_steps: int, keep_best: bool, force: bool, as_json: bool) -> None:
     """Write a test model folder to DIR: a tokenizer trained on the tasks, a model from SEED."""
     directory = directory.resolve()
     if directory.is_dir() and any(directory.iterdir()) and not force:
@@ -182,7 +184,7 @@ def init_command(directory: Path, arch: str, size: str, tasks_file: Path | None,
             built = init_model_folder(Path(scratch) / "init", texts,
                                       arch=arch, size=size, seed=seed, vocab_size=vocab_size)
             if warm_pass > 0:
-                built = _warm(built, Path(scratch) / "warm", tasks, warm_pass, max_steps)
+                built = _warm(built, Path(scratch) / "warm", tasks, warm_pass, max_steps, keep_best)
         except ValueError as exc:
             raise _fail(exc) from None
         _replace_dir(built, directory)
@@ -193,7 +195,8 @@ def init_command(directory: Path, arch: str, size: str, tasks_file: Path | None,
         _print_description(doc)
 
 
-def _warm(folder: Path, out: Path, tasks: Sequence[Task], target: float, max_steps: int) -> Path:
+def _warm(folder: Path, out: Path, tasks: Sequence[Task], target: float, max_steps: int,
+          keep_best: bool) -> Path:
     from swarmnode.node.rl.tasks.graders import reference_completion
     from swarmnode.node.rl.tokenizer import load_tokenizer
     from swarmnode.node.rl.warmstart import warm_start
@@ -208,10 +211,14 @@ def _warm(folder: Path, out: Path, tasks: Sequence[Task], target: float, max_ste
         click.echo(f"warm start: step {point.step}, loss {point.loss:.3f}, pass rate {point.pass_rate:.3f}, "
                    f"{point.seconds:.0f}s", err=True)
 
-    result = warm_start(folder, out, train, held, recipe, report)
-    if not result.reached_target:
-        raise click.ClickException(f"warm start reached pass rate {result.pass_rate:.3f} after "
-                                   f"{result.steps} steps, not {target}: nothing written (more --max-steps?)")
+    result = warm_start(folder, out, train, held, recipe, report, keep_best=keep_best)
+    if result.reached_target:
+        return result.folder
+    best = f"pass rate {result.best_pass_rate:.3f} at best (step {result.best_step} of {result.steps})"
+    if not keep_best:
+        raise click.ClickException(f"warm start reached {best}, not {target}: nothing written; more "
+                                   "--max-steps, a lower --warm-start-pass, or --keep-best to keep it")
+    click.echo(f"warm start missed {target}: writing the model of its {best}", err=True)
     return result.folder
 
 

@@ -62,6 +62,9 @@ class WarmStartResult:
     steps: int
     pass_rate: float  # of the last evaluation (the one that reached the target, unless max_steps ran out)
     reached_target: bool
+    best_step: int  # the evaluation with the highest pass rate (the first of equals)
+    best_pass_rate: float
+    kept_best: bool  # the folder holds the best evaluation's weights, not the last step's
     evals: tuple[EvalPoint, ...]
     seconds: float
     threads: int  # torch.get_num_threads() during training (bit-exact reproduction needs the same)
@@ -100,9 +103,16 @@ def warm_start(
     eval_tasks: Sequence[Task],
     recipe: WarmStartRecipe = WarmStartRecipe(),
     progress: Callable[[EvalPoint], None] | None = None,
+    *,
+    keep_best: bool = False,
 ) -> WarmStartResult:
     """Train the model of `folder_in` on `tasks` until the pass rate on `eval_tasks` reaches the target;
-    write the trained folder to `out` (config and tokenizer files as in `folder_in`)."""
+    write the trained folder to `out` (config and tokenizer files as in `folder_in`).
+
+    `keep_best`: when the target is missed, write the weights of the best evaluation instead of the last
+    step's (training can overshoot: a loss near 0 with a falling sampled pass rate). They are kept as a
+    copy in memory, which the model sizes a warm start is for afford.
+    """
     recipe.check()
     if not tasks or not eval_tasks:
         raise ValueError("a warm start needs training tasks and eval tasks")
@@ -117,6 +127,7 @@ def warm_start(
     evals: list[EvalPoint] = []
     start = time.perf_counter()
     step, rate = 0, 0.0
+    best: tuple[float, int, dict[str, torch.Tensor] | None] = (-1.0, 0, None)
     for step in range(1, recipe.max_steps + 1):
         model.train()
         ids, labels = make_batch([pairs[rng.randrange(len(pairs))] for _ in range(recipe.batch_size)],
@@ -134,16 +145,27 @@ def warm_start(
             evals.append(point)
             if progress is not None:
                 progress(point)
+            if rate > best[0]:
+                state = model.state_dict()
+                best = (rate, step, {k: v.detach().clone() for k, v in state.items()} if keep_best else None)
             if rate >= recipe.target_pass_rate:
                 break
     model.eval()
     seconds = time.perf_counter() - start
+    reached = rate >= recipe.target_pass_rate
+    kept_best = keep_best and not reached and best[2] is not None and best[1] != step
+    if kept_best:
+        assert best[2] is not None
+        model.load_state_dict(best[2])
     folder = save_model_folder(model, folder_in, out)
     return WarmStartResult(
         folder=folder,
         steps=step,
         pass_rate=rate,
-        reached_target=rate >= recipe.target_pass_rate,
+        reached_target=reached,
+        best_step=best[1],
+        best_pass_rate=max(best[0], 0.0),
+        kept_best=kept_best,
         evals=tuple(evals),
         seconds=seconds,
         threads=torch.get_num_threads(),

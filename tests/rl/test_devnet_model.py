@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,23 @@ def test_warm_start_is_deterministic_and_keeps_config_and_tokenizer(tmp_path: Pa
     assert after.weights_root != before.weights_root
     # A run's config and tokenizer digests survive the warm start: only the base weights change.
     assert after.config_hash == before.config_hash and after.tokenizer_files == before.tokenizer_files
+
+
+def test_a_missed_target_can_keep_the_best_evaluations_weights(tmp_path: Path) -> None:
+    base, train, held = tiny_folder("qwen2"), _tasks(11, 200), _tasks(12, 3)
+    recipe = replace(QUICK, max_steps=6)
+    kept = warm_start(base, tmp_path / "kept", train, held, recipe, keep_best=True)
+    rates = [p.pass_rate for p in kept.evals]
+    assert not kept.reached_target and kept.best_pass_rate == max(rates)
+    assert kept.best_step == kept.evals[rates.index(max(rates))].step
+    assert kept.kept_best == (kept.best_step != kept.steps)
+    # the same recipe stopped at the best step: the data order is seeded, so the weights are the same
+    upto = warm_start(base, tmp_path / "upto", train, held, replace(recipe, max_steps=kept.best_step))
+    assert model_commitment(kept.folder).weights_root == model_commitment(upto.folder).weights_root
+    last = warm_start(base, tmp_path / "last", train, held, recipe)
+    assert not last.kept_best and last.best_step == kept.best_step
+    if kept.kept_best:
+        assert model_commitment(last.folder).weights_root != model_commitment(kept.folder).weights_root
 
 
 def test_warm_start_lowers_the_loss_and_stops_at_the_target(tmp_path: Path) -> None:

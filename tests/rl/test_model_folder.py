@@ -109,9 +109,17 @@ def test_init_refuses_bad_arguments_and_writes_nothing(tmp_path: Path, task_file
 def test_warm_start_that_misses_its_target_writes_nothing(tmp_path: Path, task_file: Path) -> None:
     out = tmp_path / "model"
     result = init(out, task_file, "--warm-start-pass", "0.9", "--max-steps", "2")
-    assert result.exit_code == 1 and "not 0.9" in result.output
-    assert "warm start: step 2" in result.stderr
+    assert result.exit_code == 1 and "at best (step 2 of 2), not 0.9" in result.output
+    assert "--keep-best" in result.output and "warm start: step 2" in result.stderr
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_keep_best_writes_the_model_of_a_missed_warm_start(tmp_path: Path, task_file: Path) -> None:
+    out = tmp_path / "model"
+    result = init(out, task_file, "--warm-start-pass", "0.9", "--max-steps", "2", "--keep-best")
+    assert result.exit_code == 0, result.output
+    assert "warm start missed 0.9: writing the model of its pass rate" in result.stderr
+    assert AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True) is not None
 
 
 # --- model show ----------------------------------------------------------------------------------------
