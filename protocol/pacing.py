@@ -29,6 +29,12 @@ Decisions:
   only changes its own output, and over-counting by fake verdicts slows supply by at most the growth's
   delay. Counting over a window errs towards a small N (a worker with a small share may not appear in
   it): towards oversupply, never a stall.
+- A stalled trainer gets more, up to what the run allows. Past `overdue_after_ms` without a newer
+  version (the trainer lacks rows, or every group it gets is without signal: spec/rollouts.md, Learning
+  signal) the worker's own per-version cap grows by itself per further overdue period, up to the run's
+  `max_submissions_per_version` (`stalled_cap`), so a swarm keeps producing for the current version
+  instead of waiting forever at its configured supply. A healthy trainer is never overdue, so this costs
+  a healthy run nothing.
 - Pure: the clock, the measurements and the history arrive as arguments (milliseconds, integers).
 """
 
@@ -150,13 +156,36 @@ def plan_budget(
     interval = step_interval_ms(stamps)
     if interval is None or generate_ms is None or newest < version:
         return version_budget(used, cap, None)
-    if version == newest and now_ms - newest_heard_ms > max((async_level + 1) * interval, OVERDUE_MIN_MS):
+    if version == newest and now_ms - newest_heard_ms > overdue_after_ms(interval, async_level):
         # The trainer is overdue: no newer version for that long means it lacks rows (a DiLoCo trainer
         # whose co-trainer died gets half of each version's), so time limits nothing on the newest
         # version; the share still bounds it.
         return version_budget(used, cap, None)
     deadline = version_deadline_ms(version, newest, newest_heard_ms, interval, async_level, latency_ms or 0)
     return version_budget(used, cap, useful_submissions(now_ms, deadline, generate_ms))
+
+
+def overdue_after_ms(interval_ms: int | None, async_level: int) -> int:
+    """How long the newest version stands before its trainer is overdue: `async_level + 1` step intervals,
+    never less than `OVERDUE_MIN_MS` (the only bound while no interval is measured)."""
+    if interval_ms is None:
+        return OVERDUE_MIN_MS
+    return max((async_level + 1) * interval_ms, OVERDUE_MIN_MS)
+
+
+def stalled_cap(*, cap: int, run_max: int, stood_ms: int, overdue_ms: int) -> int:
+    """The per-version cap on a newest version that has stood `stood_ms`: `cap` until the trainer is
+    overdue, then `cap` more per overdue period begun, never above the run's `run_max`."""
+    if cap < 1 or run_max < 1 or overdue_ms < 1:
+        raise ValueError(f"no stalled cap for cap {cap}, run max {run_max}, overdue after {overdue_ms} ms")
+    return min(run_max, cap * (1 + max(stood_ms, 0) // overdue_ms))
+
+
+def stalled_cap_grows_in_ms(*, cap: int, run_max: int, stood_ms: int, overdue_ms: int) -> int | None:
+    """How long until `stalled_cap` next grows (None: it is at the run's bound)."""
+    if stalled_cap(cap=cap, run_max=run_max, stood_ms=stood_ms, overdue_ms=overdue_ms) >= run_max:
+        return None
+    return overdue_ms - max(stood_ms, 0) % overdue_ms
 
 
 # --- the worker's share of a version -------------------------------------------------------------------

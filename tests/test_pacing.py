@@ -10,12 +10,16 @@ from hypothesis import strategies as st
 from swarmnode.protocol.pacing import (
     MAX_STEP_INTERVAL_MS,
     MIN_STEP_INTERVAL_MS,
+    OVERDUE_MIN_MS,
     PACE_HISTORY,
     SAMPLE_HISTORY,
     median_of,
     note_checkpoint,
     note_sample,
+    overdue_after_ms,
     plan_budget,
+    stalled_cap,
+    stalled_cap_grows_in_ms,
     step_interval_ms,
     typical_ms,
     useful_submissions,
@@ -244,3 +248,30 @@ def test_nothing_measured_means_the_cap():
     assert plan_budget(stamps=steady(4, 1_000), generate_ms=None, latency_ms=0, **common) == 4
     # both measured, far past the deadline: the used counters stand, no more
     assert plan_budget(stamps=steady(4, 1_000), generate_ms=10, latency_ms=None, **common) == 2
+
+
+# --- a stalled trainer ----------------------------------------------------------------------------------
+
+
+def test_a_trainer_is_overdue_after_async_level_plus_one_intervals_never_sooner_than_the_floor():
+    assert overdue_after_ms(None, 2) == OVERDUE_MIN_MS
+    assert overdue_after_ms(1_000, 2) == OVERDUE_MIN_MS
+    assert overdue_after_ms(20_000, 2) == 60_000
+
+
+@given(st.integers(1, 64), st.integers(1, 256), st.integers(-10**6, 10**9), st.integers(1, 10**6))
+def test_the_stalled_cap_grows_from_the_cap_to_the_runs_bound_and_never_past_it(cap, run_max, stood, overdue):
+    grown = stalled_cap(cap=cap, run_max=run_max, stood_ms=stood, overdue_ms=overdue)
+    assert grown <= run_max and grown >= min(cap, run_max)
+    if stood < overdue:
+        assert grown == min(cap, run_max)
+    later = stalled_cap(cap=cap, run_max=run_max, stood_ms=max(stood, 0) + overdue, overdue_ms=overdue)
+    assert later >= grown and (later > grown or grown == run_max)
+    wait = stalled_cap_grows_in_ms(cap=cap, run_max=run_max, stood_ms=stood, overdue_ms=overdue)
+    if wait is None:
+        assert grown == run_max
+    else:
+        assert 0 < wait <= overdue
+        at = max(stood, 0) + wait
+        assert stalled_cap(cap=cap, run_max=run_max, stood_ms=at, overdue_ms=overdue) > grown
+        assert stalled_cap(cap=cap, run_max=run_max, stood_ms=at - 1, overdue_ms=overdue) == grown

@@ -31,10 +31,13 @@ from swarmnode.protocol.pacing import (
     note_checkpoint,
     note_sample,
     note_worker,
+    overdue_after_ms,
     plan_budget,
     share_budget,
     share_draw,
     share_wait_ms,
+    stalled_cap,
+    stalled_cap_grows_in_ms,
     step_interval_ms,
     typical_ms,
 )
@@ -129,16 +132,52 @@ class Pacer:
         allowed = share_budget(waited_ms=stood, **share)
         return allowed, max(0, share_wait_ms(used=used, **share) - stood)
 
-    def recheck_in_ms(self, version: int, used: int, at_ms: int) -> int | None:
-        """When the share of `version` next allows a counter, if only the share holds the worker back."""
-        share = self._share(version, used, at_ms)
-        return None if share is None or share[0] > used else share[1]
+    def _overdue_ms(self, async_level: int) -> int:
+        return overdue_after_ms(step_interval_ms(self.stamps), async_level)
 
-    def budget(self, version: int, async_level: int, used: int, cap: int, at_ms: int) -> int:
-        """Counters to use on `version` now: `protocol.pacing.plan_budget` (time left, at most `cap`),
-        cut to this worker's share of the version (`share_budget`, which may be none yet)."""
+    def _stood_ms(self, version: int, at_ms: int) -> int | None:
+        """How long `version` has stood as the newest; None if it is not the newest."""
+        return at_ms - self.newest_heard_ms if version == self.newest else None
+
+    def cap(self, version: int, async_level: int, cap: int, run_max: int, at_ms: int) -> int:
+        """The per-version cap now: `cap`, grown on a newest version whose trainer is overdue
+        (`stalled_cap`)."""
+        stood = self._stood_ms(version, at_ms)
+        if stood is None:
+            return cap
+        return stalled_cap(cap=cap, run_max=run_max, stood_ms=stood, overdue_ms=self._overdue_ms(async_level))
+
+    def recheck_in_ms(
+        self, version: int, used: int, at_ms: int, *, async_level: int = 0, cap: int | None = None,
+        run_max: int = 0,
+    ) -> int | None:
+        """When `version` next allows a counter, if what holds the worker back is its share or a cap that
+        grows while the trainer is overdue (`cap` given); None if only a new version can (time past the
+        deadline, or the run's bound reached)."""
+        waits = []
+        share = self._share(version, used, at_ms)
+        if share is not None and share[0] <= used:
+            waits.append(share[1])
+        if cap is not None and used >= self.cap(version, async_level, cap, max(run_max, cap), at_ms):
+            run_max = max(run_max, cap)
+            stood = self._stood_ms(version, at_ms)
+            grows = None if stood is None else stalled_cap_grows_in_ms(
+                cap=cap, run_max=run_max, stood_ms=stood, overdue_ms=self._overdue_ms(async_level)
+            )
+            if grows is None:
+                return None
+            waits.append(grows)
+        return max(waits) if waits else None
+
+    def budget(
+        self, version: int, async_level: int, used: int, cap: int, at_ms: int, run_max: int = 0
+    ) -> int:
+        """Counters to use on `version` now: `protocol.pacing.plan_budget` (time left, at most the cap,
+        grown up to `run_max` while the trainer is overdue), cut to this worker's share of the version
+        (`share_budget`, which may be none yet)."""
         if self.newest is None:
             return cap
+        cap = self.cap(version, async_level, cap, max(run_max, cap), at_ms)
         budget = plan_budget(
             version=version,
             newest=self.newest,

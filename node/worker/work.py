@@ -126,18 +126,25 @@ class SwarmWorkerWork:
         used = self.counters.used(loaded) if loaded is not None else 0
         budget = submission_budget(self.config.work.submissions_per_version, self.setup.descriptor)
         if loaded is not None:
-            budget = self.pacer.budget(loaded, self._async_level(), used, budget, now_ms())
+            run_max = self.setup.descriptor.max_submissions_per_version
+            budget = self.pacer.budget(loaded, self._async_level(), used, budget, now_ms(), run_max)
         if plan_counter(loaded, self.newest_known(), self._async_level(), used, budget) is None:
             return None
         assert loaded is not None
         return self.counters.reserve(loaded)
 
     def _recheck_s(self) -> float:
-        """Seconds until the loaded version's share allows another counter; inf if it is not what waits."""
+        """Seconds until the loaded version allows another counter (its share, or a cap that grows while the
+        trainer is overdue); inf if only a new version can."""
         if self.loaded is None or self.counters is None:
             return math.inf
-        version = self.loaded.version
-        wait = self.pacer.recheck_in_ms(version, self.counters.used(version), now_ms())
+        assert self.setup is not None
+        version, descriptor = self.loaded.version, self.setup.descriptor
+        wait = self.pacer.recheck_in_ms(
+            version, self.counters.used(version), now_ms(), async_level=self._async_level(),
+            cap=submission_budget(self.config.work.submissions_per_version, descriptor),
+            run_max=descriptor.max_submissions_per_version,
+        )
         return math.inf if wait is None else (wait + 1) / 1000
 
     # -- RoleWork

@@ -536,6 +536,24 @@ def test_the_pacer_cuts_a_version_to_its_share_of_the_swarm_and_grows_it_while_t
     assert Pacer(me=WORKER.address).recheck_in_ms(4, 0, 0) is None  # no pace measured: no share
 
 
+def test_a_stalled_trainer_gets_more_of_its_newest_version_up_to_the_runs_bound():
+    """No newer version for longer than the trainer is overdue (a run without signal): the worker's cap
+    grows by itself per overdue period, to the run's max_submissions_per_version, and the wake-up says
+    when; a version that is not the newest, or a healthy trainer, keeps the configured cap."""
+    pacer = Pacer(me=WORKER.address, wanted=1000)  # the share does not bind here
+    pacer.heard(0, 1_000_000, at_ms=10_000)  # one version only: no interval measured, overdue after 30 s
+    pacer.built(0.1)
+    run = {"cap": 4, "run_max": 10}
+    assert pacer.budget(0, 2, used=4, at_ms=10_000 + 29_999, **run) == 4
+    assert pacer.recheck_in_ms(0, 4, 10_000 + 29_999, async_level=2, **run) == 1
+    assert pacer.budget(0, 2, used=4, at_ms=10_000 + 30_000, **run) == 8
+    assert pacer.budget(0, 2, used=8, at_ms=10_000 + 60_000, **run) == 10  # the run's bound
+    assert pacer.recheck_in_ms(0, 10, 10_000 + 90_000, async_level=2, **run) is None  # a new version only
+    assert pacer.budget(0, 2, used=0, at_ms=10_000 + 90_000, cap=4) == 4  # run_max not given: no growth
+    pacer.heard(1, 1_002_000, at_ms=12_000)  # v0 is no longer the newest: its cap stays
+    assert pacer.budget(0, 2, used=4, at_ms=100_000, **run) <= 4
+
+
 def test_prepare_weights_reads_the_verified_checkpoint_and_applies_the_cheat(tmp_path, base_engine, setup):
     state = {k: v.clone() for k, v in base_engine.model.state_dict().items()}
     checkpoint = write_checkpoint(tmp_path, 4, state, setup.descriptor.model_config_hash)
