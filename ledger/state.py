@@ -286,22 +286,45 @@ def process_withdraw(state: LedgerState, author: bytes, op: StakeWithdraw, epoch
 # --- runs ------------------------------------------------------------------------------------------
 
 
+def runs_held(state: LedgerState, owner: bytes) -> int:
+    """The run ids `owner` holds (a lapsed id it lost to another owner is no longer its)."""
+    return sum(1 for run in state.runs.values() if run.owner == owner)
+
+
+def run_has_records(state: LedgerState, run: str) -> bool:
+    """Whether anything was recorded in the run: a credit batch or a slash (records keep their run id)."""
+    return any(b.run == run for b in state.batches) or any(s.run == run for s in state.slashes)
+
+
+def is_lapsed(state: LedgerState, run: RunInfo) -> bool:
+    """A run id its owner no longer holds (ledger.md §4.5): nothing was ever recorded in the run, and no
+    stake stands behind it: the owner's bonded stake is below one minimum stake per run it holds and
+    none of it is unbonding (what it unbonded has left, at least the unbonding delay later)."""
+    owner = state.nodes[run.owner]
+    backing = required_stake(state.params, owner) * runs_held(state, run.owner)
+    return not run_has_records(state, run.run) and owner.unbonding_gwei == 0 and owner.bonded_gwei < backing
+
+
 def process_register_run(state: LedgerState, author: bytes, op: RegisterRun, epoch: int) -> None:
     """The author, a registered trainer, becomes the run's owner (first come: a follower accepts the run
-    only if its owner is the trainer that signed the RunDescriptor)."""
+    only if its owner is the trainer that signed the RunDescriptor). Each run id an owner holds costs one
+    minimum stake bonded, and an id whose owner's stake has gone lapses if nothing was recorded in it."""
     check_epoch(state, epoch)
     owner = get_node(state, author, "run owner")
     if owner.info.role != "trainer":
         raise WrongRole(f"{short(author)} is registered as a {owner.info.role}; a run's owner is a trainer")
     if owner.info.ejected:
         raise NodeEjected(f"trainer {short(author)} was ejected")
-    required = required_stake(state.params, owner)
-    if owner.bonded_gwei < required:  # run ids are first come: only a staked trainer may claim one
+    existing = state.runs.get(op.run)
+    if existing is not None and not is_lapsed(state, existing):
+        raise RunExists(f"run {op.run!r} is already registered (owner {short(existing.owner)})")
+    held = runs_held(state, author) - (existing is not None and existing.owner == author)  # its own lapsed id
+    required = required_stake(state.params, owner) * (held + 1)
+    if owner.bonded_gwei < required:  # run ids are first come: each costs a minimum stake bonded
         raise InsufficientStake(
-            f"trainer {short(author)} has {owner.bonded_gwei} gwei bonded, needs {required} to register a run"
+            f"trainer {short(author)} has {owner.bonded_gwei} gwei bonded, needs {required} to hold "
+            f"{held + 1} run(s): one minimum stake per run"
         )
-    if op.run in state.runs:
-        raise RunExists(f"run {op.run!r} is already registered (owner {short(state.runs[op.run].owner)})")
     check_validator_set(op.validators)
     if op.challenge_window_epochs > MAX_CHALLENGE_WINDOW_EPOCHS:  # a window is how long a slash freezes stake
         raise MalformedOperation(

@@ -206,13 +206,15 @@ DEPLOY_BLOCK: public(immutable(uint256))  # where a client starts reading logs
 
 status_word: HashMap[address, uint256]
 node_records: HashMap[address, NodeRecord]
-node_at: public(HashMap[uint256, address])
+node_at: HashMap[uint256, address]
 node_count: public(uint256)
 
 runs: HashMap[bytes32, Run]
-run_at: public(HashMap[uint256, bytes32])
+run_at: HashMap[uint256, bytes32]
 run_count: public(uint256)
-is_run_validator: public(HashMap[bytes32, HashMap[address, bool]])
+is_run_validator: HashMap[bytes32, HashMap[address, bool]]
+runs_held: HashMap[address, uint256]  # state.runs_held: run ids each owner holds
+run_recorded: HashMap[bytes32, bool]  # state.run_has_records: a batch or a slash names the run
 
 # A batch in four slots: run key, root, meta = validator | count << 160 | epoch << 176, first contribution
 batch_run: HashMap[uint256, bytes32]
@@ -228,7 +230,7 @@ totals: HashMap[bytes32, HashMap[address, uint256]]
 slash_records: HashMap[uint256, SlashRecord]
 slash_count: public(uint256)
 slashed: public(HashMap[bytes32, bool])
-voted: public(HashMap[uint256, HashMap[address, bool]])
+voted: HashMap[uint256, HashMap[address, bool]]
 
 burned_gwei: public(uint256)
 total_deposited_gwei: public(uint256)
@@ -614,19 +616,28 @@ def register_run(run: String[64], validators: DynArray[address, MAX_VALIDATORS],
     assert self._role(st) != 0, "unknown_node"
     assert self._role(st) == ROLE_TRAINER, "wrong_role"
     assert st & ST_EJECTED == 0, "ejected"
-    assert self._bonded(st) >= self._required(st), "insufficient_stake"
     key: bytes32 = keccak256(run)
-    assert self.runs[key].owner == empty(address), "run_exists"
+    previous: address = self.runs[key].owner
+    if previous == empty(address):
+        self.run_at[self.run_count] = key
+        self.run_count += 1
+    else:  # state.is_lapsed: nothing recorded, no stake of its owner's behind it; it keeps its place
+        pst: uint256 = self.status_word[previous]
+        assert not self.run_recorded[key] and self.node_records[previous].unbonding == 0 \
+            and self._bonded(pst) < self._required(pst) * self.runs_held[previous], "run_exists"
+        self.runs_held[previous] -= 1
+        for v: address in self.runs[key].validators:
+            self.is_run_validator[key][v] = False
+    assert self._bonded(st) >= self._required(st) * (self.runs_held[msg.sender] + 1), "insufficient_stake"
     self._check_validator_set(validators)
     epoch: uint64 = self._epoch()
+    self.runs_held[msg.sender] += 1
     self.runs[key] = Run(
         run=run, owner=msg.sender, validators=validators, challenge_window_epochs=challenge_window_epochs,
         max_tokens_per_credit=max_tokens_per_credit, max_flops_per_token=max_flops_per_token,
         registered_epoch=epoch, max_submissions_per_version=max_submissions_per_version)
     for v: address in validators:
         self.is_run_validator[key][v] = True
-    self.run_at[self.run_count] = key
-    self.run_count += 1
     log RunRegistered(run_key=key, owner=msg.sender, run=run)
     log RunValidatorsSet(run_key=key, validators=validators, epoch=epoch)
 
@@ -772,6 +783,7 @@ def commit_credits(run: String[64], credits: DynArray[CreditIn, MAX_CREDITS]):
     first: uint256 = self.contribution_count
     epoch: uint64 = self._epoch()
     self.batch_run[index] = key
+    self.run_recorded[key] = True
     self.batch_root[index] = root
     self.batch_meta[index] = convert(msg.sender, uint256) | (n << 160) | (convert(epoch, uint256) << 176)
     self.batch_first[index] = first
@@ -827,6 +839,7 @@ def slash(run: String[64], worker: address, amount_gwei: uint256, failing_chunks
         final_epoch=epoch + convert(window, uint64), status=SLASH_PENDING, votes=0, penalty=0,
         ejected=False)
     self.slashed[digest] = True
+    self.run_recorded[key] = True
     self.slash_count = index + 1
     self.node_records[worker].pending_slashes += 1
     self.node_records[msg.sender].pending_slashes += 1

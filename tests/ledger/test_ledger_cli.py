@@ -134,7 +134,7 @@ def setup_ledger(env: dict[str, str], tmp_path: Path) -> None:
 def setup_runs(env: dict[str, str], tmp_path: Path) -> None:
     """A trainer and a second validator; run-a (VAL, no challenge window), run-b (VAL and V2, 5 epochs)."""
     register(env, tmp_path, "tr", "trainer")
-    run(env, "stake", "deposit", "1000", "--key", str(tmp_path / "tr.json"))  # a run's owner is staked
+    run(env, "stake", "deposit", "2000", "--key", str(tmp_path / "tr.json"))  # a stake per run it owns
     register(env, tmp_path, "v2", "validator")
     run(env, "stake", "deposit", "1000", "--key", str(tmp_path / "v2.json"))
     bounds = ("--max-tokens", "1000", "--max-flops-per-token", "10000")
@@ -208,9 +208,9 @@ def test_operator_flow_and_queries(env: dict[str, str], tmp_path: Path) -> None:
     assert [s["bonded_gwei"] for s in stakes] == [
         1000,
         2500,
+        2000,
         1000,
-        1000,
-    ]  # slashes are pending: nothing taken yet (the trainer's 1000 is what registering its runs needs)
+    ]  # slashes are pending: nothing taken yet (the trainer's 2000 backs its two runs)
 
     runs = json.loads(run(env, "ledger", "run", "show", "--json"))["runs"]
     assert [(r["run"], r["owner"], r["challenge_window_epochs"]) for r in runs] == [
@@ -591,6 +591,7 @@ PARAMS = Params(
 )
 A_TR, A_V1, A_V2, A_V3, A_W1, A_W2 = (T.identity(f"audit-{n}") for n in ("tr", "v1", "v2", "v3", "w1", "w2"))
 DEPOSIT = 1500
+TOP_UP = 500  # the trainer's second deposit: one minimum stake per run it holds (two runs)
 
 
 AUDIT_SLASHES = (T.slash(A_W1, 300, nonce=3), T.slash(A_W2, 300, nonce=4), T.slash(A_W1, 100, nonce=5))
@@ -611,6 +612,7 @@ def busy_ledger(h: T.SignedHarness | T.EvmHarness) -> None:
     for who, role in identities:
         log.register(who, role, T.compute())
         log.deposit(who, DEPOSIT)
+    log.deposit(A_TR, TOP_UP)
     log.register_run(A_TR, T.register_run("run-1", (A_V1, A_V2, A_V3), window=2, max_tokens=500))
     log.register_run(A_TR, T.register_run("run-2", (A_V2,), window=0, max_tokens=50, max_flops_per_token=3))
     log.commit_credits(
@@ -657,11 +659,11 @@ def honest(tmp_path: Path) -> ChainRecords:
         citations={i: cite_submission(op) for i, op in enumerate(AUDIT_SLASHES)},
         stakes=tuple(log.stakes()),
         money={
-            "deposited_gwei": 6 * DEPOSIT,
+            "deposited_gwei": 6 * DEPOSIT + TOP_UP,
             "withdrawn_gwei": 500,
             "held_gwei": sum(s.bonded_gwei + s.unbonding_gwei for s in log.stakes()),
             "burned_gwei": 600,
-            "balance_wei": (6 * DEPOSIT - 500) * WEI_PER_GWEI,
+            "balance_wei": (6 * DEPOSIT + TOP_UP - 500) * WEI_PER_GWEI,
         },
     )
     h.close()
@@ -794,10 +796,10 @@ def test_slash_records_out_of_form_fail(honest: ChainRecords, changes: dict[str,
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"withdrawn_gwei": 400}, "deposited - withdrawn = 8600 gwei, but held + burned"),
+        ({"withdrawn_gwei": 400}, "deposited - withdrawn = 9100 gwei, but held + burned"),
         ({"held_gwei": 8000, "burned_gwei": 500}, "its nodes' stakes sum to"),
         ({"burned_gwei": 700, "withdrawn_gwei": 600}, "its slash records account for 600"),
-        ({"balance_wei": 8500 * WEI_PER_GWEI - 1}, "below deposited - withdrawn"),
+        ({"balance_wei": 9000 * WEI_PER_GWEI - 1}, "below deposited - withdrawn"),
     ],
 )
 def test_money_that_does_not_add_up_fails(
@@ -886,7 +888,7 @@ def test_the_audit_passes_an_honest_in_process_chain() -> None:
     assert report.failures == () and report.ok and report.first_failure is None
     assert report.notes == ()  # the contract's RunValidatorsSet events give the set history
     assert (report.runs, report.batches, report.credits, report.slashes) == (2, 3, 6, 3)
-    assert report.money["deposited_gwei"] - report.money["withdrawn_gwei"] == 6 * DEPOSIT - 500
+    assert report.money["deposited_gwei"] - report.money["withdrawn_gwei"] == 6 * DEPOSIT + TOP_UP - 500
     assert report.money["burned_gwei"] == 600
     records = fetch_records(h.ledger)
     assert records.history is not None and [v for _, v in records.history["run-1"]] == [

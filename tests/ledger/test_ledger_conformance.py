@@ -149,7 +149,7 @@ def finalize(who: str, index: int, expect: Expect = None) -> Step:
 
 SETUP = [
     register("tr", "trainer"),
-    deposit("tr", 1_000),
+    deposit("tr", 8_000),  # one minimum stake per run it holds: up to eight runs
     register("val", "validator"),
     register("val2", "validator"),
     register("w1", "worker", units=2),
@@ -201,6 +201,32 @@ def unsorted_run(run: str) -> RegisterRun:
 
 
 VECTORS: dict[str, list[Step]] = {
+    # ledger.md §4.5: each run id costs its owner a minimum stake; an id with no records lapses once its
+    # owner's stake has gone (squatting: one stake once claimed 201 ids and kept them after withdrawing)
+    "run_ids_cost_stake": [
+        *SETUP,
+        register("tr2", "trainer"),
+        deposit("tr2", 1_000),
+        new_run("tr2", "run-a", ("val2",)),
+        new_run("tr2", "run-b", ("val",), expect=E.InsufficientStake),  # one stake holds one run
+        new_run("tr", "run-a", ("val",), expect=E.RunExists),
+        unbond("tr2", 1_000),
+        new_run("tr", "run-a", ("val",), expect=E.RunExists),  # still unbonding: still its own
+        advance(2),
+        withdraw("tr2"),
+        commit("val2", "run-a", cr("w1", 0)),  # the set still stands until the id passes on
+        new_run("tr", "run-b", ("val",)),
+        deposit("tr2", 2_000),
+        new_run("tr2", "run-c", ("val",)),
+        unbond("tr2", 2_000),
+        advance(4),
+        withdraw("tr2"),
+        new_run("tr", "run-a", ("val",), expect=E.RunExists),  # credits were recorded in it: it stays
+        new_run("tr", "run-c", ("val2",)),  # nothing recorded, no stake behind it: it lapsed
+        commit("val", "run-c", cr("w1", 1), expect=E.NotRunValidator),  # the old owner's set is gone
+        commit("val2", "run-c", cr("w1", 1)),
+        new_run("tr2", "run-d", ("val",), expect=E.InsufficientStake),
+    ],
     "lifecycle": [
         *SETUP,
         new_run("tr", "run-1", ("val",)),

@@ -482,7 +482,7 @@ def test_an_ejected_owner_loses_its_powers_and_an_unstaked_trainer_gets_none() -
             apply(state, author, op)
         assert state == before
     before = fresh.copy()
-    with pytest.raises(E.InsufficientStake, match="to register a run"):
+    with pytest.raises(E.InsufficientStake, match="to hold 1 run"):
         apply(fresh, "tr", T.register_run("run-1", (ID["v1"],)))
     assert fresh == before
 
