@@ -5,7 +5,9 @@
 - `devnet/`     a whole swarm on this machine (orchestration, the RL run, the report)
 - `runtime`     the node process: one trio loop, every component a task; `config` its settings;
                 `metrics` the Prometheus endpoint; `conformance` replays spec/vectors
-- `roles/`      what every role shares (the service base, the factory, checkpoint following)
+- `roles/`      what every role shares (the service base, checkpoint following); no role package
+- `assemble`    the composition root: a role with its work, from the config (the only module
+                that imports every role)
 - `trainer/`, `worker/`, `validator/`, `relay/`: one package per role, its network service and its work
 - `diloco/`     DiLoCo between trainers (the algorithm, pre-training rounds, RL runs, trainer groups)
 - `p2p/`        libp2p host, DHT, gossip, request/response, peer scoring

@@ -3,6 +3,7 @@
 - `main`    the group itself (`swarmnode = swarmnode.node.cli.main:main`): version, keys, conformance,
             train --sync, calibrate, diloco
 - `run`     run (a node with a role), probe, devnet; also the module devnets and torchrun start
+- `devnet`  devnet: a whole swarm on this machine (options, checks, the run and report glue)
 - `stake`   stake deposit / unbond / withdraw / status, register: staking and registering compute
 - `ledger`  the ledger group and its queries (nodes, stakes, contributions, batches, totals, slashes,
             prove, verify); `register_commands` adds stake, register and ledger

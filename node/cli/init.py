@@ -12,13 +12,13 @@ pure: the committed examples (examples/*.toml) are its output, and a test keeps 
 from __future__ import annotations
 
 import secrets
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from swarmnode.node.config import ROLE_NAMES, ConfigError, load_config
+from swarmnode.node.p2p.ports import free_ports
 
 CONFIG_FILE = "node.toml"
 KEY_FILE = "node.key"
@@ -148,18 +148,6 @@ def example_plan(role: str) -> NodePlan:
 
 EXAMPLE_BOOTSTRAP = "/ip4/127.0.0.1/tcp/4001/p2p/16Uiu2HAmMzhXFfZvscvA3Zui6tY4BCagzoNSQ26H8YjyEtmwSxgS"
 EXAMPLE_VALIDATOR = "0x8223818D5a51c3236958758Fb716b3573898E3E1"
-
-
-def free_ports(host: str, count: int) -> list[int]:
-    """`count` distinct TCP ports free on `host` now (the OS picks them)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @click.command("init")

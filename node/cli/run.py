@@ -159,7 +159,7 @@ def run_command(
     if config.role == "trainer" and config.work.nproc > 1 and rank is None:
         _launch_trainer_group(config)
         return
-    from swarmnode.node.roles.factory import make_role
+    from swarmnode.node.assemble import make_role
 
     identity = _identity(config)
     configure_logging(config)
@@ -202,12 +202,13 @@ def _write_rank_pid(config: NodeConfig, rank: int) -> None:
 
 
 def _serve_rank(config: NodeConfig) -> None:
+    from swarmnode.node.assemble import trainer_rank_families
     from swarmnode.node.roles.common import set_threads
     from swarmnode.node.trainer.commands import serve_rank
 
     configure_logging(config)
     set_threads(config.work.threads)
-    serve_rank()
+    serve_rank(trainer_rank_families())
 
 
 def _launch_trainer_group(config: NodeConfig) -> None:
@@ -288,7 +289,7 @@ def probe_command(
 
 def register_commands(group: click.Group) -> None:
     """Add `run`, `devnet` and `probe` to the swarmnode CLI group."""
-    from swarmnode.node.devnet.command import devnet_command
+    from swarmnode.node.cli.devnet import devnet_command
 
     group.add_command(run_command)
     group.add_command(devnet_command)

@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from swarmnode.crypto.keystore import PASSWORD_ENV, save_keystore
 from swarmnode.node.config import NodeConfig, render_config
 from swarmnode.node.devnet.plan import LOOPBACK, DevnetNode, DevnetPlan
 from swarmnode.node.devnet.rl import STAKED_ROLES, DevnetLedger
+from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.wan import Wan, destroy_stale, draw_links
 
 KDF_ITERATIONS = 2  # devnet keys only: fast to open, useless to protect anything
@@ -42,12 +42,6 @@ STOP_GRACE = 30.0
 WAN_P2P_PORT = 4001  # on a WAN every node has its own address, so every node uses the same ports
 WAN_HTTP_PORT = 8080
 DILOCO_PLAN_FILE = "diloco-plan.bin"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Devnet:

@@ -29,6 +29,10 @@ rank 0's handle); the pure rules and the file reading they run on are `rank_file
   digest is streamed from those files (`stream_theta_digest`).
 - A refused payload must not split the group: every rank checks its part first, the ranks exchange their
   verdicts (`_agree`), and then all raise `PayloadRefused` or none does; nothing has changed by then.
+- The commands are a family the trainer's ranks run without knowing DiLoCo (`RANK_COMMANDS`, by op
+  prefix): rank 0 adds it as the group becomes a participant (`ShardedDiloco.start`), the other ranks get
+  it from whoever starts them (`node.assemble.trainer_rank_families`), and `RankOuter` lives in the
+  policy's `family_state`. So the trainer never imports the DiLoCo built on it.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from swarmnode.node.diloco.rank_files import (
     rank_file_name,
     stream_digest,
 )
+from swarmnode.node.trainer.commands import RankCommand
 from swarmnode.node.trainer.group import GroupInfo, all_gather_bytes
 from swarmnode.node.trainer.rank import write_file
 from swarmnode.protocol.diloco import max_delta_element
@@ -313,9 +318,9 @@ def execute_diloco(policy: ShardedPolicy, group: GroupInfo, command: Mapping[str
     so that the serving ranks keep serving."""
     op = command["op"]
     if op == "diloco_init":
-        policy.diloco = RankOuter(policy, _params_from(command["params"]))
+        policy.family_state[OP_PREFIX] = RankOuter(policy, _params_from(command["params"]))
         return None
-    outer = policy.diloco
+    outer: RankOuter | None = policy.family_state.get(OP_PREFIX)
     if outer is None:
         raise RuntimeError(f"command {op!r} before diloco_init")
     try:
@@ -345,6 +350,9 @@ def execute_diloco(policy: ShardedPolicy, group: GroupInfo, command: Mapping[str
     raise RuntimeError(f"unknown command {op!r}")
 
 
+RANK_COMMANDS: Mapping[str, RankCommand] = {OP_PREFIX: execute_diloco}  # what a trainer rank adds for DiLoCo
+
+
 @dataclass(frozen=True)
 class RankOuterBytes:
     """What one rank holds of the participant's outer copy, now and at its peak."""
@@ -365,6 +373,8 @@ class ShardedDiloco:
         """Take the model's current weights as θ, dealt to the ranks."""
         names = [n for n, p in trainer.policy.model.named_parameters() if p.requires_grad]
         check_payload_names(names, params.compression)
+        for prefix, run in RANK_COMMANDS.items():
+            trainer.commands.add_family(prefix, run)
         trainer.run_command({"op": "diloco_init", "params": asdict(params)})
         return cls(trainer)
 

@@ -14,8 +14,8 @@ import torch
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.testing import RoleProcess
-from swarmnode.node.devnet.network import free_port
 from swarmnode.node.diloco.__main__ import FINAL_FILE
+from swarmnode.node.p2p.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,6 @@
 node/validator/, node/relay/), holding both its network service (`service.py`) and its work.
 
 - `base`       `RoleService`, the network handle a role works through (`RoleNet`), the `RoleWork` seam
-- `factory`    `ROLE_CLASSES` and `make_role`: the role with its work, built from the node's config
 - `common`     what the works share: the run's setup from its descriptor, the ledger, the ACCEPTED protocol
 - `follow`     checkpoint following shared by relay, worker and validator (gossip + DHT + HTTP)
 - `bootstrap`  the well-known entry point (a DHT server and gossip relay, no work)

@@ -3,6 +3,10 @@
 Rank 0 (the node) sends each command (`Commands.run`) and runs it itself; ranks 1..N-1 only run
 `serve_rank`'s loop, receiving and running them (`execute`). A ping whenever rank 0 has sent nothing for a
 while keeps a waiting rank from reaching the group's collective timeout (`node.trainer.group`).
+
+A package above the trainer adds its own commands as a family (`RankCommand`, by op prefix: DiLoCo's
+`diloco_*`), handed to `serve_rank` and `Commands.add_family` by whoever knows it: the trainer never
+imports the packages built on it.
 """
 
 from __future__ import annotations
@@ -10,9 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NoReturn
 
 import msgpack
@@ -32,6 +37,10 @@ from swarmnode.protocol.messages import GrpoParams, RolloutGroup, ShardInfo
 
 log = logging.getLogger(__name__)
 
+RankCommand = Callable[[ShardedPolicy, GroupInfo, Mapping[str, Any]], Any]
+"""Runs one command of a family on this rank (every rank alike); returns its result."""
+NO_FAMILIES: Mapping[str, RankCommand] = MappingProxyType({})
+
 
 def _grpo_from(fields: Mapping[str, Any]) -> GrpoParams:
     return GrpoParams(**fields)
@@ -46,10 +55,15 @@ def optim_from(fields: Mapping[str, Any]) -> OptimizerParams:
     )
 
 
-def execute(policy: ShardedPolicy | None, group: GroupInfo, command: Mapping[str, Any]) -> tuple[
-    ShardedPolicy | None, Any
-]:
-    """Run one command on this rank (rank 0 and the others alike); returns the policy and a result."""
+def execute(
+    policy: ShardedPolicy | None,
+    group: GroupInfo,
+    command: Mapping[str, Any],
+    families: Mapping[str, RankCommand] = NO_FAMILIES,
+) -> tuple[ShardedPolicy | None, Any]:
+    """Run one command on this rank (rank 0 and the others alike); returns the policy and a result.
+
+    `families`: op prefix -> the runner of that family's commands (added above the trainer)."""
     op = command["op"]
     if op == "ping":  # rank 0 is idle; the wait for its next command starts again
         return policy, None
@@ -69,11 +83,9 @@ def execute(policy: ShardedPolicy | None, group: GroupInfo, command: Mapping[str
     if op == "measure":
         mine = msgpack.packb(asdict(RankMemory.of(policy)))
         return policy, [RankMemory(**msgpack.unpackb(b)) for b in all_gather_bytes(mine, group.device)]
-    if op.startswith("diloco_"):
-        # imported on first use: only a DiLoCo trainer group sends these commands
-        from swarmnode.node.diloco.sharded import execute_diloco
-
-        return policy, execute_diloco(policy, group, command)
+    family = next((run for prefix, run in families.items() if op.startswith(prefix)), None)
+    if family is not None:
+        return policy, family(policy, group, command)
     if op == "write":
         infos = policy.write_model(Path(command["partial_dir"]), int(command["shard_size"]), command["files"])
         packed = msgpack.packb([[i.name, i.size, i.sha256] for i in infos])
@@ -83,8 +95,9 @@ def execute(policy: ShardedPolicy | None, group: GroupInfo, command: Mapping[str
     raise RuntimeError(f"unknown command {op!r}")
 
 
-def serve_rank() -> NoReturn:
-    """Ranks 1..N-1: join the group and run rank 0's commands until it says stop or the group breaks."""
+def serve_rank(families: Mapping[str, RankCommand] = NO_FAMILIES) -> NoReturn:
+    """Ranks 1..N-1: join the group and run rank 0's commands until it says stop or the group breaks;
+    `families` are the command families rank 0 may send beside the trainer's own."""
     group = join_group()
     policy: ShardedPolicy | None = None
     try:
@@ -93,7 +106,7 @@ def serve_rank() -> NoReturn:
             if command["op"] == "stop":
                 leave_group(together=True)
                 exit_rank(0)
-            policy, _ = execute(policy, group, command)
+            policy, _ = execute(policy, group, command, families)
     finally:
         leave_group()
 
@@ -109,6 +122,7 @@ class Commands:
         self._lock = threading.Lock()
         self._last = time.monotonic()
         self._stopping = threading.Event()
+        self._families: dict[str, RankCommand] = {}
         self._pinger = threading.Thread(target=self._ping_while_idle, name="group-ping", daemon=True)
         self._pinger.start()
 
@@ -117,9 +131,13 @@ class Commands:
         with self._lock:
             try:
                 self._send(command)
-                return execute(policy, self.group, command)
+                return execute(policy, self.group, command, self._families)
             finally:
                 self._last = time.monotonic()
+
+    def add_family(self, prefix: str, run: RankCommand) -> None:
+        """Run commands whose op starts with `prefix` here too (the other ranks got it from `serve_rank`)."""
+        self._families[prefix] = run
 
     def stop(self) -> None:
         """No more pings; tell the other ranks to stop."""

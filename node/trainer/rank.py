@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,9 +43,6 @@ from swarmnode.node.rl.trainer import (
 )
 from swarmnode.node.trainer.group import GroupInfo
 from swarmnode.protocol.messages import GrpoParams, RolloutGroup, ShardInfo
-
-if TYPE_CHECKING:
-    from swarmnode.node.diloco.sharded import RankOuter
 
 DCP_SUFFIX = ".dcp"
 
@@ -142,7 +139,9 @@ class ShardedPolicy:
         self.grpo = grpo
         self.optim = optim
         self.step_count = step
-        self.diloco: RankOuter | None = None  # this rank's DiLoCo share, once the group is a participant
+        # what a command family above the trainer keeps on this rank, by its op prefix (DiLoCo's share of
+        # the participant, once the group is one): the trainer only holds it
+        self.family_state: dict[str, Any] = {}
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=grpo.learning_rate,

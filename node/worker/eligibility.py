@@ -1,6 +1,6 @@
 """Whether the ledger lets this worker work, and when not, the exact commands that fix it.
 
-The worker checks before it joins the swarm (`node.roles.factory`) and again as its work starts: a node
+The worker checks before it joins the swarm (`node.assemble`) and again as its work starts: a node
 that is not registered as a worker, is under-staked or was ejected stops with `NotEligible`, whose message
 names the `swarmnode register` / `swarmnode stake` command lines for its own ledger and key.
 """

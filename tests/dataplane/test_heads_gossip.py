@@ -27,8 +27,8 @@ from swarmnode.node.dataplane.http_server import ServerConfig
 from swarmnode.node.dataplane.roles import OriginNode
 from swarmnode.node.dataplane.sources import SourceBook
 from swarmnode.node.dataplane.store import ShardStore
-from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.gossip import MAX_GOSSIP_ENVELOPE, Delivery
+from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.relay.service import Relay
 from swarmnode.node.roles.base import RoleNet
 from swarmnode.node.runtime import NodeRuntime

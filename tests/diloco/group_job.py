@@ -32,6 +32,7 @@ from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import GroupParticipant
 from swarmnode.node.diloco.plan import checkpoint_digest
 from swarmnode.node.diloco.service import DilocoService
+from swarmnode.node.diloco.sharded import RANK_COMMANDS
 from swarmnode.node.diloco.trainer import DilocoTrainerWork
 from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.rl.engine import TransformersEngine
@@ -170,7 +171,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if launched_rank() not in (None, 0):
-        serve_rank()
+        serve_rank(RANK_COMMANDS)
         return
     groups = [decode(RolloutGroup, g) for g in msgpack.unpackb(args.groups.read_bytes())]
     grpo = GrpoParams(**json.loads(args.grpo))

@@ -11,11 +11,11 @@ from pathlib import Path
 import trio
 
 from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.assemble import ROLE_CLASSES
 from swarmnode.node.config import LivenessSettings, NodeConfig
-from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.dht import DiscoverySettings
+from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.roles.base import RoleService
-from swarmnode.node.roles.factory import ROLE_CLASSES
 from swarmnode.node.runtime import NodeRuntime
 
 RUN = "testrun"

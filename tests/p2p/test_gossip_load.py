@@ -24,7 +24,6 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_varint_prefixed
 
 from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.clock import SeqCounter
 from swarmnode.node.p2p.gossip import (
     DEFAULT_POLICIES,
@@ -36,6 +35,7 @@ from swarmnode.node.p2p.gossip import (
 )
 from swarmnode.node.p2p.host import build_host, listen_addrs
 from swarmnode.node.p2p.peers import PeerActivity
+from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.p2p.scoring import PeerGuard
 from swarmnode.protocol.messages import ShardHave
 

@@ -19,12 +19,12 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.node.devnet.network import free_port
+from swarmnode.node.assemble import ROLE_CLASSES
 from swarmnode.node.p2p.dht import Discovery, DiscoverySettings
 from swarmnode.node.p2p.host import build_host, listen_addrs
+from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.p2p.records import role_key
 from swarmnode.node.p2p.scoring import PeerGuard
-from swarmnode.node.roles.factory import ROLE_CLASSES
 from swarmnode.node.runtime import NodeRuntime
 from tests.p2p.helpers import RUN, node_config, replaced, wait_until
 

@@ -24,7 +24,7 @@ import msgpack
 from swarmnode.node.dataplane.origin import model_folder_files
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.diloco.algorithm import DilocoParams
-from swarmnode.node.diloco.sharded import PayloadRefused, ShardedDiloco
+from swarmnode.node.diloco.sharded import RANK_COMMANDS, PayloadRefused, ShardedDiloco
 from swarmnode.node.trainer.commands import serve_rank
 from swarmnode.node.trainer.group import exit_rank, launched_rank
 from swarmnode.node.trainer.sharded import ShardedGrpoTrainer
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=0.0, help="seconds to sit idle after loading")
     args = parser.parse_args()
     if launched_rank() not in (None, 0):
-        serve_rank()
+        serve_rank(RANK_COMMANDS)
         return
     groups = [decode(RolloutGroup, g) for g in msgpack.unpackb(args.groups.read_bytes())]
     trainer = ShardedGrpoTrainer.start(args.trainer_dir, args.model, GrpoParams(**json.loads(args.grpo)))

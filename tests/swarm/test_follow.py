@@ -19,9 +19,9 @@ from swarmnode.node.dataplane.checkpoint import load_checkpoint
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
 from swarmnode.node.dataplane.http_server import ServerConfig
 from swarmnode.node.dataplane.roles import OriginNode
-from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.p2p.peers import PeerRecord
+from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.relay.service import Relay
 from swarmnode.node.relay.work import SwarmRelayWork
 from swarmnode.node.roles.base import RoleNet, RoleService

@@ -34,11 +34,11 @@ from swarmnode.node import trainer as trainer_module
 from swarmnode.node.config import LivenessSettings, NodeConfig, WorkSettings
 from swarmnode.node.dataplane.checkpoint import MODEL_LAYOUT, plan_files, shard_info
 from swarmnode.node.dataplane.origin import model_folder_files
-from swarmnode.node.devnet.network import free_port
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.p2p.dht import DiscoverySettings
 from swarmnode.node.p2p.endpoints import ACCEPTED
 from swarmnode.node.p2p.peers import PeerRecord
+from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import model_commitment, state_dict_of
 from swarmnode.node.rl.rollouts import build_submission

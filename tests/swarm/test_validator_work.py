@@ -926,8 +926,8 @@ def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base
     """The work inside a real validator node: SUBMIT from a worker node, the verdict on gossip, ACCEPTED."""
     from libp2p.peer.id import ID
 
-    from swarmnode.node.devnet.network import free_port
     from swarmnode.node.p2p.endpoints import ACCEPTED, SUBMIT
+    from swarmnode.node.p2p.ports import free_port
     from swarmnode.node.p2p.records import RunRecord
     from swarmnode.node.validator.service import Validator
     from tests.p2p.helpers import RUN as P2P_RUN

@@ -1,10 +1,14 @@
-"""Build a role's work from the node's config: what `swarmnode run --role ROLE` runs.
+"""The composition root: build a role's work from the node's config, what `swarmnode run --role ROLE` runs.
 
-`ROLE_CLASSES` names each role's network service; `make_role` gives it its real work (imported when
-needed, so a relay never loads torch).
+The only module that imports every role package, so that the roles and what they share (node/roles/)
+never import each other. `ROLE_CLASSES` names each role's network service; `make_role` gives it its real
+work (imported when needed, so a relay never loads torch).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.config import NodeConfig, run_validator_addresses
@@ -15,6 +19,9 @@ from swarmnode.node.roles.common import open_work_ledger
 from swarmnode.node.trainer.service import Trainer
 from swarmnode.node.validator.service import Validator
 from swarmnode.node.worker.service import Worker
+
+if TYPE_CHECKING:
+    from swarmnode.node.trainer.commands import RankCommand
 
 ROLE_CLASSES: dict[str, type[RoleService]] = {
     "trainer": Trainer,
@@ -71,3 +78,11 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
         )
         return cls(validator)  # type: ignore[call-arg]
     return cls()
+
+
+def trainer_rank_families() -> Mapping[str, RankCommand]:
+    """The command families ranks 1..N-1 of a trainer group serve beside the trainer's own: DiLoCo's, as
+    any trainer group may be a DiLoCo participant (imported here: it loads torch)."""
+    from swarmnode.node.diloco.sharded import RANK_COMMANDS
+
+    return RANK_COMMANDS
