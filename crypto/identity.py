@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import coincurve
-from eth_utils.address import to_checksum_address
 
+from swarmnode.crypto.hashing import keccak256
 from swarmnode.crypto.signing import address_of_point, address_of_public_key, sign_digest_with
 
 _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
@@ -102,7 +102,7 @@ class NodeIdentity:
 
     @property
     def checksum_address(self) -> str:
-        return to_checksum_address(self.address)
+        return format_address(self.address)
 
     @property
     def peer_id(self) -> str:
@@ -114,8 +114,14 @@ class NodeIdentity:
 
 
 def format_address(address: bytes) -> str:
-    """EIP-55 checksummed text form of a 20-byte address."""
-    return to_checksum_address(address)
+    """EIP-55 checksummed text form of a 20-byte address: a hex digit is upper case where the same nibble
+    of keccak256(lower-case hex) is 8 or more. Here rather than eth_utils' (the same function;
+    tests/test_crypto.py holds them to each other), whose import costs `keys show` a quarter of a second."""
+    if len(address) != 20:
+        raise ValueError(f"an address is 20 bytes, not {len(address)}")
+    text = address.hex()
+    digest = keccak256(text.encode()).hex()
+    return "0x" + "".join(c.upper() if int(h, 16) >= 8 else c for c, h in zip(text, digest, strict=False))
 
 
 def parse_address(text: str) -> bytes:

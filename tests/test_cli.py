@@ -193,3 +193,124 @@ def test_calibrate_prints_bounds_for_the_engine_pair_and_refuses_an_engine_it_ca
     if not (torch.cuda.is_available() and vllm_installed()):  # a clear refusal, never a silent fallback
         refused = swarmnode("calibrate", "--worker-engine", "vllm", env=env)
         assert refused.returncode != 0 and "vllm" in (refused.stdout + refused.stderr).lower()
+
+
+# --- issue #32: start-up under a second, and train --sync's prompts per step checked before any work ---
+
+HEAVY = ("torch", "transformers", "libp2p", "trio", "web3", "eth_account", "pyarrow")
+IMPORTS_OF = """
+import json, sys
+from swarmnode.node.cli.main import main
+try:
+    main({argv!r}, standalone_mode=False)
+finally:
+    print(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("argv", [["version"], ["--help"], ["keys", "show"], ["keys", "--help"]])
+def test_commands_that_load_no_model_import_no_heavy_library(tmp_path, argv):
+    """`swarmnode version`, `--help` and `keys show` start in a fraction of a second: none of them imports
+    torch, libp2p, trio, web3 or eth_account (`benchmarks/bench_cli.py` times them)."""
+    key = tmp_path / "node.key"
+    save_keystore(NodeIdentity(b"\x09" * 32), key, SECRET, kdf_iterations=2)
+    env = {**os.environ, PASSWORD_ENV: SECRET, "SWARMNODE_KEY": str(key)}
+    code = IMPORTS_OF.format(argv=argv, heavy=HEAVY)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == []
+
+
+def test_the_lazy_commands_help_lines_are_their_own_and_every_command_loads():
+    """`swarmnode --help` lists the commands of other modules by a help line kept in main.py: each equals the
+    line click makes from the command's own help, at any width, and each name loads the command it names."""
+    from swarmnode.node.cli.main import LAZY_COMMANDS, load_lazy_command
+
+    for name, (target, line) in LAZY_COMMANDS.items():
+        command = load_lazy_command(name, target)
+        stand_in = click.Command(name, help=line)
+        for limit in (30, 45, 80, 97, 1000):
+            assert stand_in.get_short_help_str(limit) == command.get_short_help_str(limit), (name, limit)
+    listed = CliRunner().invoke(main_group(), ["--help"]).output
+    assert all(f"  {name} " in listed for name in LAZY_COMMANDS)
+
+
+def main_group() -> click.Group:
+    from swarmnode.node.cli.main import main
+
+    return main
+
+
+def test_bench_cli_runs_and_ends_with_its_json_line():
+    bench = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_cli.py")
+    argv = [sys.executable, bench, "--repeats", "1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    keys = {"version_s", "keys_show_s", "python_startup_s", "version_vs_python_ratio", "goal_s", "met"}
+    assert keys <= set(result)
+    assert result["version_s"] > 0 and isinstance(result["met"], bool)
+
+
+def _tasks_file(tmp_path, count):
+    from swarmnode.node.rl.run import devnet_dataset
+    from swarmnode.node.rl.tasks import write_tasks
+
+    return write_tasks(devnet_dataset()[:count], tmp_path / "tasks.jsonl")
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """A command that got past its input checks would load the model: that fails the test."""
+    from swarmnode.node.rl import engine, engines
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(engine.TransformersEngine, "from_folder", refuse)
+    monkeypatch.setattr(engines, "open_engine", refuse)
+
+
+def test_train_sync_with_fewer_tasks_than_prompts_per_step_stops_with_one_line_before_any_work(
+    tmp_path, no_model_loads
+):
+    tasks = _tasks_file(tmp_path, 25)
+    out = tmp_path / "out"
+    argv = ["train", "--sync", "--steps", "1", "--tasks", str(tasks), "--out", str(out)]
+    refused = CliRunner().invoke(main_group(), argv)
+    assert refused.exit_code == 1 and not out.exists()
+    assert refused.output.splitlines() == [
+        f"Error: {tasks} has 25 tasks; --prompts-per-step 32 needs at least 32 distinct tasks: "
+        "lower --prompts-per-step or add tasks"
+    ]
+    fewer = CliRunner().invoke(main_group(), [*argv, "--prompts-per-step", "26"])
+    assert fewer.exit_code == 1 and "--prompts-per-step 26 needs at least 26" in fewer.output
+    with pytest.raises(AssertionError, match="a model was loaded"):  # 25 prompts fit: on to the model
+        CliRunner().invoke(main_group(), [*argv, "--prompts-per-step", "25", "--group-size", "4"],
+                           catch_exceptions=False)
+    one = CliRunner().invoke(main_group(), [*argv, "--group-size", "1"])
+    assert one.exit_code == 2 and "--group-size" in one.output
+    helped = CliRunner().invoke(main_group(), ["train", "--help"]).output
+    assert "--prompts-per-step" in helped and "--group-size" in helped and "default: 32" in helped
+
+
+def test_devnet_and_calibrate_refuse_too_few_tasks_for_the_runs_prompts_per_step(tmp_path, no_model_loads):
+    tasks = _tasks_file(tmp_path, 3)
+    expected = (f"Error: {tasks} has 3 tasks; the run takes 32 prompts per step and needs at least 32 "
+                "distinct tasks: add tasks")
+    for argv in (["devnet", "--steps", "1", "--tasks", str(tasks), "--out", str(tmp_path / "devnet")],
+                 ["calibrate", "--tasks", str(tasks)]):
+        refused = CliRunner().invoke(main_group(), argv)
+        assert refused.exit_code == 1 and refused.output.splitlines() == [expected], refused.output
+    assert not (tmp_path / "devnet").exists()
+
+
+def test_the_cli_defaults_are_the_devnet_recipe():
+    """inputs.py copies devnet_grpo's prompts per step and group size so that `--help` imports no torch."""
+    from swarmnode.node.cli.inputs import DEFAULT_GROUP_SIZE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS_PER_STEP
+    from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, devnet_grpo
+    from swarmnode.node.rl.tokenizer import load_tokenizer
+
+    grpo = devnet_grpo(load_tokenizer(DEVNET_MODEL)[1])
+    assert (grpo.prompts_per_step, grpo.group_size) == (DEFAULT_PROMPTS_PER_STEP, DEFAULT_GROUP_SIZE)
+    assert DEFAULT_MAX_NEW_TOKENS == DEVNET_MAX_NEW_TOKENS

@@ -86,6 +86,39 @@ def test_keystore_roundtrip_mode_0600_and_no_overwrite(tmp_path):
         load_keystore(tmp_path / "missing.key", "pw")
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=20, max_size=20))
+def test_format_address_is_eth_utils_eip55(address):
+    from eth_utils import to_checksum_address
+
+    assert format_address(address) == to_checksum_address(address)
+
+
+@pytest.mark.parametrize("kdf", ["pbkdf2", "scrypt"])
+def test_the_v3_decoder_is_eth_accounts_and_other_keystores_go_to_eth_account(tmp_path, kdf):
+    """`load_keystore` decrypts a v3 keystore itself (no eth_account import: `swarmnode keys show` starts
+    fast); it must agree with eth_account on every key, password and KDF, and hand anything else to it."""
+    import json
+
+    from swarmnode.crypto.keystore import decrypt_v3
+
+    for index in range(4):
+        private_key = bytes([index + 1]) * 32
+        password = ["pw", "", "pässwörd 🔑", "x" * 100][index]
+        document = Account.encrypt(private_key, password, kdf=kdf, iterations=2 if kdf == "pbkdf2" else 2**4)
+        assert decrypt_v3(document, password) == bytes(Account.decrypt(document, password)) == private_key
+        with pytest.raises(ValueError):
+            decrypt_v3(document, password + "!")
+        path = tmp_path / f"{kdf}-{index}.key"
+        path.write_text(json.dumps(document))
+        assert load_keystore(path, password).private_key == private_key
+    upper = json.loads(json.dumps(document).replace('"crypto"', '"Crypto"'))  # geth's spelling: eth_account's
+    assert decrypt_v3(upper, password) is None
+    assert bytes(Account.decrypt(upper, password)) == private_key
+    for broken in ({}, {"version": 4}, {"version": 3, "crypto": {"cipher": "aes-128-cbc"}}, []):
+        assert decrypt_v3(broken, password) is None
+
+
 def test_keystore_is_0600_whatever_the_umask_or_a_leftover_and_its_new_directory_0700(tmp_path):
     path = tmp_path / "new-dir" / "node.key"
     existing = tmp_path / "existing"

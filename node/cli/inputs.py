@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from swarmnode.node.rl.tasks import Task
 
 DEFAULT_MAX_NEW_TOKENS = 6  # node.rl.run.DEVNET_MAX_NEW_TOKENS, without importing torch
+DEFAULT_PROMPTS_PER_STEP = 32  # node.rl.run.devnet_grpo's prompts_per_step, without importing torch
+DEFAULT_GROUP_SIZE = 8  # node.rl.run.devnet_grpo's group_size
 
 model_option = click.option(
     "--model",
@@ -46,6 +48,21 @@ eval_tasks_option = click.option(
     "tasks, which are not held out).",
 )
 
+prompts_per_step_option = click.option(
+    "--prompts-per-step",
+    type=click.IntRange(1, 65536),
+    default=DEFAULT_PROMPTS_PER_STEP,
+    show_default=True,
+    help="Prompts per GRPO step: distinct tasks drawn each step, so the task file needs at least this many.",
+)
+group_size_option = click.option(
+    "--group-size",
+    type=click.IntRange(2, 1024),
+    default=DEFAULT_GROUP_SIZE,
+    show_default=True,
+    help="Completions sampled per prompt: the GRPO group whose rewards are compared with each other.",
+)
+
 
 def run_model_options(fn: Any) -> Any:
     """--model, --tasks and --max-new-tokens."""
@@ -55,9 +72,18 @@ def run_model_options(fn: Any) -> Any:
 
 
 def load_run_inputs(
-    model: Path | None, tasks: Path | None, eval_tasks: Path | None
+    model: Path | None,
+    tasks: Path | None,
+    eval_tasks: Path | None,
+    *,
+    prompts_per_step: int = DEFAULT_PROMPTS_PER_STEP,
+    prompts_option: str | None = None,
 ) -> tuple[Path, list[Task], list[Task]]:
-    """(model folder, training tasks, evaluation tasks) from the options, with clear errors."""
+    """(model folder, training tasks, evaluation tasks) from the options, with clear errors.
+
+    The training tasks must hold `prompts_per_step` distinct tasks (a step draws that many): checked here,
+    before any model loads or node starts; `prompts_option` is the option that set it, if one did.
+    """
     from swarmnode.node.devnet.rl import eval_tasks_of
     from swarmnode.node.rl.run import DEVNET_MODEL, devnet_dataset
     from swarmnode.node.rl.tasks.files import TaskFileError, read_tasks
@@ -71,6 +97,7 @@ def load_run_inputs(
     if not (folder / "config.json").is_file():  # the engine then names what else is missing
         raise click.ClickException(f"{folder} is not a model folder (no config.json): see `model init`")
     require_sandbox(train_tasks + held_out)
+    require_enough_tasks(len(train_tasks), prompts_per_step, tasks, prompts_option)
     return folder, train_tasks, held_out
 
 
@@ -84,3 +111,23 @@ def require_sandbox(tasks: Sequence[Task]) -> None:
         require_sandbox_for(tasks)
     except SandboxUnavailable as exc:
         raise click.ClickException(f"code tasks need the sandbox: {exc}") from None
+
+
+def require_enough_tasks(
+    count: int, prompts_per_step: int, tasks: Path | None, option: str | None = None
+) -> None:
+    """Stop with one line when a step's `prompts_per_step` distinct tasks cannot be drawn from `count` tasks
+    (otherwise the first step dies deep in task assignment, after the model has loaded)."""
+    if count >= prompts_per_step:
+        return
+    source = str(tasks) if tasks is not None else "the built-in task set"
+    have = f"{source} has {count} task{'' if count == 1 else 's'}"
+    if option is None:
+        raise click.ClickException(
+            f"{have}; the run takes {prompts_per_step} prompts per step and needs at least "
+            f"{prompts_per_step} distinct tasks: add tasks"
+        )
+    raise click.ClickException(
+        f"{have}; {option} {prompts_per_step} needs at least {prompts_per_step} distinct tasks: "
+        f"lower {option} or add tasks"
+    )

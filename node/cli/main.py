@@ -1,31 +1,131 @@
 """`swarmnode`: one binary for every role. Sub-commands group by what an operator does.
 
 The CLI is the edge: it reads files, prompts and environment variables, then calls pure code.
+
+Start-up stays under a second for the commands that load no model: this module imports only click, rich and
+the light CLI helpers at the top; each command imports what it uses (torch, transformers, trio, libp2p,
+eth_account, web3 ...) inside its function, and the command groups of the other CLI modules are imported
+only when one of them runs or `--help` lists them (`LazyGroup`). `benchmarks/bench_cli.py` measures it.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
-import secrets
-from importlib.metadata import version as package_version
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
-from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.crypto.keystore import KeystoreError, load_keystore, save_keystore
-from swarmnode.node.cli.inputs import eval_tasks_option, load_run_inputs, run_model_options
+from swarmnode.node.cli.inputs import (
+    eval_tasks_option,
+    group_size_option,
+    load_run_inputs,
+    prompts_per_step_option,
+    run_model_options,
+)
 from swarmnode.node.cli.password import key_password, take_env_password
+
+if TYPE_CHECKING:
+    from swarmnode.crypto.identity import NodeIdentity
 
 DEFAULT_KEY = Path(os.environ.get("SWARMNODE_KEY", Path.home() / ".swarmnode" / "node.key"))
 console = Console()
 
+# Commands defined in other modules, imported when one of them runs: name -> (module:attribute, help line).
+# `swarmnode --help` prints the help line without importing the module (the devnet's and the node's pull in
+# libp2p and the RL stack: seconds); tests/test_cli.py keeps each line equal to its command's own.
+LAZY_COMMANDS = {
+    "devnet": (
+        "swarmnode.node.cli.devnet:devnet_command",
+        "Run a swarm of separate node processes on 127.0.0.1 (or an emulated WAN) and show live status.",
+    ),
+    "init": (
+        "swarmnode.node.cli.init:init_command",
+        "Write DIR/node.toml for ROLE (default DIR: ./ROLE), with a new key and free ports, and print what "
+        "to run next: register and stake (not a bootstrap), then `swarmnode run --config DIR/node.toml`.",
+    ),
+    "ledger": ("swarmnode.node.cli.ledger:ledger_group", "Query, audit and deploy the ledger."),
+    "model": (
+        "swarmnode.node.cli.model:model_group",
+        "Create and inspect model folders (Hugging Face layout: config.json, safetensors, tokenizer).",
+    ),
+    "plan-memory": (
+        "swarmnode.node.cli.plan:plan_memory",
+        "Weights, gradients, AdamW state and activations per rank of an N-rank FSDP2 trainer for DIR.",
+    ),
+    "probe": (
+        "swarmnode.node.cli.run:probe_command",
+        "Join the swarm as a role-less node, publish numbered probes and time DHT lookups, then leave.",
+    ),
+    "register": (
+        "swarmnode.node.cli.stake:register_command",
+        "Register this node's role and compute in the ledger.",
+    ),
+    "run": (
+        "swarmnode.node.cli.run:run_command",
+        "Run a node until SIGINT/SIGTERM: host, DHT, gossip, request/response and the role's work.",
+    ),
+    "stake": (
+        "swarmnode.node.cli.stake:stake_group",
+        "Deposit, unbond and withdraw stake; show a node's stake.",
+    ),
+    "status": (
+        "swarmnode.node.cli.status:status_command",
+        "What a node on this machine is doing: its role, peers, what it waits for, its work.",
+    ),
+    "tasks": (
+        "swarmnode.node.cli.tasks:tasks_group",
+        "Inspect and filter task files (JSONL or Parquet: prompt, kind, answer or tests, target_length).",
+    ),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands of `lazy` (name -> (module:attribute, help line)) are imported only when
+    one is asked for: `swarmnode version` never imports the ledger, the node runtime or the RL stack, and
+    `--help` lists them by their help lines."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            self.add_command(load_lazy_command(cmd_name, self.lazy[cmd_name][0]))
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's list of commands, with a stand-in carrying the help line for each one not imported yet."""
+        rows: list[tuple[str, click.Command]] = []
+        for name in self.list_commands(ctx):
+            command = self.commands.get(name) or click.Command(name, help=self.lazy[name][1])
+            if not command.hidden:
+                rows.append((name, command))
+        if rows:
+            limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in rows])
+
+
+def load_lazy_command(name: str, target: str) -> click.Command:
+    """Import the command `target` ("module:attribute") names; it must be the click command `name`."""
+    module, attribute = target.split(":")
+    command = getattr(importlib.import_module(module), attribute)
+    if not isinstance(command, click.Command) or command.name != name:
+        raise RuntimeError(f"{target} is not the click command {name!r}")
+    return command
+
 
 def open_identity(key: Path) -> NodeIdentity:
     """Load the node key or exit with an error that says what to do."""
+    from swarmnode.crypto.keystore import KeystoreError, load_keystore
+
     try:
         return load_keystore(key, key_password())
     except KeystoreError as exc:
@@ -38,7 +138,8 @@ key_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=LazyGroup, lazy=LAZY_COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """swarmnode: a node of a permissionless swarm that trains language models with RL.
@@ -53,6 +154,8 @@ def main(ctx: click.Context) -> None:
 @main.command()
 def version() -> None:
     """Print the swarmnode version and the protocol version it speaks."""
+    from importlib.metadata import version as package_version
+
     from swarmnode.protocol.ids import PROTOCOL_VERSION
 
     click.echo(f"swarmnode {package_version('swarmnode')} (protocol {PROTOCOL_VERSION})")
@@ -67,6 +170,11 @@ def keys() -> None:
 @key_option
 def keys_new(key: Path) -> None:
     """Create a new node key, encrypted with a password (keystore v3, mode 0600)."""
+    import secrets
+
+    from swarmnode.crypto.identity import NodeIdentity
+    from swarmnode.crypto.keystore import KeystoreError, save_keystore
+
     if key.exists():
         raise click.ClickException(f"{key} already exists; refusing to overwrite a key (move it away first)")
     identity = NodeIdentity(secrets.token_bytes(32))
@@ -105,6 +213,8 @@ def default_vectors_dir() -> Path:
 @click.option("--verbose", "-v", is_flag=True, help="List every case, not only the failing ones.")
 def conformance(vectors: Path | None, verbose: bool) -> None:
     """Replay protocol conformance vectors through the real decoder and verifiers."""
+    from rich.table import Table
+
     from swarmnode.node.conformance import load_suites, run_suites
 
     directory = vectors or default_vectors_dir()
@@ -137,31 +247,43 @@ def conformance(vectors: Path | None, verbose: bool) -> None:
                    "(the distributed run is `swarmnode devnet --steps N`).")
 @click.option("--steps", type=click.IntRange(1), default=30, show_default=True, help="GRPO steps to take.")
 @run_model_options
+@prompts_per_step_option
+@group_size_option
 @eval_tasks_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for the final checkpoint and optimizer state.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per step.")
 def train(sync_mode: bool, steps: int, model: Path | None, tasks: Path | None, max_new_tokens: int,
-          eval_tasks: Path | None, out: Path | None, as_json: bool) -> None:
-    """Train a model with GRPO in one process (the baseline the swarm is compared with)."""
+          prompts_per_step: int, group_size: int, eval_tasks: Path | None, out: Path | None,
+          as_json: bool) -> None:
+    """Train a model with GRPO in one process (the baseline the swarm is compared with).
+
+    Each step samples --group-size completions for each of --prompts-per-step distinct tasks of --tasks
+    (so the task file needs at least --prompts-per-step tasks), then takes one GRPO step on their groups.
+    """
     import time
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from swarmnode.crypto.hashing import sha256
+    from swarmnode.crypto.identity import NodeIdentity
     from swarmnode.node.rl.engine import TransformersEngine
     from swarmnode.node.rl.model import ModelFolderError
-    from swarmnode.node.rl.run import devnet_run
+    from swarmnode.node.rl.run import devnet_grpo, devnet_run
     from swarmnode.node.rl.sync import SyncStep, eval_reward, run_sync
 
-    folder, train_tasks, held_out = load_run_inputs(model, tasks, eval_tasks)
+    folder, train_tasks, held_out = load_run_inputs(
+        model, tasks, eval_tasks, prompts_per_step=prompts_per_step, prompts_option="--prompts-per-step"
+    )
     trainer = NodeIdentity(sha256(b"swarmnode-sync-trainer"))
     worker = NodeIdentity(sha256(b"swarmnode-sync-worker"))
     try:
         engine = TransformersEngine.from_folder(folder)
     except (ModelFolderError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
-    setup = devnet_run(trainer.address, folder, int(time.time() * 1000), tasks=train_tasks, info=engine.info,
-                       max_new_tokens=max_new_tokens)
+    grpo = replace(devnet_grpo(engine.info, max_new_tokens), prompts_per_step=prompts_per_step,
+                   group_size=group_size, token_budget=group_size * prompts_per_step * max_new_tokens)
+    setup = devnet_run(trainer.address, folder, int(time.time() * 1000), grpo=grpo, tasks=train_tasks,
+                       info=engine.info, max_new_tokens=max_new_tokens)
 
     def report(record: SyncStep) -> None:
         s = record.stats
@@ -172,7 +294,6 @@ def train(sync_mode: bool, steps: int, model: Path | None, tasks: Path | None, m
                           f"{s.groups_used + s.groups_dropped}  loss {s.loss:+.4f}  grad {s.grad_norm:6.3f}  "
                           f"gen {record.generate_s:5.2f}s  train {record.train_s:5.2f}s")
 
-    grpo = setup.descriptor.grpo
     base_reward = eval_reward(engine, held_out, samples=8, max_new_tokens=grpo.max_new_tokens,
                               temperature=grpo.temperature)
     del engine
@@ -229,6 +350,7 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
     import time
 
     from swarmnode.crypto.hashing import sha256
+    from swarmnode.crypto.identity import NodeIdentity
     from swarmnode.node.rl.calibration import calibrate_run
     from swarmnode.node.rl.engines import EngineUnavailable, choose_engine, open_engine
     from swarmnode.node.rl.run import devnet_run
@@ -260,21 +382,7 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
         console.print(f"{name:<32} {value}")
 
 
-def _register_groups() -> None:
-    """Command groups that live beside their subsystems, added explicitly (no import-time registration)."""
-    from swarmnode.node.cli import init, ledger, model, plan, run, status, tasks
-
-    ledger.register_commands(main)
-    model.register_commands(main)
-    run.register_commands(main)
-    tasks.register_commands(main)
-    main.add_command(plan.plan_memory)
-    main.add_command(status.status_command)
-    main.add_command(init.init_command)
-    main.add_command(diloco)
-
-
-_register_groups()
+main.add_command(diloco)
 
 if __name__ == "__main__":
     main()

@@ -57,6 +57,14 @@ def load_or_create_descriptor(
             )
         return descriptor
     created = devnet_run(trainer, model_dir, wall_ms(), tasks=tasks, max_new_tokens=max_new_tokens).descriptor
+    if len(tasks) < created.grpo.prompts_per_step:  # every worker's first step would die assigning its tasks
+        from swarmnode.node.errors import OperatorError
+
+        prompts = created.grpo.prompts_per_step
+        raise OperatorError(
+            f"[work] tasks has {len(tasks)} tasks; the run takes {prompts} prompts per step and needs at "
+            f"least {prompts} distinct tasks: add tasks"
+        )
     descriptor = replace(created, run=run, co_trainers=co_trainers)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -484,6 +484,18 @@ def test_the_descriptor_is_created_once_and_reused(tmp_path: Path) -> None:
         load_or_create_descriptor(path, RUN, TRAINER.address, model, tasks, (OTHER_WORKER.address,))
 
 
+def test_a_run_is_not_created_on_fewer_tasks_than_its_prompts_per_step(tmp_path: Path) -> None:
+    """Every worker's step draws prompts_per_step distinct tasks: a trainer refuses to publish a run its
+    [work] tasks cannot feed, with the operator's one line (issue #32), and writes nothing."""
+    from swarmnode.node.errors import OperatorError
+
+    path = tmp_path / "run_descriptor.bin"
+    expected = r"^\[work\] tasks has 25 tasks; the run takes 32 prompts per step"
+    with pytest.raises(OperatorError, match=expected):
+        load_or_create_descriptor(path, RUN, TRAINER.address, eos_folder(), devnet_dataset()[:25])
+    assert not path.exists()
+
+
 def test_an_unreadable_stored_descriptor_is_refused_with_the_fix(tmp_path: Path) -> None:
     path = tmp_path / "run_descriptor.bin"
     path.write_bytes(encode(small_descriptor())[:-3])
