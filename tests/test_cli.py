@@ -305,6 +305,25 @@ def test_devnet_and_calibrate_refuse_too_few_tasks_for_the_runs_prompts_per_step
     assert not (tmp_path / "devnet").exists()
 
 
+def test_a_broken_model_folder_is_one_line_before_any_node_starts(tmp_path, no_model_loads):
+    """A devnet on a folder without tokenizer files used to set up every node's folder and then print a
+    traceback from the run's registration (issue #31: inputs checked before any node starts)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    tasks = _tasks_file(tmp_path, 40)
+    out = tmp_path / "devnet"
+    for argv in (["devnet", "--steps", "1", "--model", str(folder), "--tasks", str(tasks), "--out", str(out)],
+                 ["train", "--sync", "--model", str(folder), "--tasks", str(tasks)]):
+        refused = CliRunner().invoke(main_group(), argv)
+        assert refused.exit_code == 1, refused.output
+        assert refused.output.splitlines() == [
+            f"Error: {folder}: no tokenizer.json (nor tokenizer.model or vocab.json): see "
+            "`swarmnode model show`, `swarmnode model init`"
+        ]
+    assert not out.exists()
+
+
 def test_the_cli_defaults_are_the_devnet_recipe():
     """inputs.py copies devnet_grpo's prompts per step and group size so that `--help` imports no torch."""
     from swarmnode.node.cli.inputs import DEFAULT_GROUP_SIZE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS_PER_STEP

@@ -94,11 +94,25 @@ def load_run_inputs(
         held_out = eval_tasks_of(str(tasks or ""), str(eval_tasks or ""))
     except (TaskFileError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
-    if not (folder / "config.json").is_file():  # the engine then names what else is missing
+    if not (folder / "config.json").is_file():
         raise click.ClickException(f"{folder} is not a model folder (no config.json): see `model init`")
+    require_model_folder(folder)
     require_sandbox(train_tasks + held_out)
     require_enough_tasks(len(train_tasks), prompts_per_step, tasks, prompts_option)
     return folder, train_tasks, held_out
+
+
+def require_model_folder(folder: Path) -> None:
+    """Stop with the folder's one-line fault (`model show`'s checks: a supported config, tokenizer and
+    weights files) before any node starts, not in a traceback once nodes were set up."""
+    from swarmnode.node.rl.model import ModelFolderError, read_config, tokenizer_files, weight_files
+
+    try:
+        read_config(folder)
+        tokenizer_files(folder)
+        weight_files(folder)
+    except ModelFolderError as exc:
+        raise click.ClickException(f"{exc}: see `swarmnode model show`, `swarmnode model init`") from None
 
 
 def require_sandbox(tasks: Sequence[Task]) -> None:
