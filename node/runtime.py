@@ -225,7 +225,7 @@ class NodeRuntime:
                     self.ready = True
                     nursery.start_soon(self._write_status_forever)
                     log.info(
-                        "node ready",
+                        "node started",
                         extra={
                             "peer": self.identity.peer_id,
                             "role": self.role.ROLE,
@@ -307,10 +307,14 @@ class NodeRuntime:
         if net is None or guard is None or liveness is None:
             return base | {"connected_peers": [], "providers_found": {}, "dht": {}, "gossip": {}}
         work = self.role.work
+        peers = net.host.get_connected_peers()
         return base | {
+            # ready: started and connected, unless it is where the others connect (no bootstrap of its own)
+            "ready": self.ready and (bool(peers) or not self.config.bootstrap),
+            "started": self.ready,
             "listen_addrs": dialable_addrs(net.host),
             "metrics_port": self.metrics_port,
-            "connected_peers": sorted(str(p) for p in net.host.get_connected_peers()),
+            "connected_peers": sorted(str(p) for p in peers),
             "providers_found": net.finder.summary(),
             "run_record": net.run_record is not None,
             "dht": net.discovery.statistics(),
@@ -335,8 +339,12 @@ class NodeRuntime:
     async def _write_status_forever(self) -> None:
         """The status file every second, and a "waiting for" line while the node cannot work yet."""
         waits = WaitReport()
+        said_ready = False
         while True:
             document = self._write_status()
+            if document.get("ready") and not said_ready:  # connected: what "ready" means to an operator
+                said_ready = True
+                log.info("node ready", extra={"peers": len(document.get("connected_peers") or [])})
             due = waits.observe(waiting_line(document), time.monotonic())
             if due is not None:
                 log.info("waiting for %s", due[0], extra={"waited_s": round(due[1])})

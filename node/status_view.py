@@ -57,6 +57,13 @@ def waiting_for(status: dict[str, Any]) -> list[str]:
     return [role for role in status.get("needs") or [] if not found.get(role)]
 
 
+def started_state(status: dict[str, Any]) -> str:
+    """ready (started and connected), started but alone, or still starting."""
+    if status.get("ready"):
+        return "ready"
+    return "started, no peer yet" if status.get("started") else "starting"
+
+
 def waiting_line(status: dict[str, Any]) -> str | None:
     """What the node waits for before it can do its work, as the end of "waiting for …"; None: nothing.
 
@@ -119,7 +126,7 @@ def describe(status: dict[str, Any], now: float) -> list[str]:
     elif age > STALE_AFTER_S:
         state = f"not updated for {age:.0f}s (stopped, hung or killed: pid {status.get('pid', '?')})"
     else:
-        state = ("ready" if status.get("ready") else "starting") + f", up {status.get('uptime_s', 0):.0f}s"
+        state = f"{started_state(status)}, up {status.get('uptime_s', 0):.0f}s"
     lines = [
         f"{role} of run {status.get('run', '?')}: {state}",
         f"  peer id {status.get('peer_id', '?')}",

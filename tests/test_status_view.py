@@ -54,6 +54,12 @@ def test_the_first_missing_input_is_named_in_the_order_a_node_gets_going() -> No
     assert waiting_line(idle_trainer | {"work": {"step": 0, "submissions_received": 2}}) is None
 
 
+def test_ready_means_started_and_connected() -> None:
+    alone = describe(document(ready=False, started=True, connected_peers=[]), NOW)[0]
+    assert alone == "worker of run r1: started, no peer yet, up 12s"
+    assert describe(document(ready=False, started=False), NOW)[0] == "worker of run r1: starting, up 12s"
+
+
 def test_a_status_not_rewritten_reads_as_stopped_hung_or_killed() -> None:
     stale = describe(document(updated=NOW - STALE_AFTER_S - 5), NOW)[0]
     assert "not updated for 15s" in stale and "pid 41" in stale

@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from swarmnode.node.devnet.network import Devnet
-from swarmnode.node.status_view import work_cell
+from swarmnode.node.status_view import started_state, work_cell
 
 
 def status_table(devnet: Devnet, elapsed: float) -> Table:
@@ -33,7 +33,7 @@ def status_table(devnet: Devnet, elapsed: float) -> Table:
     for node in devnet.nodes.values():
         status = node.status() or {}
         code = node.exit_code
-        state = "ready" if status.get("ready") else "starting"
+        state = started_state(status)
         if code is not None:
             state = f"[red]exit {code}[/]" if code else "stopped"
         found = status.get("providers_found", {})

@@ -34,6 +34,8 @@ def _alone(tmp_path, bootstrap: str) -> tuple[str, str]:
             await nursery.start(relay.run)
             await wait_until(lambda: relay.net.discovery.stats["bootstrap_failures"] >= 3, timeout=30)
             status = relay.status()
+            assert status["started"] and not status["ready"]  # ready means connected
+            assert boot.status()["ready"]  # the bootstrap itself connects to no one: ready once started
             found["why"] = status["bootstrap_unreachable"][address]
             found["waiting"] = waiting_line(status) or ""
             nursery.cancel_scope.cancel()
