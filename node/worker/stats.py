@@ -31,6 +31,7 @@ class WorkerStats:
     cpu_s: float = 0.0
     tokens: int = 0
     grader_faults: int = 0  # counters skipped: the grader hit a safety net, so no reward could be claimed
+    swap_failures: int = 0  # checkpoints the engine failed to load (nothing generated until the next one)
     _judged: set[bytes] = field(default_factory=set, repr=False)
 
     def record_build(self, built: Built) -> None:
@@ -72,4 +73,5 @@ class WorkerStats:
             "cpu_s": round(self.cpu_s, 3),
             "tokens": self.tokens,
             "grader_faults": self.grader_faults,
+            "swap_failures": self.swap_failures,
         }

@@ -245,7 +245,18 @@ class SwarmWorkerWork:
         if pending is None or (self.loaded is not None and pending.ref.version <= self.loaded.version):
             return
         assert self.engine is not None and self.counters is not None
-        await trio.to_thread.run_sync(self.engine.load_weights, pending.state)
+        try:
+            await trio.to_thread.run_sync(self.engine.load_weights, pending.state)
+        except Exception as exc:  # noqa: BLE001 - an engine's failure must not stop the worker
+            # The engine may hold half of each version's weights: generating on them would fail every
+            # TOPLOC check (a slash). Nothing is generated until a later checkpoint swaps in whole.
+            self.loaded = None
+            self.stats.swap_failures += 1
+            log.error(
+                "checkpoint swap failed: waiting for the next checkpoint",
+                extra={"version": pending.ref.version, "error": repr(exc)},
+            )
+            return
         self.loaded = pending.ref
         self.counters.forget_below(pending.ref.version - self._async_level())
         log.info("checkpoint swapped in", extra={"version": pending.ref.version})

@@ -807,3 +807,53 @@ def test_a_worker_configured_beyond_the_runs_bound_stops_at_it(tmp_path, base_en
         assert work.next_counter() is None
 
     trio.run(main)
+
+
+class SwapFailsOnce:
+    """An engine whose first weight swap fails halfway (as a vLLM reload can): the rest is the real one."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.failed = engine, False
+
+    def load_weights(self, state) -> None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("reload_weights failed on a prepacked parameter")
+        self.engine.load_weights(state)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_failed_weight_swap_stops_generation_not_the_worker(tmp_path, base_engine, setup):
+    """Nothing is generated on weights that may be half swapped; the next checkpoint swaps in whole and
+    the worker goes on."""
+    state = {k: v.clone() for k, v in base_engine.model.state_dict().items()}
+    v1 = write_checkpoint(tmp_path / "ckpt1", 1, state, setup.descriptor.model_config_hash)
+    v2 = write_checkpoint(tmp_path / "ckpt2", 2, state, setup.descriptor.model_config_hash)
+    config = node_config(tmp_path, submissions_per_version=1)
+    validators = Validators([100])
+
+    async def main() -> None:
+        work = worker_work(config, WORKER, None)
+        work.setup = setup
+        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+        work.engine = SwapFailsOnce(run_engine())
+        send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(work._load_checkpoints, receive)
+            nursery.start_soon(work._work, validators)
+            await send.send(v1)
+            with trio.fail_after(20):
+                while not work.stats.swap_failures:  # noqa: ASYNC110  # the loop under test offers no event
+                    await trio.sleep(0.01)
+            assert work.loaded is None and work.next_counter() is None and not validators.sent
+            await send.send(v2)
+            with trio.fail_after(20):
+                while not validators.sent:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        assert [s.checkpoint_version for _, s in validators.sent] == [2]
+        assert work.status()["swap_failures"] == 1
+
+    trio.run(main)
