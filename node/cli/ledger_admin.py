@@ -111,7 +111,8 @@ def run_group() -> None:
     type=click.IntRange(1, RUN_LIMIT_MAX),
     required=True,
     metavar="N",
-    help="most tokens one credit may claim: the longest completion times the group size",
+    help="most tokens one credit may claim: a credit pays one submission, whose completion tokens are at "
+    "most max new tokens x group size x prompts per step (the devnet: 6 x 8 x 32 = 1536)",
 )
 @click.option(
     "--max-flops-per-token",
