@@ -4,7 +4,8 @@
 - `cli/`        the `swarmnode` command, one module per command group
 - `devnet/`     a whole swarm on this machine (orchestration, the RL run, the report)
 - `runtime`     the node process: one trio loop, every component a task; `config` its settings;
-                `metrics` the Prometheus endpoint; `conformance` replays spec/vectors
+                `metrics` the Prometheus endpoint; `conformance` the table of vector suites (spec/vectors)
+                that `swarmnode conformance` replays and `make vectors` writes
 - `roles/`      what every role shares (the service base, checkpoint following); no role package
 - `assemble`    the composition root: a role with its work, from the config (the only module
                 that imports every role)

@@ -1,374 +1,118 @@
-"""Replays conformance vectors (spec/vectors/*.json) through the real decoder and verifiers.
+"""The one table of conformance suites, and the replay `swarmnode conformance` runs over it.
 
-A vector file holds `{"suite": str, "cases": [ {name, kind, input, expect}, ... ]}`. Each kind has
-one handler that runs the real code path and compares with `expect`; `expect.verdict` is "accept" or
-"reject"/"ignore" with the reason code the implementation must produce. Another implementation can
-run the same files, and `swarmnode conformance --vectors DIR` runs ours against anyone's.
+A suite is one directory of vector files under spec/vectors (`core` is the top level itself). Each file is
+`{"suite", "generated_by", "cases": [{name, kind, input, expect}]}`; a case passes when its suite's handler
+for `kind` turns `input` into exactly `expect`. Handlers sit beside the code they replay: the pure rules'
+in protocol/ and crypto/, the rest in the node package that owns the rule.
 
-Besides the top-level files, the subdirectories in `SUBDIRECTORIES` are replayed (`rollouts/`: task
-assignment, seeds, sampling, rewards and validation verdicts, spec/rollouts.md and spec/validation.md;
-`diloco/`: the DiLoCo round rules, spec/diloco.md). `shards/` and `p2p/` are replayed by their own tests
-until their kinds join `HANDLERS`. The rollout
-handlers import torch and the model code lazily, so the wire suites stay quick to load.
+`generators` name the modules of tests/ whose `SUITES` (file's suite name -> cases) scripts/gen_vectors.py
+renders into the directory: generation is a development tool that needs the tests' keys and fixtures,
+replay ships with the package. A new vector directory is a new row here (tests/conformance/test_suites.py
+fails until it is).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from swarmnode.crypto.identity import NodeIdentity, base58btc, peer_id_bytes
-from swarmnode.crypto.merkle import inclusion_proof, merkle_root, root_from_inclusion_proof
+from swarmnode.crypto.toploc_conformance import TOPLOC_HANDLERS
 from swarmnode.node.diloco.conformance import DILOCO_HANDLERS
-from swarmnode.protocol.codec import decode, encode, to_json
-from swarmnode.protocol.envelope import ReplayWindow, open_envelope, signing_digest
-from swarmnode.protocol.errors import ProtocolError, Reason
-from swarmnode.protocol.messages import MESSAGE_TYPES, RolloutSubmission, RunDescriptor
+from swarmnode.node.p2p.conformance import P2P_HANDLERS
+from swarmnode.node.rl.conformance import ROLLOUT_HANDLERS
+from swarmnode.protocol.errors import ProtocolError
+from swarmnode.protocol.shards_conformance import SHARD_HANDLERS
+from swarmnode.protocol.wire_conformance import WIRE_HANDLERS
 
-if TYPE_CHECKING:
-    from swarmnode.node.rl.engine import TransformersEngine
-    from swarmnode.node.rl.tasks import Task
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+Case = dict[str, Any]
 
-SUBDIRECTORIES = ("rollouts", "diloco")
-OUT_OF_RANGE = "out-of-range"  # `expect.error` of an input outside a function's domain: it MUST be refused
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    directory: str  # under the vectors root; "" is the root itself
+    generators: tuple[str, ...]  # tests/ modules with `SUITES`, imported by scripts/gen_vectors.py only
+    handlers: Mapping[str, Handler]  # case kind -> handler
+    about: str
+
+    def folder(self, root: Path) -> Path:
+        return root / self.directory
+
+    def file_for(self, root: Path, document: str) -> Path:
+        """A document's file: its suite name less the directory's prefix (`diloco-run`: diloco/run.json)."""
+        return self.folder(root) / f"{document.removeprefix(self.directory + '-')}.json"
+
+
+SUITES: tuple[Suite, ...] = (
+    Suite(
+        "core",
+        "",
+        ("tests.conformance.cases_wire", "tests.conformance.cases_toploc"),
+        {**WIRE_HANDLERS, **TOPLOC_HANDLERS},
+        "identity, Merkle trees, codec, envelope, TOPLOC proofs (wire.md, toploc.md)",
+    ),
+    Suite("rollouts", "rollouts", ("tests.rl.cases_rollouts",), ROLLOUT_HANDLERS,
+          "tasks, assignment, seeds, sampling, rewards, verdicts (rollouts.md, validation.md)"),
+    Suite("diloco", "diloco", ("tests.diloco.cases_diloco",), DILOCO_HANDLERS,
+          "DiLoCo rounds between trainers (diloco.md)"),
+    Suite("shards", "shards", ("tests.dataplane.cases_shards",), SHARD_HANDLERS,
+          "checkpoint manifests, heads, ranges, routes, retention (shards.md)"),
+    Suite("p2p", "p2p", ("tests.p2p.cases_p2p",), P2P_HANDLERS,
+          "DHT records, gossip topics, messages and authority (discovery.md, gossip.md)"),
+)
+
+
+def suite_named(name: str) -> Suite:
+    for suite in SUITES:
+        if suite.name == name:
+            return suite
+    raise KeyError(f"no conformance suite {name!r} (have {', '.join(s.name for s in SUITES)})")
 
 
 @dataclass(frozen=True)
 class CaseResult:
-    suite: str
+    suite: str  # the document's suite name (`diloco-run`)
     name: str
     passed: bool
     detail: str
 
 
-def _hex(text: str) -> bytes:
-    return bytes.fromhex(text[2:] if text.startswith("0x") else text)
-
-
-def _verdict_of(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run a decode/verify step and describe its outcome the way vectors do."""
-    try:
-        return {"verdict": "accept", **run()}
-    except ProtocolError as exc:
-        return {"verdict": exc.verdict, "reason": int(exc.reason)}
-
-
-def check_identity(inp: dict[str, Any]) -> dict[str, Any]:
-    identity = NodeIdentity(_hex(inp["private_key"]))
-    return {
-        "public_key": "0x" + identity.public_key.hex(),
-        "address": identity.checksum_address,
-        "peer_id": base58btc(peer_id_bytes(identity.public_key)),
-    }
-
-
-def check_merkle(inp: dict[str, Any]) -> dict[str, Any]:
-    leaves = [_hex(x) for x in inp["leaves"]]
-    root = merkle_root(leaves)
-    proofs = [[("0x" + p.hex()) for p in inclusion_proof(leaves, i)] for i in range(len(leaves))]
-    for i, leaf in enumerate(leaves):  # the proofs must verify through the verifier, not only match
-        if root_from_inclusion_proof(leaf, i, len(leaves), [_hex(p) for p in proofs[i]]) != root:
-            raise AssertionError("inclusion proof does not verify")
-    return {"root": "0x" + root.hex(), "proofs": proofs}
-
-
-def check_codec(inp: dict[str, Any]) -> dict[str, Any]:
-    cls = MESSAGE_TYPES[inp["type"]]
-
-    def run() -> dict[str, Any]:
-        message: Any = decode(cls, _hex(inp["bytes"]))
-        return {"fields": to_json(message), "reencoded": "0x" + encode(message).hex()}
-
-    return _verdict_of(run)
-
-
-def check_envelope(inp: dict[str, Any]) -> dict[str, Any]:
-    replay = ReplayWindow()
-    for earlier in inp.get("accepted_before", []):
-        open_envelope(_hex(earlier), run=inp["run"], now_ms=inp["now_ms"], replay=replay)
-
-    def run() -> dict[str, Any]:
-        opened = open_envelope(_hex(inp["envelope"]), run=inp["run"], now_ms=inp["now_ms"], replay=replay)
-        env = opened.envelope
-        digest = signing_digest(env.type, env.run, env.sender, env.seq, env.ts, env.body)
-        return {
-            "type": env.type,
-            "sender": "0x" + env.sender.hex(),
-            "seq": env.seq,
-            "signing_digest": "0x" + digest.hex(),
-            "fields": to_json(opened.message),
-        }
-
-    return _verdict_of(run)
-
-
-def _rows(inp: dict[str, Any]) -> Any:
-    import torch
-
-    return torch.tensor(inp["rows"], dtype=torch.float32)
-
-
-def check_toploc_build(inp: dict[str, Any]) -> dict[str, Any]:
-    from swarmnode.crypto.toploc import build_proofs
-
-    proofs = build_proofs(_rows(inp), k=inp["k"], chunk=inp["chunk"])
-    return {"proofs": ["0x" + p.hex() for p in proofs]}
-
-
-def check_toploc_verify(inp: dict[str, Any]) -> dict[str, Any]:
-    from swarmnode.crypto.toploc import ToplocError, verify_proofs
-
-    try:
-        checks = verify_proofs(_rows(inp), [_hex(p) for p in inp["proofs"]], k=inp["k"], chunk=inp["chunk"])
-    except ToplocError as exc:
-        return {"verdict": "reject", "reason": 605, "error": type(exc).__name__}
-    return {
-        "verdict": "accept",
-        "chunks": [
-            {
-                "exp_mismatches": c.exp_mismatches,
-                "mant_err_mean": c.mant_err_mean,
-                "mant_err_median": c.mant_err_median,
-                "passed": c.passed,
-            }
-            for c in checks
-        ],
-    }
-
-
-# ---------------------------------------------------------------------------- rollouts (spec/rollouts.md)
-
-
-def _task(obj: dict[str, Any]) -> Task:
-    from swarmnode.node.rl.tasks import Task
-
-    return Task(obj["kind"], obj["prompt"], obj["target"], obj.get("target_length", 0))
-
-
-def check_task_id(inp: dict[str, Any]) -> dict[str, Any]:
-    from swarmnode.node.rl.tasks import canonical_json, task_id
-
-    task = _task(inp)
-    return {"canonical_json": canonical_json(task), "task_id": "0x" + task_id(task).hex()}
-
-
-def check_dataset_hash(inp: dict[str, Any]) -> dict[str, Any]:
-    from swarmnode.node.rl.tasks import dataset_hash
-
-    tasks = [_task(t) for t in inp["tasks"]]
-    return {
-        "task_ids": ["0x" + t.task_id.hex() for t in tasks],
-        "dataset_hash": "0x" + dataset_hash(tasks).hex(),
-    }
-
-
-def check_assignment(inp: dict[str, Any]) -> dict[str, Any]:
-    from swarmnode.node.rl.tasks import assign_tasks
-    from swarmnode.protocol.runs import assignment_step
-
-    ids = [_hex(x) for x in inp["dataset_ids"]]
-    try:
-        step = assignment_step(inp["checkpoint_version"], inp["counter"])
-        assigned = assign_tasks(ids, _hex(inp["worker"]), step, inp["prompts_per_step"])
-    except ValueError:
-        return {"error": OUT_OF_RANGE}
-    return {
-        "step": step,
-        "indices": [ids.index(t) for t in assigned],
-        "task_ids": ["0x" + t.hex() for t in assigned],
-    }
-
-
-def check_seed(inp: dict[str, Any]) -> dict[str, Any]:
-    from swarmnode.node.rl.sampling import derive_seed
-
-    try:
-        seed = derive_seed(inp["run"], _hex(inp["worker"]), inp["step"], _hex(inp["task_id"]), inp["index"])
-    except ValueError:
-        return {"error": OUT_OF_RANGE}
-    return {"seed": seed}
-
-
-def check_sampling(inp: dict[str, Any]) -> dict[str, Any]:
-    """Tokens of the seeded Gumbel-max sampler, row p of `logits` being generated position p; with the
-    position keys and the 32-bit noise hashes (exact integers) when the temperature is positive."""
-    import torch
-
-    from swarmnode.node.rl.sampling import noise_bits, position_key, sample_tokens
-
-    logits = torch.tensor(inp["logits"], dtype=torch.float32)
-    seed, temperature = inp["seed"], inp["temperature"]
-    tokens = [int(sample_tokens(row[None], [seed], p, temperature)[0]) for p, row in enumerate(logits)]
-    if temperature == 0:
-        return {"tokens": tokens}
-    keys = [position_key(seed, p) for p in range(len(logits))]
-    bits = noise_bits(torch.tensor(keys, dtype=torch.int64), logits.shape[1])
-    return {"keys": [list(k) for k in keys], "bits": bits.tolist(), "tokens": tokens}
-
-
-def check_sampling_rule(inp: dict[str, Any]) -> dict[str, Any]:
-    """The validator's sampling check (6d): positions whose claimed token is not within the tolerance."""
-    import torch
-
-    from swarmnode.node.rl.sampling import check_sampling as sampling_check
-
-    logits = torch.tensor(inp["logits"], dtype=torch.float32).reshape(len(inp["tokens"]), -1)
-    result = sampling_check(logits, inp["tokens"], inp["seed"], inp["temperature"], inp["tolerance"])
-    return {"mismatches": list(result.mismatches)}
-
-
-def _rewards_descriptor(task_kind: str, length_target: int, length_penalty: float) -> RunDescriptor:
-    """A descriptor that only fixes what scoring reads (the length-target term); the rest is placeholder."""
-    import dataclasses
-
-    from swarmnode.node.rl.run import devnet_grpo, devnet_policy
-
-    grpo = dataclasses.replace(
-        devnet_grpo(_model_engine(_devnet_root()).info), length_target=length_target,
-        length_penalty=length_penalty
-    )
-    zero = bytes(32)
-    return RunDescriptor("rewards", bytes(20), zero, (), zero, zero, task_kind, grpo, 0, devnet_policy(), 0)
-
-
-def check_rewards(inp: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    from swarmnode.node.rl.grpo import group_advantages
-    from swarmnode.node.rl.rollouts import completion_rewards
-
-    task = _task(inp["task"])
-    completions = [list(c) for c in inp["completions"]]
-    tokenizer = _model_engine(_hex(inp["model"]).hex()).tokenizer
-    descriptor = _rewards_descriptor(task.kind, inp["length_target"], inp["length_penalty"])
-    rewards = completion_rewards(task, completions, descriptor, tokenizer)
-    return {
-        "texts": [tokenizer.completion_text(c) for c in completions],
-        "rewards": rewards,
-        "advantages": group_advantages(torch.tensor(rewards)).tolist(),
-    }
-
-
-@functools.lru_cache(maxsize=1)
-def _devnet_root() -> str:
-    """The base weights root (hex) of the devnet's committed model folder."""
-    from swarmnode.node.rl.model import model_commitment
-    from swarmnode.node.rl.run import DEVNET_MODEL
-
-    return model_commitment(DEVNET_MODEL).weights_root.hex()
-
-
-@functools.lru_cache(maxsize=2)
-def _model_engine(weights_root_hex: str) -> TransformersEngine:
-    """The engine of a model folder named by its base weights root; vectors may only name the devnet's."""
-    from swarmnode.node.rl.engine import TransformersEngine
-    from swarmnode.node.rl.run import DEVNET_MODEL
-
-    if _devnet_root() != weights_root_hex:
-        raise ValueError(f"model {weights_root_hex} is not held here (only the devnet's committed model is)")
-    return TransformersEngine.from_folder(DEVNET_MODEL)
-
-
-def check_validation(inp: dict[str, Any]) -> dict[str, Any]:
-    """A validator's verdict on one signed RolloutSubmission, checks 1-6 of spec/validation.md, through the
-    total judge (`judge_total`): the model config is the held checkpoint's, which the descriptor names."""
-    from swarmnode.node.rl.engine import InferenceEngine
-    from swarmnode.node.rl.tasks import dataset_hash
-    from swarmnode.node.rl.validation import Accepted, BadProof, ValidationContext, judge_total
-
-    descriptor = decode(RunDescriptor, _hex(inp["descriptor"]))
-    tasks = [_task(t) for t in inp["dataset"]]
-    if dataset_hash(tasks) != descriptor.dataset_hash:
-        raise ValueError("the dataset is not the one the descriptor's dataset_hash names")
-    held = {c["version"]: c for c in inp["checkpoints"]}
-    eligible = {_hex(a) for a in inp["eligible"]}
-
-    def engine_for(version: int) -> InferenceEngine:
-        return _model_engine(_hex(held[version]["weights_root"]).hex())
-
-    engine = engine_for(min(held))
-    if engine.info.config_hash != descriptor.model_config_hash:
-        raise ValueError("the held checkpoint's model config is not the one the descriptor names")
-    ctx = ValidationContext(
-        descriptor,
-        {t.task_id: t for t in tasks},
-        [t.task_id for t in tasks],
-        inp["newest_version"],
-        {version: _hex(c["root"]) for version, c in held.items()},
-        lambda worker: worker in eligible,
-        engine.info,
-        engine.tokenizer,
-    )
-    try:
-        opened = open_envelope(
-            _hex(inp["envelope"]),
-            run=descriptor.run,
-            now_ms=inp["now_ms"],
-            replay=ReplayWindow(),
-            expect=RolloutSubmission,
-        )
-    except ProtocolError as exc:
-        return {"verdict": exc.verdict, "reason": int(exc.reason)}
-    outcome = judge_total(opened.message, opened.sender, ctx, engine_for)
-    if isinstance(outcome, Accepted):
-        return {"verdict": "accept", "tokens": outcome.tokens}
-    if isinstance(outcome, BadProof):
-        chunks = list(outcome.failure.failing_chunks)
-        return {"verdict": "reject", "reason": int(Reason.BAD_PROOF), "failing_chunks": chunks}
-    return {"verdict": outcome.verdict, "reason": int(outcome.reason)}
-
-
-HANDLERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "identity": check_identity,
-    "merkle": check_merkle,
-    "codec": check_codec,
-    "envelope": check_envelope,
-    "toploc_build": check_toploc_build,
-    "toploc_verify": check_toploc_verify,
-    "task_id": check_task_id,
-    "dataset_hash": check_dataset_hash,
-    "assignment": check_assignment,
-    "seed": check_seed,
-    "sampling": check_sampling,
-    "sampling_rule": check_sampling_rule,
-    "rewards": check_rewards,
-    "validation": check_validation,
-    **DILOCO_HANDLERS,
-}
-
-
-def run_case(suite: str, case: dict[str, Any]) -> CaseResult:
-    handler = HANDLERS.get(case["kind"])
+def run_case(suite: Suite, document: str, case: Case) -> CaseResult:
+    handler = suite.handlers.get(case["kind"])
     if handler is None:
-        return CaseResult(suite, case["name"], False, f"no handler for kind {case['kind']!r}")
+        detail = f"no handler for kind {case['kind']!r} in suite {suite.name}"
+        return CaseResult(document, case["name"], False, detail)
     try:
         got = handler(case["input"])
     except (ValueError, KeyError, AssertionError, ProtocolError) as exc:
-        return CaseResult(suite, case["name"], False, f"{type(exc).__name__}: {exc}")
+        return CaseResult(document, case["name"], False, f"{type(exc).__name__}: {exc}")
     if got != case["expect"]:
         diff = {
             k: (case["expect"].get(k), got.get(k))
             for k in set(got) | set(case["expect"])
             if got.get(k) != case["expect"].get(k)
         }
-        return CaseResult(suite, case["name"], False, f"mismatch (expected, got): {diff}"[:500])
-    return CaseResult(suite, case["name"], True, "ok")
+        return CaseResult(document, case["name"], False, f"mismatch (expected, got): {diff}"[:500])
+    return CaseResult(document, case["name"], True, "ok")
 
 
-def load_suites(directory: Path) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The suites of `directory/*.json`, then of `directory/<sub>/*.json` for each of `SUBDIRECTORIES`."""
-    paths = sorted(directory.glob("*.json"))
-    paths += [path for sub in SUBDIRECTORIES for path in sorted((directory / sub).glob("*.json"))]
-    suites = []
-    for path in paths:
+def load(suite: Suite, root: Path) -> list[tuple[str, list[Case]]]:
+    """The documents of `suite` under the vectors root `root`, as (suite name, cases), in file order."""
+    documents = []
+    for path in sorted(suite.folder(root).glob("*.json")):
         document = json.loads(path.read_text())
-        suites.append((document["suite"], document["cases"]))
-    return suites
+        documents.append((document["suite"], document["cases"]))
+    return documents
 
 
-def run_suites(suites: Iterable[tuple[str, list[dict[str, Any]]]]) -> list[CaseResult]:
-    return [run_case(suite, case) for suite, cases in suites for case in cases]
+def replay(suites: Iterable[Suite], root: Path) -> list[CaseResult]:
+    return [
+        run_case(suite, document, case)
+        for suite in suites
+        for document, cases in load(suite, root)
+        for case in cases
+    ]

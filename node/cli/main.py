@@ -209,18 +209,34 @@ def default_vectors_dir() -> Path:
 
 @main.command()
 @click.option("--vectors", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Directory of *.json vector files (default: this tree's spec/vectors).")
+              help="Vectors root laid out as spec/vectors: *.json, rollouts/, diloco/, ... "
+                   "(default: this tree's spec/vectors).")
+@click.option("--suite", "suite_name", default=None, metavar="NAME",
+              help="Replay one suite (see --list) instead of all.")
+@click.option("--list", "list_suites", is_flag=True, help="List the suites and their directories, then exit.")
 @click.option("--verbose", "-v", is_flag=True, help="List every case, not only the failing ones.")
-def conformance(vectors: Path | None, verbose: bool) -> None:
-    """Replay protocol conformance vectors through the real decoder and verifiers."""
+def conformance(vectors: Path | None, suite_name: str | None, list_suites: bool, verbose: bool) -> None:
+    """Replay protocol conformance vectors, every suite or one, through the real decoder and verifiers."""
     from rich.table import Table
 
-    from swarmnode.node.conformance import load_suites, run_suites
+    from swarmnode.node.conformance import SUITES, replay, suite_named
 
     directory = vectors or default_vectors_dir()
+    if list_suites:
+        listing = Table(title="conformance suites")
+        for column in ("suite", "directory", "covers"):
+            listing.add_column(column)
+        for row in SUITES:
+            listing.add_row(row.name, str(row.folder(directory)), row.about)
+        console.print(listing)
+        return
     if not directory.is_dir():
         raise click.ClickException(f"no vectors at {directory}; pass --vectors DIR")
-    results = run_suites(load_suites(directory))
+    try:
+        chosen = SUITES if suite_name is None else (suite_named(suite_name),)
+    except KeyError as exc:
+        raise click.ClickException(str(exc.args[0])) from None
+    results = replay(chosen, directory)
     if not results:
         raise click.ClickException(f"no vector cases found in {directory}")
     table = Table(title=f"conformance: {directory}")

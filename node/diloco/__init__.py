@@ -33,6 +33,6 @@ Parts:
 - `sharded`    a trainer group of FSDP2 ranks as one DiLoCo participant, shard-wise
                (its collectives; `rank_files` who owns which tensor and the per-rank payload files)
 - `role` (the node role), `plan` (build and sign a run), `__main__` (`python -m swarmnode.node.diloco
-  plan|trainer`), `testing` (processes for tests), `conformance` (replays spec/vectors/diloco),
+  plan|trainer`), `testing` (processes for tests), `conformance` (the diloco suite's handlers),
   `faults` (a straggler for tests and demos)
 """

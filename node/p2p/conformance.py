@@ -1,8 +1,8 @@
-"""Conformance handlers for the networking formats (spec/vectors/p2p/*.json).
+"""Replays spec/vectors/p2p/*.json through the real networking rules (DHT records, gossip topics, messages
+and authority); node/conformance.py lists it as the `p2p` suite.
 
-Same document shape and verdict convention as node/conformance.py: `{suite, cases: [{name, kind, input,
-expect}]}`. These kinds are meant to join `node.conformance.HANDLERS`; until then
-tests/p2p/test_vectors.py replays them through `P2P_HANDLERS`.
+Same document shape and verdict convention as every suite: `{suite, cases: [{name, kind, input, expect}]}`.
+The rules live in node/p2p (records, gossip policy), so their replay does too.
 """
 
 from __future__ import annotations

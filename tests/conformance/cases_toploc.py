@@ -9,7 +9,7 @@ import hashlib
 from collections.abc import Iterator
 from typing import Any
 
-from swarmnode.node.conformance import check_toploc_build, check_toploc_verify
+from swarmnode.crypto.toploc_conformance import check_toploc_build, check_toploc_verify
 
 
 def rows(tokens: int, hidden: int, salt: int = 0) -> list[list[float]]:

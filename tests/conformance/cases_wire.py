@@ -16,12 +16,12 @@ import msgpack
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.signing import _SECP256K1_N
-from swarmnode.node.conformance import check_codec, check_envelope, check_identity, check_merkle
 from swarmnode.protocol import ledger_messages as lm
 from swarmnode.protocol import messages as m
 from swarmnode.protocol.codec import encode, to_wire
 from swarmnode.protocol.envelope import ENVELOPE_VERSION, REPLAY_WINDOW, Envelope, seal, signing_digest
 from swarmnode.protocol.errors import Reason
+from swarmnode.protocol.wire_conformance import check_codec, check_envelope, check_identity, check_merkle
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.conformance.samples import every_message
 

@@ -1,24 +1,24 @@
-"""The committed vectors are exactly what the cases generate, and every one passes the real code."""
+"""The committed core vectors (spec/vectors/*.json) are exactly what the cases generate, and every one
+passes the real code."""
 
 from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
-from scripts.gen_vectors import collect_suites, render
-from swarmnode.node.conformance import load_suites, run_case
+from scripts.gen_vectors import VECTORS, generators_of, render
+from swarmnode.node.conformance import load, run_case, suite_named
 
-VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"
-SUITES = collect_suites()
+CORE = suite_named("core")
+SUITES = {name: list(generate()) for name, generate in generators_of(CORE).items()}
 ALL_CASES = [(suite, case) for suite, cases in SUITES.items() for case in cases]
 
 
 @pytest.mark.parametrize("suite,case", ALL_CASES, ids=[c["name"] for _, c in ALL_CASES])
 def test_live_case_passes(suite, case):
-    result = run_case(suite, case)
+    result = run_case(CORE, suite, case)
     assert result.passed, result.detail
 
 
@@ -32,7 +32,7 @@ def test_committed_vectors_match_generated():
 
 
 def test_committed_vectors_pass():
-    results = [run_case(suite, case) for suite, cases in load_suites(VECTORS) for case in cases]
+    results = [run_case(CORE, suite, case) for suite, cases in load(CORE, VECTORS) for case in cases]
     assert results and all(r.passed for r in results), [r for r in results if not r.passed][:3]
 
 
@@ -71,7 +71,7 @@ def test_corrupting_any_byte_field_of_a_valid_vector_fails(suite, case):
     for path in paths:
         if path[:2] == ("input", "accepted_before"):
             continue  # corrupting a context message changes the context, not the case under test
-        assert not run_case(suite, _corrupt(case, path)).passed, f"corrupting {path} went unnoticed"
+        assert not run_case(CORE, suite, _corrupt(case, path)).passed, f"corrupting {path} went unnoticed"
 
 
 def test_vector_files_are_json_with_suite_names():

@@ -1,32 +1,20 @@
 """Conformance cases for the shard data plane: manifests, heads, ShardHave, bitfields, ranges, routes and
 retention.
 
-`python -m tests.dataplane.cases_shards` writes spec/vectors/shards/*.json; tests/dataplane/test_vectors.py
-fails when the committed files and these cases disagree, and replays the files through
-node.dataplane.conformance. Invalid cases outnumber valid ones: the reasons are the contract.
+The `shards` suite of node/conformance.py: scripts/gen_vectors.py writes `SUITES` to
+spec/vectors/shards/*.json; tests/dataplane/test_vectors.py fails when the committed files and these cases
+disagree, and replays the files. Invalid cases outnumber valid ones: the reasons are the contract.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import msgpack
 
 from swarmnode.crypto.merkle import merkle_root
-from swarmnode.node.dataplane.conformance import (
-    check_bitfield_case,
-    check_have_case,
-    check_head_case,
-    check_head_match_case,
-    check_head_of_case,
-    check_manifest_case,
-    check_range_case,
-    check_retention_case,
-    check_route_case,
-)
 from swarmnode.protocol.codec import encode, to_wire
 from swarmnode.protocol.envelope import MAX_CLOCK_SKEW_MS, Envelope, seal, signing_digest
 from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, ShardInfo
@@ -40,10 +28,19 @@ from swarmnode.protocol.shards import (
     manifest_path,
     shard_path,
 )
+from swarmnode.protocol.shards_conformance import (
+    check_bitfield_case,
+    check_have_case,
+    check_head_case,
+    check_head_match_case,
+    check_head_of_case,
+    check_manifest_case,
+    check_range_case,
+    check_retention_case,
+    check_route_case,
+)
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
-from tests.vector_files import VectorFiles
 
-OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "shards"
 Vector = dict[str, Any]
 TRAINER, OTHER = vector_identity(1), vector_identity(2)
 ENDPOINT = "http://192.0.2.10:8000"
@@ -318,11 +315,3 @@ SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
     "shards-route": route_cases,
     "shards-retention": retention_cases,
 }
-
-
-FILES = VectorFiles(OUT, "tests.dataplane.cases_shards", "shards-", SUITES)
-render, file_for, main = FILES.render, FILES.file_for, FILES.write
-
-
-if __name__ == "__main__":
-    main()

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from swarmnode.node.dataplane.conformance import SHARD_HANDLERS
-from tests.dataplane.cases_shards import SUITES, file_for, render
+from scripts.gen_vectors import VECTORS, generators_of, render
+from swarmnode.node.conformance import suite_named
+from swarmnode.protocol.shards_conformance import SHARD_HANDLERS
+
+SUITE = suite_named("shards")
+SUITES = generators_of(SUITE)
+
+
+def file_for(suite: str) -> Path:
+    return SUITE.file_for(VECTORS, suite)
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_committed_vectors_are_current(suite: str) -> None:
-    assert file_for(suite).read_text() == render(suite), (
-        "stale vectors: run `python -m tests.dataplane.cases_shards`"
+    assert file_for(suite).read_text() == render(suite, SUITES[suite]()), (
+        "stale vectors: run scripts/gen_vectors.py"
     )
 
 

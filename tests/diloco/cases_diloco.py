@@ -2,16 +2,15 @@
 contributor-set rule, lineage and join choice, HTTP routes; for RL runs with several trainers, the
 rollout split and the plan's fit with the run descriptor.
 
-`python -m tests.diloco.cases_diloco` writes spec/vectors/diloco/*.json; tests/diloco/test_vectors.py
-fails when the committed files and these cases disagree, and replays the files through
-node.diloco.conformance. Invalid cases outnumber valid ones: the reasons are the contract.
+The `diloco` suite of node/conformance.py: scripts/gen_vectors.py writes `SUITES` to
+spec/vectors/diloco/*.json; tests/diloco/test_vectors.py fails when the committed files and these cases
+disagree, and replays the files. Invalid cases outnumber valid ones: the reasons are the contract.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,19 +19,7 @@ from safetensors.torch import save
 from swarmnode.crypto.hashing import sha256
 from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.diloco.compression import Compressor
-from swarmnode.node.diloco.conformance import (
-    check_contribution_case,
-    check_decide_case,
-    check_join_case,
-    check_lineage_case,
-    check_outer_case,
-    check_owner_case,
-    check_payload_case,
-    check_rl_plan_case,
-    check_route_case,
-    check_run_case,
-    check_vote_case,
-)
+from swarmnode.node.diloco.conformance import check_payload_case
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.diloco import (
     ZERO_DIGEST,
@@ -43,6 +30,18 @@ from swarmnode.protocol.diloco import (
     plan_digest,
     plan_path,
     vote_path,
+)
+from swarmnode.protocol.diloco_conformance import (
+    check_contribution_case,
+    check_decide_case,
+    check_join_case,
+    check_lineage_case,
+    check_outer_case,
+    check_owner_case,
+    check_rl_plan_case,
+    check_route_case,
+    check_run_case,
+    check_vote_case,
 )
 from swarmnode.protocol.envelope import MAX_CLOCK_SKEW_MS, seal
 from swarmnode.protocol.messages import (
@@ -58,9 +57,7 @@ from swarmnode.protocol.messages import (
 )
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.conformance.samples import grpo_params, validator_policy
-from tests.vector_files import VectorFiles
 
-OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "diloco"
 Vector = dict[str, Any]
 A, B = sorted((vector_identity(1), vector_identity(2)), key=lambda k: k.address)
 OUTSIDER, OWNER = vector_identity(3), vector_identity(4)
@@ -518,11 +515,3 @@ SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
     "diloco-rl-plan": rl_plan_cases,
     "diloco-payload": payload_cases,
 }
-
-
-FILES = VectorFiles(OUT, "tests.diloco.cases_diloco", "diloco-", SUITES)
-render, file_for, main = FILES.render, FILES.file_for, FILES.write
-
-
-if __name__ == "__main__":
-    main()

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from scripts.gen_vectors import VECTORS, generators_of, render
+from swarmnode.node.conformance import suite_named
 from swarmnode.node.diloco.conformance import DILOCO_HANDLERS
-from tests.diloco.cases_diloco import SUITES, file_for, render
+
+SUITE = suite_named("diloco")
+SUITES = generators_of(SUITE)
+
+
+def file_for(suite: str) -> Path:
+    return SUITE.file_for(VECTORS, suite)
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_committed_vectors_are_current(suite: str) -> None:
-    assert file_for(suite).read_text() == render(suite), (
-        "stale vectors: run `python -m tests.diloco.cases_diloco`"
+    assert file_for(suite).read_text() == render(suite, SUITES[suite]()), (
+        "stale vectors: run scripts/gen_vectors.py"
     )
 
 

@@ -1,7 +1,7 @@
 """Conformance cases for DHT keys, run records, gossip topics and the gossip message rule.
 
-`python -m tests.p2p.cases_p2p` writes spec/vectors/p2p/*.json; tests/p2p/test_vectors.py fails when the
-committed files and these cases disagree, and replays the files through node.p2p.conformance.
+The `p2p` suite of node/conformance.py: scripts/gen_vectors.py writes `SUITES` to spec/vectors/p2p/*.json;
+tests/p2p/test_vectors.py fails when the committed files and these cases disagree, and replays the files.
 Invalid cases outnumber valid ones: the reasons are the contract.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from swarmnode.ledger.log import sign_operation
@@ -28,9 +27,7 @@ from swarmnode.protocol.envelope import Envelope, seal
 from swarmnode.protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
 from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardHave, Verdict, VerdictBatch
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
-from tests.vector_files import VectorFiles
 
-OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "p2p"
 Vector = dict[str, Any]
 TRAINER, OTHER = vector_identity(1), vector_identity(2)
 
@@ -292,11 +289,3 @@ SUITES = {
     "p2p-gossip-messages": gossip_message_cases,
     "p2p-gossip-authority": gossip_authority_cases,
 }
-
-
-FILES = VectorFiles(OUT, "tests.p2p.cases_p2p", "p2p-", SUITES)
-render, file_for, main = FILES.render, FILES.file_for, FILES.write
-
-
-if __name__ == "__main__":
-    main()

@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from scripts.gen_vectors import VECTORS, generators_of, render
+from swarmnode.node.conformance import suite_named
 from swarmnode.node.p2p.conformance import P2P_HANDLERS
-from tests.p2p.cases_p2p import SUITES, file_for, render
+
+SUITE = suite_named("p2p")
+SUITES = generators_of(SUITE)
+
+
+def file_for(suite: str) -> Path:
+    return SUITE.file_for(VECTORS, suite)
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_committed_vectors_are_current(suite: str) -> None:
-    assert file_for(suite).read_text() == render(suite), "stale vectors: run `python -m tests.p2p.cases_p2p`"
+    stale = "stale vectors: run scripts/gen_vectors.py"
+    assert file_for(suite).read_text() == render(suite, SUITES[suite]()), stale
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))

@@ -1,10 +1,10 @@
 """Conformance cases for spec/rollouts.md and spec/validation.md: task ids, assignment, seeds, the seeded
 sampler, rewards and advantages, and validators' verdicts on signed submissions.
 
-`python -m tests.rl.cases_rollouts` writes spec/vectors/rollouts/*.json; tests/rl/test_rollout_vectors.py
-fails when the committed files and these cases disagree, and replays the files through node.conformance
-(which `swarmnode conformance` runs too). Every expectation is computed by the real handler; that test pins
-the ones the specs document (the cheats' reason codes above all).
+The `rollouts` suite of node/conformance.py: scripts/gen_vectors.py writes `SUITES` to
+spec/vectors/rollouts/*.json; tests/rl/test_rollout_vectors.py fails when the committed files and these
+cases disagree, and replays the files as `swarmnode conformance` does. Every expectation is computed by
+the real handler; that test pins the ones the specs document (the cheats' reason codes above all).
 
 Decisions:
 - The validation and reward cases use the devnet's committed model folder (`DEVNET_MODEL`, named in each
@@ -20,18 +20,16 @@ Decisions:
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import struct
 from collections.abc import Callable, Iterator
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from swarmnode.crypto.hashing import sha256
-from swarmnode.node.conformance import (
+from swarmnode.node.rl.conformance import (
     check_assignment,
     check_dataset_hash,
     check_rewards,
@@ -72,8 +70,6 @@ from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.rl.cases_tasks import target_length_cases
 
-OUT = Path(__file__).resolve().parents[2] / "spec" / "vectors" / "rollouts"
-GENERATED_BY = "python -m tests.rl.cases_rollouts"
 Vector = dict[str, Any]
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -744,25 +740,3 @@ SUITES: dict[str, Callable[[], Iterator[Vector]]] = {
     "rollouts-rewards": reward_cases,
     "rollouts-validation": validation_cases,
 }
-
-
-def render(suite: str, cases: list[Vector] | None = None) -> str:
-    cases = list(SUITES[suite]()) if cases is None else cases
-    document = {"suite": suite, "generated_by": GENERATED_BY, "cases": cases}
-    return json.dumps(document, indent=1) + "\n"
-
-
-def file_for(suite: str) -> Path:
-    return OUT / f"{suite.removeprefix('rollouts-')}.json"
-
-
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    for suite in SUITES:
-        cases = list(SUITES[suite]())
-        file_for(suite).write_text(render(suite, cases))
-        print(f"{suite}: {len(cases)} cases -> {file_for(suite)}")
-
-
-if __name__ == "__main__":
-    main()

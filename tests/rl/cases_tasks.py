@@ -2,7 +2,7 @@
 
 They join the `rollouts-tasks` suite (`tests.rl.cases_rollouts.task_cases` yields them), in the same format:
 the input is the task's fields, `target_length` only where the case gives one, and the expectation is what
-the real handler (`node.conformance.check_task_id`, `check_dataset_hash`) computes.
+the real handler (`node.rl.conformance.check_task_id`, `check_dataset_hash`) computes.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from swarmnode.node.conformance import check_dataset_hash, check_task_id
+from swarmnode.node.rl.conformance import check_dataset_hash, check_task_id
 from swarmnode.node.rl.tasks import Task
 
 Vector = dict[str, Any]

@@ -1,5 +1,5 @@
-"""spec/vectors/rollouts/*.json: what tests/rl/cases_rollouts.py generates, replayed through the handlers
-`swarmnode conformance` runs, and failing when any expected value changes.
+"""spec/vectors/rollouts/*.json: what tests/rl/cases_rollouts.py generates, replayed through the `rollouts`
+suite `swarmnode conformance` runs, and failing when any expected value changes.
 
 The validation vectors carry the worker's logprobs, float32 values from the model whose last bits depend on
 the CPU's vector instructions (AVX-512 and AVX2 kernels round differently). Where the regenerated file is
@@ -13,21 +13,30 @@ import copy
 import dataclasses
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from click.testing import CliRunner
 
-from swarmnode.node.cli.main import default_vectors_dir, main
-from swarmnode.node.conformance import HANDLERS, load_suites, run_case
+from scripts.gen_vectors import VECTORS, generators_of, render
+from swarmnode.node.cli.main import main
+from swarmnode.node.conformance import load, run_case, suite_named
 from swarmnode.node.rl.rollouts import unpack_logprobs
 from swarmnode.protocol.codec import decode, to_json
 from swarmnode.protocol.envelope import Envelope
 from swarmnode.protocol.messages import RolloutSubmission
-from tests.rl.cases_rollouts import OUT, SUITES, file_for, render
+
+SUITE = suite_named("rollouts")
+SUITES = generators_of(SUITE)
+OUT = SUITE.folder(VECTORS)
 
 Case = dict[str, Any]
+
+
+def file_for(suite: str) -> Path:
+    return SUITE.file_for(VECTORS, suite)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +80,7 @@ def _without_logprobs(case: Case) -> tuple[Case, list[torch.Tensor]]:
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_committed_vectors_are_current(suite: str, generated: dict[str, list[Case]]) -> None:
-    stale = "stale vectors: run `python -m tests.rl.cases_rollouts`"
+    stale = "stale vectors: run scripts/gen_vectors.py"
     if file_for(suite).read_text() == render(suite, generated[suite]):
         return
     assert suite == "rollouts-validation", stale
@@ -91,16 +100,15 @@ def test_vector_files_are_the_suites() -> None:
 
 
 def test_committed_vectors_replay() -> None:
-    suites = load_suites(OUT)
+    suites = load(SUITE, VECTORS)
     assert [name for name, _ in suites] == sorted(SUITES, key=lambda s: file_for(s).name)
-    results = [run_case(suite, case) for suite, cases in suites for case in cases]
+    results = [run_case(SUITE, suite, case) for suite, cases in suites for case in cases]
     assert results and all(r.passed for r in results), [(r.name, r.detail) for r in results if not r.passed]
 
 
 def test_swarmnode_conformance_replays_them() -> None:
-    """The CLI's default directory includes the rollouts suites, and pointing it at them replays them."""
-    assert {name for name, _ in load_suites(default_vectors_dir())} >= set(SUITES)
-    result = CliRunner().invoke(main, ["conformance", "--vectors", str(OUT)])
+    """`swarmnode conformance --suite rollouts` replays exactly these files."""
+    result = CliRunner().invoke(main, ["conformance", "--suite", "rollouts"])
     total = sum(len(committed(s)) for s in SUITES)
     assert result.exit_code == 0, result.output
     assert f"all {total} cases passed" in result.output
@@ -146,7 +154,7 @@ def test_every_changed_expectation_fails(suite: str) -> None:
         variants = [_changed(expect, path, new) for path, new in _changes(expect)]
         variants += [{k: v for k, v in expect.items() if k != key} for key in expect]
         for broken in variants:
-            assert not run_case(suite, {**case, "expect": broken}).passed, (case["name"], broken)
+            assert not run_case(SUITE, suite, {**case, "expect": broken}).passed, (case["name"], broken)
 
 
 def test_every_rollout_kind_has_cases_and_errors_are_covered(generated: dict[str, list[Case]]) -> None:
@@ -161,7 +169,7 @@ def test_every_rollout_kind_has_cases_and_errors_are_covered(generated: dict[str
         "sampling_rule",
         "rewards",
         "validation",
-    } and kinds <= set(HANDLERS)
+    } and kinds <= set(SUITE.handlers)
     assert all(c["description"] for c in cases) and len({c["name"] for c in cases}) == len(cases)
     validation = [c for c in generated["rollouts-validation"] if c["expect"]["verdict"] != "accept"]
     assert len(validation) > len(generated["rollouts-validation"]) / 2

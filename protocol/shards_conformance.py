@@ -1,7 +1,9 @@
 """Replays spec/vectors/shards/*.json through the real shard rules (protocol/shards.py).
 
-Each handler takes a vector's `input` and returns what our implementation produces; a vector passes when
-that equals its `expect`. Verdicts are `{"verdict": "accept" | "reject" | "ignore", "reason": code}`.
+The rules are pure, so their replay sits beside them and needs nothing of the node; node/conformance.py
+lists it as the `shards` suite. Each handler takes a vector's `input` and returns what our implementation
+produces; a vector passes when that equals its `expect`. Verdicts are
+`{"verdict": "accept" | "reject" | "ignore", "reason": code}`.
 """
 
 from __future__ import annotations
