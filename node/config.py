@@ -62,7 +62,10 @@ class LivenessSettings:
     max_strikes: int = 3
 
 
-CHEATS = ("", "perturbed-model", "tampered-prompt", "forged-reward", "code-injection")
+CHEATS = ("", "perturbed-model", "tampered-prompt", "forged-reward", "code-injection", "greedy")
+# What `devnet --cheat` plants and its report requires slashed; `greedy` breaks no rule a validator checks
+# (a role abuse that fair judging bounds: tests/swarm/test_role_abuse_devnet.py), so it is not one of them.
+DEVNET_CHEATS = tuple(c for c in CHEATS if c and c != "greedy")
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ class WorkSettings:
     threads: int = 1  # torch intra-op threads of this process (the devnet shares 2 cores among 8 nodes)
     shard_mb: float = 1.0  # trainer: checkpoint shard size
     submissions_per_version: int = 4  # worker: most submissions per checkpoint version before waiting
-    cheat: str = ""  # worker, devnet only: perturbed-model | tampered-prompt | forged-reward | code-injection
+    # worker, devnet only: perturbed-model | tampered-prompt | forged-reward | code-injection | greedy
+    cheat: str = ""
     min_batch_groups: int = 0  # trainer: signal groups per step (0: the run's prompts_per_step)
     # trainer: a step that waited this long on a step's worth of groups, too few with signal, reports the
     # run as without learning signal (node.trainer.liveness; 0: never)

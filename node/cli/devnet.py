@@ -21,7 +21,7 @@ import trio
 from rich.console import Console
 
 from swarmnode.node.cli.inputs import eval_tasks_option, load_run_inputs, run_model_options
-from swarmnode.node.config import CHEATS
+from swarmnode.node.config import DEVNET_CHEATS
 from swarmnode.node.devnet.live import run_devnet, status_table
 from swarmnode.node.devnet.network import Devnet
 from swarmnode.node.devnet.plan import DevnetPlan, default_folder
@@ -76,7 +76,7 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
 @click.option(
     "--cheat",
     "cheat_kinds",
-    type=click.Choice([c for c in CHEATS if c]),
+    type=click.Choice(DEVNET_CHEATS),
     multiple=True,
     help="One more dishonest worker of this kind (repeatable), after the --cheaters ones; code-injection "
     "needs code tasks and --max-new-tokens 32.",

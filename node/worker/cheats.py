@@ -12,6 +12,9 @@ pipeline (`node.rl.rollouts`), so the submission stays well-formed and signed an
 | `code-injection`  | to one completion, after generation: a      | the model sampled it,  | BAD_SAMPLING   |
 |                   | program that kills the grader's parent,     | full marks             | (never run)    |
 |                   | with the model's own rows and logprobs      |                        |                |
+| `greedy`          | to the worker's pacing (`next_counter`):    | nothing false: honest  | nobody: fair   |
+|                   | every counter up to the run's               | rollouts, within the   | judging bounds |
+|                   | `max_submissions_per_version`, at once      | run's bound            | its share      |
 
 Decisions:
 - The perturbation is Gaussian noise of `PERTURB_FRACTION` (5%) of each tensor's own standard deviation, from
@@ -25,6 +28,9 @@ Decisions:
   are the model's: only the sampling re-derivation (or the termination check) can tell it was not sampled,
   and a validator runs those before any grader. The worker never grades it (it would run it), it claims full
   marks. It goes into the first code task's group where there is one, else the first group.
+- The greedy worker breaks no rule a validator checks: it is the role abuse that fair judging
+  (`node.validator.fairness`, round-robin per worker) and the per-worker queue bound must contain, so it
+  is never slashed (tests/swarm/test_role_abuse_devnet.py measures what it costs honest workers).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ PERTURBED_MODEL = "perturbed-model"
 TAMPERED_PROMPT = "tampered-prompt"
 FORGED_REWARD = "forged-reward"
 CODE_INJECTION = "code-injection"
+GREEDY = "greedy"  # ignores pacing: applied in `node.worker.work`, not to weights or submissions
 SUBMISSION_CHEATS = (TAMPERED_PROMPT, FORGED_REWARD, CODE_INJECTION)  # applied by build_dishonest_submission
 # What killed a validator before grading ran in the sandbox and after the model checks (issue #29).
 KILL_PAYLOAD = "import os;os.kill(os.getppid(),9)"

@@ -38,6 +38,11 @@ speak) plus raw TCP sockets on the HTTP data plane, and runs these attacks at on
   honestly generated submission (counter 0 on the newest version, the real worker code) sealed twice
   (two envelopes, two digests) to the target and, when the devnet has another validator, to that one.
   A victim must credit the twice-sealed assignment once and never credit an assembled one.
+- forge (opt-in: not in the default `--attacks`): a staked validator outside the run's validator set (the
+  "forger", enrolled by `enroll_forger`) connects to every node and gossips VerdictBatches of accepting
+  verdicts for made-up workers on the newest version: counted, they would swell every worker's count of
+  the swarm (`protocol.pacing.active_workers`) and shrink honest shares. Every node must refuse them
+  (run-scoped authority, spec/gossip.md) and deliver none (tests/swarm/test_role_abuse_devnet.py).
   `--prepare` builds the cache alone (about 11 s of one core) and exits: run it before the nodes start.
 
 Order: the replays go first (their window is the run's first versions); every other attack waits for them
@@ -91,6 +96,7 @@ from swarmnode.protocol.types import KIB, MIB
 KEYS_FILE = "hostile-keys.json"
 CACHE_FILE = "hostile-replay-cache.bin"
 ATTACKS = ("bomb", "bloat", "slow", "flood", "gossip", "meshsub", "poison", "replay")
+OPT_IN_ATTACKS = ("forge",)  # run only when named in --attacks
 LEGACY_SEED_DOMAIN = b"swarmnode/sampling/seed/v1"  # the sampling seed rule the replay cache relies on
 FRAME_PREFIX = struct.Struct(">I")
 MAX_GOSSIP_BYTES = 940 * KIB  # under the nodes' 960 KiB gossip envelope cap: near-cap, not over it
@@ -122,6 +128,9 @@ class Knobs:
     poison_kinds: tuple[str, ...] = ("vocab", "huge_token", "logprobs_short")
     replay_counters: int = 3
     source_ip: str = "127.0.0.2"
+    forge_batches: int = 16  # forged VerdictBatches in all
+    forge_verdicts: int = 256  # accepting verdicts per batch, each for a made-up worker
+    forge_rate: float = 0.5  # forged batches per second
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Knobs:
@@ -191,6 +200,17 @@ def enroll_attackers(devnet_ledger: Any, folder: Path) -> dict[str, NodeIdentity
     )
     (folder / KEYS_FILE).write_text(json.dumps({name: k.private_key.hex() for name, k in keys.items()}))
     return keys
+
+
+def enroll_forger(devnet_ledger: Any, folder: Path) -> NodeIdentity:
+    """Register and stake the forger as a validator (before the nodes start, after the run is registered:
+    it is eligible on the ledger but not in the run's validator set); add its key to `folder/KEYS_FILE`."""
+    forger = NodeIdentity(secrets.token_bytes(32))
+    devnet_ledger.enroll([("validator", forger)], {forger.checksum_address: forger.peer_id})
+    path = folder / KEYS_FILE
+    keys = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**keys, "forger": forger.private_key.hex()}))
+    return forger
 
 
 def load_keys(folder: Path) -> dict[str, NodeIdentity]:
@@ -885,6 +905,61 @@ async def gossip(ctx: Context, duration: float) -> None:
             await trio.sleep(3.0)  # stragglers reach the observer
 
 
+VERDICT_SUBSCRIBERS = ("trainer", "worker", "validator")  # the roles that read `verdicts` (relays do not)
+FORGE_READY_WAIT_S = 180.0  # how long the forger waits for every node to be ready
+FORGE_SUBSCRIBE_WAIT_S = 30.0  # how long the forger waits for the nodes' subscriptions to `verdicts`
+
+
+async def forge(ctx: Context) -> None:
+    """The staked forger, outside the run's validator set: `forge_batches` VerdictBatches of
+    `forge_verdicts` accepting verdicts each, every verdict for a fresh made-up worker on the newest version,
+    published straight to every node it reaches (one hop: each node judges them itself)."""
+    from libp2p.custom_types import TProtocol
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+    from libp2p.pubsub.pubsub import Pubsub
+    from libp2p.tools.anyio_service import background_trio_service
+
+    forger = ctx.keys["forger"]
+    run = ctx.swarm.run
+    sealer = Sealer(forger, run)
+    topic = ids.topic(run, "verdicts")
+    ctx.report.note("forge", "forger", "0x" + forger.address.hex())
+    nodes = [n for n in ctx.swarm.nodes.values() if n.role in VERDICT_SUBSCRIBERS]
+    with trio.move_on_after(FORGE_READY_WAIT_S):  # it may start with the swarm: at once when every node is up
+        await wait_ready(ctx.swarm, [n.name for n in nodes])
+    # a fanout as wide as the swarm: every node gets each batch from the forger itself
+    router = GossipSub([TProtocol(PROTOCOL_ID_V11), TProtocol(PROTOCOL_ID)], 32, 16, 48, heartbeat_interval=1,
+                       max_messages_per_topic_per_second=1e6, adaptive_gossip_enabled=False)
+    async with peer_host(forger) as host:
+        pubsub = Pubsub(host, router)
+        async with background_trio_service(pubsub), background_trio_service(router):
+            await pubsub.wait_until_ready()
+            peers = {}
+            for node in nodes:
+                try:
+                    peers[node.name] = await dial(host, node)
+                    ctx.report.count("forge", "connected")
+                except transport_errors() as exc:
+                    ctx.report.error("forge", exc)
+            with trio.move_on_after(FORGE_SUBSCRIBE_WAIT_S):
+                # polls libp2p's subscription table, which has no event to wait on
+                while not all(p in pubsub.peer_topics.get(topic, ()) for p in peers.values()):  # noqa: ASYNC110
+                    await trio.sleep(0.2)
+            subscribed = sorted(n for n, p in peers.items() if p in pubsub.peer_topics.get(topic, ()))
+            ctx.report.note("forge", "subscribed", subscribed)
+            for _ in range(ctx.knobs.forge_batches):
+                version = (await wait_manifest(ctx)).version
+                made_up = [secrets.token_bytes(20) for _ in range(ctx.knobs.forge_verdicts)]
+                verdicts = tuple(forged_verdict(run, worker, version) for worker in made_up)
+                await pubsub.publish(topic, sealer(VerdictBatch(run, forger.address, verdicts)))
+                ctx.report.count("forge", "batches_published")
+                ctx.report.facts["forge"].setdefault("first_published", time.time())
+                ctx.report.note("forge", "last_published", time.time())
+                ctx.report.count("forge", "verdicts_published", len(verdicts))
+                await trio.sleep(1.0 / ctx.knobs.forge_rate)
+            await trio.sleep(3.0)  # the last batch reaches every node
+
+
 async def meshsub(ctx: Context, at: float) -> None:
     """After `at` seconds, one pubsub RPC frame that is not protobuf, from a fresh key: py-libp2p's read loop
     lets the DecodeError escape (pubsub.py `continuously_read_stream`), which a node must contain."""
@@ -1148,6 +1223,8 @@ async def attack(swarm: Swarm, target: str, attacks: set[str], knobs: Knobs, dur
                     nursery.start_soon(later, "poison", 0.5 * duration, lambda: poison(ctx))
                 if "meshsub" in attacks:
                     nursery.start_soon(later, "meshsub", 0.9 * duration, lambda: meshsub(ctx, 0.0))
+                if "forge" in attacks and "forger" in ctx.keys:
+                    nursery.start_soon(noisy, "forge", lambda: forge(ctx))
             outer.cancel_scope.cancel()
     report.note("attacker", "hit_deadline", overall.cancelled_caught)
     save()
@@ -1159,7 +1236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--devnet", type=Path, required=True, help="the devnet folder (devnet.json)")
     parser.add_argument("--target", default="validator-1", help="the node attacked over libp2p")
     parser.add_argument("--attacks", default=",".join(ATTACKS),
-                        help=f"comma-separated, of {', '.join(ATTACKS)}")
+                        help=f"comma-separated, of {', '.join(ATTACKS + OPT_IN_ATTACKS)}")
     parser.add_argument("--duration", type=float, default=60.0,
                         help="seconds of slow streams, floods, gossip")
     parser.add_argument("--report", type=Path, help="where the JSON report goes")
@@ -1175,7 +1252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.add_argument(flag, dest=f.name, type=type(value), default=value)
     args = parser.parse_args(argv)
     attacks = {a for a in args.attacks.split(",") if a}
-    unknown = attacks - set(ATTACKS)
+    unknown = attacks - set(ATTACKS) - set(OPT_IN_ATTACKS)
     if unknown:
         parser.error(f"unknown attacks: {', '.join(sorted(unknown))}")
     swarm = Swarm.load(args.devnet)

@@ -37,6 +37,7 @@ from swarmnode.node.validator.service import IdleValidatorWork, Validator
 from swarmnode.node.worker.build import CheckpointRef, make_submission, prepare_weights
 from swarmnode.node.worker.cheats import (
     FORGED_REWARD,
+    GREEDY,
     PERTURBED_MODEL,
     TAMPERED_PROMPT,
     easier_task,
@@ -807,6 +808,33 @@ def test_a_worker_configured_beyond_the_runs_bound_stops_at_it(tmp_path, base_en
         assert work.next_counter() is None
 
     trio.run(main)
+
+
+def test_a_greedy_worker_ignores_pacing_up_to_the_runs_bound(tmp_path, setup):
+    """The devnet's greedy worker (tests/swarm/test_role_abuse_devnet.py): on a version where the pacer
+    cuts an honest worker to one counter (a trainer stepping every 20 ms, builds of 10 s), it takes every
+    counter the run allows, and never one past it (that one would be rejected 602 and slashed)."""
+    bounded = RunSetup(dataclasses.replace(setup.descriptor, max_submissions_per_version=5), setup.tasks)
+    counters: dict[str, list[int]] = {}
+    for cheat in ("", GREEDY):
+        config = node_config(tmp_path / (cheat or "honest"), submissions_per_version=4, cheat=cheat)
+        work = worker_work(config, WORKER, None)
+        work.setup = bounded
+        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+        work.loaded = CheckpointRef(1, b"\x01" * 32)
+
+        async def plan(work: SwarmWorkerWork = work) -> list[int]:
+            for version, created_ms in ((0, 1_000), (1, 1_020)):
+                work._note_version(version, created_ms)
+            for _ in range(16):
+                work.pacer.built(10.0)
+            taken = []
+            while (counter := work.next_counter()) is not None:
+                taken.append(counter)
+            return taken
+
+        counters[cheat or "honest"] = trio.run(plan)
+    assert counters == {"honest": [0], GREEDY: [0, 1, 2, 3, 4]}
 
 
 class SwapFailsOnce:
