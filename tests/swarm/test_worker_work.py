@@ -228,6 +228,13 @@ def worker_work(config: NodeConfig, identity: NodeIdentity, ledger: SignedLog | 
     return SwarmWorkerWork(config, identity, ledger, model_dir=eos_folder())
 
 
+def set_up(work: SwarmWorkerWork, config: NodeConfig, setup: RunSetup) -> SwarmWorkerWork:
+    """What `run` does before its loops: the run's setup and the persisted counters."""
+    work.setup = setup
+    work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+    return work
+
+
 def test_an_ineligible_worker_refuses_to_start_and_says_how_to_fix_it(tmp_path):
     config = node_config(tmp_path)
     ledger = SignedLog.create(tmp_path / "ledger.db", Params(min_stake_per_unit_gwei=1000))
@@ -370,9 +377,7 @@ def test_worker_loop_spends_its_budget_per_version_and_skips_stale_ones(tmp_path
     validators = Validators([100])
 
     def start(work: SwarmWorkerWork) -> None:
-        work.setup = setup
-        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
-        work.engine = run_engine()
+        set_up(work, config, setup).engine = run_engine()
 
     async def wait_sent(n: int) -> None:
         with trio.fail_after(20):
@@ -456,9 +461,7 @@ def test_a_fast_trainer_cuts_each_version_to_one_submission(tmp_path, base_engin
     validators = Validators([100])
 
     async def main() -> None:
-        work = worker_work(config, WORKER, None)
-        work.setup = setup
-        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+        work = set_up(worker_work(config, WORKER, None), config, setup)
         work.engine = run_engine()
         work._note_version(0, v0.manifest.created_ms)  # the head of v0 was heard: one stamp, no pace yet
         for _ in range(16):  # builds measured at 10 s (a warm tiny model builds in ms, faster than 20 ms)
@@ -790,9 +793,7 @@ def test_a_worker_configured_beyond_the_runs_bound_stops_at_it(tmp_path, base_en
     validators = Validators([100])
 
     async def main() -> None:
-        work = worker_work(config, WORKER, None)
-        work.setup = bounded
-        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+        work = set_up(worker_work(config, WORKER, None), config, bounded)
         work.engine = run_engine()
         send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
         async with trio.open_nursery() as nursery:
@@ -818,9 +819,7 @@ def test_a_greedy_worker_ignores_pacing_up_to_the_runs_bound(tmp_path, setup):
     counters: dict[str, list[int]] = {}
     for cheat in ("", GREEDY):
         config = node_config(tmp_path / (cheat or "honest"), submissions_per_version=4, cheat=cheat)
-        work = worker_work(config, WORKER, None)
-        work.setup = bounded
-        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+        work = set_up(worker_work(config, WORKER, None), config, bounded)
         work.loaded = CheckpointRef(1, b"\x01" * 32)
 
         async def plan(work: SwarmWorkerWork = work) -> list[int]:
@@ -863,9 +862,7 @@ def test_a_failed_weight_swap_stops_generation_not_the_worker(tmp_path, base_eng
     validators = Validators([100])
 
     async def main() -> None:
-        work = worker_work(config, WORKER, None)
-        work.setup = setup
-        work.counters = Counters.load(config.data_dir / STATE_FILE, RUN, WORKER.address)
+        work = set_up(worker_work(config, WORKER, None), config, setup)
         work.engine = SwapFailsOnce(run_engine())
         send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
         async with trio.open_nursery() as nursery:
