@@ -154,10 +154,13 @@ class WholeParticipant:
         if trained is None:
             raise TypeError("the inner round of a one-process participant must return its weights")
         theta = self._outer().theta()
+        bound = max_delta_element(self.plan.inner_steps, self.plan.inner_lr)
 
         def encode() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
             payload = self.compressor.compress(pseudo_gradient(theta, trained))
-            return payload, decompress(payload, self.plan.compression, like=theta)
+            # the bound every peer checks ours against (`load`): averaging our own delta unchecked while
+            # they refuse it would leave this trainer's θ different from theirs
+            return payload, decompress(payload, self.plan.compression, like=theta, max_abs=bound)
 
         payload, delta = await trio.to_thread.run_sync(encode)
         return await self.holdings.publish_contribution(r, base, payload, delta)
