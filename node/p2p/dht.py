@@ -264,18 +264,19 @@ class Discovery:
             if info.peer_id == self.my_id or self.guard.is_banned(info.peer_id):
                 return
             failure: BaseException | None = None
+            connected = False
             with trio.move_on_after(self.settings.dial_timeout) as scope:
                 try:
                     await self.host.connect(info)
                 except TRANSPORT_ERRORS as exc:
                     failure = exc
                 else:
+                    connected = True
                     self.bootstrap_report.reached(address)
                     await self.dht.add_peer(info.peer_id)
                     reached += 1
-                    return
-            if failure is None and not scope.cancelled_caught:
-                return
+            if connected or (failure is None and not scope.cancelled_caught):
+                return  # reached (a timeout while adding it to the table is not a failure to reach it)
             self.stats["bootstrap_failures"] += 1
             reason = explain_dial_failure(address, failure, self.settings.dial_timeout)
             if reason is not None:
