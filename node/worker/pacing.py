@@ -158,8 +158,8 @@ class Pacer:
         share = self._share(version, used, at_ms)
         if share is not None and share[0] <= used:
             waits.append(share[1])
-        if cap is not None and used >= self.cap(version, async_level, cap, max(run_max, cap), at_ms):
-            run_max = max(run_max, cap)
+        run_max = max(run_max, cap or 0)
+        if cap is not None and used >= self.cap(version, async_level, cap, run_max, at_ms):
             stood = self._stood_ms(version, at_ms)
             grows = None if stood is None else stalled_cap_grows_in_ms(
                 cap=cap, run_max=run_max, stood_ms=stood, overdue_ms=self._overdue_ms(async_level)
