@@ -11,3 +11,8 @@ from __future__ import annotations
 
 class OperatorError(Exception):
     """An error whose message tells the operator what to change (see the module docstring)."""
+
+
+class RunMismatch(OperatorError, RuntimeError):
+    """This node cannot take part in the run it was pointed at: another dataset, model, base weights or
+    DiLoCo plan, or a run id another key owns. The message names what differs."""

@@ -9,8 +9,7 @@ import trio
 
 from swarmnode.ledger.errors import LedgerError, RunExists
 from swarmnode.node.cli.run import operator_error, serve_node
-from swarmnode.node.errors import OperatorError
-from swarmnode.node.rl.run import RunMismatch
+from swarmnode.node.errors import OperatorError, RunMismatch
 from swarmnode.node.rl.tasks import TaskFileError
 from swarmnode.node.worker.eligibility import NotEligible
 

@@ -14,7 +14,6 @@ resolution per version at a time, and the manifest is then taken exactly as one 
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.downloader import Downloader
 from swarmnode.node.dataplane.heads import ManifestResolver, Unresolved
 from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope
 from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
@@ -33,10 +33,6 @@ from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest
 from swarmnode.protocol.shards import is_retained, verify_head, verify_manifest, versions_to_prune
 
 MAX_RESOLVING = 4  # heads being resolved into manifests at once (one per version)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ from swarmnode.node.dataplane.checkpoint import (
     build_manifest,
     plan_files,
 )
-from swarmnode.node.dataplane.follower import wall_ms
 from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.protocol.envelope import seal
 from swarmnode.protocol.messages import CheckpointManifest, ShardInfo
 from swarmnode.protocol.shards import DEFAULT_SHARD_SIZE, manifest_head, versions_to_prune

@@ -26,11 +26,11 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, verify_file
 from swarmnode.node.dataplane.downloader import DownloadConfig
 from swarmnode.node.dataplane.errors import CheckpointInvalid
-from swarmnode.node.dataplane.follower import wall_ms
 from swarmnode.node.dataplane.http_client import HttpClient
 from swarmnode.node.dataplane.origin import Origin, Sealer
 from swarmnode.node.diloco.namespace import Namespace
 from swarmnode.node.diloco.payload import load_delta
+from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.protocol.diloco import (
     KEEP_ROUNDS,
     Contribution,

@@ -50,6 +50,7 @@ from swarmnode.node.diloco.role import trainer_endpoints
 from swarmnode.node.diloco.service import DilocoService, mounted
 from swarmnode.node.diloco.trainer import DilocoTrainerWork
 from swarmnode.node.diloco.weights import load_trainable, trainable_state
+from swarmnode.node.errors import RunMismatch
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.p2p.endpoints import MANIFEST
 from swarmnode.node.p2p.gossip import Delivery
@@ -58,7 +59,7 @@ from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
 from swarmnode.node.roles.base import RoleNet, RoleService
-from swarmnode.node.roles.common import CHALLENGE_WINDOW_EPOCHS, RunMismatch
+from swarmnode.node.roles.common import CHALLENGE_WINDOW_EPOCHS
 from swarmnode.node.trainer import (
     Policy,
     SwarmTrainerWork,

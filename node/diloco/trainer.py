@@ -44,7 +44,7 @@ from swarmnode.node.diloco.holdings import HeldContribution, Holdings
 from swarmnode.node.diloco.participant import Participant, WholeParticipant
 from swarmnode.node.diloco.pretraining import round_batches
 from swarmnode.node.diloco.resync import Resyncing
-from swarmnode.node.errors import OperatorError
+from swarmnode.node.errors import RunMismatch
 from swarmnode.protocol import diloco as rules
 from swarmnode.protocol.diloco import OuterState
 from swarmnode.protocol.messages import DilocoEntry
@@ -90,10 +90,6 @@ class DataInnerRound(Generic[B]):
 
     def statistics(self) -> dict[str, Any]:
         return dict(self.inner.statistics())
-
-
-class RunMismatch(OperatorError, RuntimeError):
-    """This trainer cannot take part in the run (another model, other initial weights)."""
 
 
 def _nothing(event: str, **fields: Any) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from swarmnode.node.errors import OperatorError
+from swarmnode.node.errors import RunMismatch
 from swarmnode.node.rl.model import ModelCommitment, ModelInfo, check_commitment, model_commitment
 from swarmnode.node.rl.tasks import GRADERS, Task, dataset_hash
 from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
@@ -123,10 +123,6 @@ def devnet_eval_tasks(size: int = DEVNET_EVAL_SIZE) -> list[Task]:
     if len(held_out) < size:
         raise ValueError(f"only {len(held_out)} held-out tasks, {size} asked")
     return held_out[:size]
-
-
-class RunMismatch(OperatorError, RuntimeError):
-    """This node cannot take part in the run its descriptor names (other dataset, model or base)."""
 
 
 @dataclass(frozen=True)

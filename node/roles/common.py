@@ -24,8 +24,8 @@ from swarmnode.ledger.errors import BackendError, CorruptLog, EpochRegression, R
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import RunInfo
 from swarmnode.node.config import WorkSettings
+from swarmnode.node.errors import RunMismatch
 from swarmnode.node.rl.run import DEVNET_MODEL, devnet_dataset
-from swarmnode.node.rl.run import RunMismatch as RunMismatch  # re-exported: the roles raise it
 from swarmnode.node.rl.tasks import Task
 from swarmnode.protocol.ledger_messages import (
     DEFAULT_MAX_SUBMISSIONS_PER_VERSION,

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.errors import RunMismatch
 from swarmnode.node.p2p.clock import wall_ms
-from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, RunMismatch, devnet_run
+from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, devnet_run
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.trainer.rank import dcp_dir
 from swarmnode.protocol.codec import decode, encode

@@ -13,7 +13,7 @@ import trio
 
 from swarmnode.ledger import Ledger
 from swarmnode.ledger.types import RunInfo
-from swarmnode.node.rl.run import RunMismatch
+from swarmnode.node.errors import RunMismatch
 from swarmnode.node.roles.common import check_run_owner, ensure_run, is_refusal, read_run, run_registration
 from swarmnode.node.trainer.limits import RUN_WAIT_S
 from swarmnode.node.trainer.state import TrainerState

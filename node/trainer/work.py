@@ -17,9 +17,10 @@ from libp2p.peer.id import ID
 from swarmnode.node.dataplane.http_server import Handler, ServerConfig
 from swarmnode.node.dataplane.roles import OriginNode
 from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.errors import RunMismatch
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.rl.engine import TransformersEngine
-from swarmnode.node.rl.run import RunMismatch, load_run_setup
+from swarmnode.node.rl.run import load_run_setup
 from swarmnode.node.rl.trainer import GrpoTrainer
 from swarmnode.node.roles.base import RoleNet
 from swarmnode.node.roles.common import set_threads

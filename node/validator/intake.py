@@ -7,12 +7,11 @@ take a slot.
 
 from __future__ import annotations
 
-import time
-
 import trio
 from libp2p.peer.id import ID
 
 from swarmnode.crypto.identity import address_of_peer_id
+from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.validation import check_step
 from swarmnode.node.validator.judgement import clip_detail
 from swarmnode.node.validator.ledger_access import LedgerUnavailable
@@ -56,7 +55,7 @@ class Intake(ValidatorState):
                     worker=opened.sender,
                     step=sub.step,
                     checkpoint_version=sub.checkpoint_version,
-                    received_ms=int(time.time() * 1000),
+                    received_ms=wall_ms(),
                     envelope=encode(opened.envelope),
                     max_items=MAX_PENDING,
                     max_bytes=MAX_PENDING_BYTES,

@@ -16,12 +16,12 @@ Decisions:
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Protocol
 
 import trio
 
 from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.validation import Accepted, ValidationContext, judge_fault
 from swarmnode.node.validator.judgement import (
     Decision,
@@ -110,7 +110,7 @@ class Judge(Settlement):
             if decision is None:
                 decision = await self._decide(item, evidence, out)
                 record = decision.record()
-                decided_ms = int(time.time() * 1000)
+                decided_ms = wall_ms()
                 await trio.to_thread.run_sync(lambda: self.store.decide(item, record, decided_ms=decided_ms))
                 self._decided[item.id] = decision
             slashed = await self._write_ledger(decision, evidence)
@@ -129,7 +129,7 @@ class Judge(Settlement):
             tokens=verdict.tokens,
             verdict=decision.sealed,
             submission=evidence if isinstance(outcome, Accepted) else None,
-            judged_ms=int(time.time() * 1000),
+            judged_ms=wall_ms(),
             ignored=isinstance(outcome, Ignore),
             credit=credit,
         )
@@ -171,7 +171,7 @@ class Judge(Settlement):
         try:
             await trio.to_thread.run_sync(
                 lambda: self.store.quarantine(
-                    item, status=int(outcome.reason), judged_ms=int(time.time() * 1000)
+                    item, status=int(outcome.reason), judged_ms=wall_ms()
                 )
             )
         except Exception as store_exc:  # the store itself failed: try again later, judge the others

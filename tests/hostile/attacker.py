@@ -75,6 +75,7 @@ from typing import Any
 import trio
 
 from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.protocol import ids
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope, seal
@@ -354,10 +355,6 @@ async def submit(host: Any, peer: Any, sealed: bytes, run: str) -> SubmitAck | N
         return open_envelope(data, run=run, now_ms=wall_ms(), replay=None, expect=SubmitAck).message
     except ProtocolError:
         return None
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Sealer:

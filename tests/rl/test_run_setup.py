@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarmnode.crypto.merkle import merkle_root
+from swarmnode.node.errors import RunMismatch
 from swarmnode.node.rl.model import (
     build_model,
     file_sha256,
@@ -24,7 +25,7 @@ from swarmnode.node.rl.model import (
     tokenizer_files,
     weight_files,
 )
-from swarmnode.node.rl.run import RunMismatch, describe_run, devnet_policy, devnet_run, load_run_setup
+from swarmnode.node.rl.run import describe_run, devnet_policy, devnet_run, load_run_setup
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
 from tests.tinymodel import copy_folder, tiny_folder

@@ -27,9 +27,9 @@ from swarmnode.node.diloco.algorithm import content_digest
 from swarmnode.node.diloco.plan import build_plan, checkpoint_digest, sign_plan
 from swarmnode.node.diloco.rl import DilocoSwarmTrainerWork
 from swarmnode.node.diloco.weights import trainable_state
+from swarmnode.node.errors import RunMismatch
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.run import devnet_run
-from swarmnode.node.roles.common import RunMismatch
 from swarmnode.node.trainer.inbox import InboxEntry
 from swarmnode.protocol.diloco import check_rl_plan, contribution_namespace, plan_path, rollout_owner
 from swarmnode.protocol.envelope import seal

@@ -34,6 +34,7 @@ from swarmnode.node import trainer as trainer_module
 from swarmnode.node.config import LivenessSettings, NodeConfig, WorkSettings
 from swarmnode.node.dataplane.checkpoint import MODEL_LAYOUT, plan_files, shard_info
 from swarmnode.node.dataplane.origin import model_folder_files
+from swarmnode.node.errors import RunMismatch
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.p2p.dht import DiscoverySettings
 from swarmnode.node.p2p.endpoints import ACCEPTED
@@ -42,7 +43,7 @@ from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import model_commitment, state_dict_of
 from swarmnode.node.rl.rollouts import build_submission
-from swarmnode.node.rl.run import RunMismatch, devnet_dataset, devnet_grpo, devnet_run, run_commitment
+from swarmnode.node.rl.run import devnet_dataset, devnet_grpo, devnet_run, run_commitment
 from swarmnode.node.rl.trainer import signal_groups
 from swarmnode.node.roles.base import RoleNet
 from swarmnode.node.runtime import NodeRuntime

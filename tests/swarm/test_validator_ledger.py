@@ -21,7 +21,8 @@ from swarmnode.node.devnet.rl import (
     ledger_facts,
     model_parameters,
 )
-from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, RunMismatch, devnet_grpo
+from swarmnode.node.errors import RunMismatch
+from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, devnet_grpo
 from swarmnode.node.rl.tokenizer import load_tokenizer
 from swarmnode.node.roles.common import check_run_owner, ensure_run, run_registration, wait_run_owner
 from swarmnode.node.validator.store import AcceptedStore
