@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Weight broadcast on loopback: a checkpoint from the trainer to 4 workers through 2 relays.
 
-Measured in one run, every party a real process (`python -m swarmnode.node.dataplane ...`):
+Measured in one run, every party a real process (`swarmnode dataplane ...`):
   relayed  origin → 2 relays → 4 workers (the workers know only the relays)
   direct   origin → 4 workers (the trainer serves everyone)
   tcp      one plain TCP copy of the same bytes (sendfile → recv_into a buffer): the floor for one copy
@@ -85,7 +85,7 @@ def _cpu_seconds(procs: list[RoleProcess]) -> float:
 
 def _spawn_in_wan(wan: Wan, node: str, name: str, role: str, args: list[str]) -> RoleProcess:
     """`node.dataplane.testing.spawn`, inside WAN node `node`'s namespace."""
-    command = [sys.executable, "-m", "swarmnode.node.dataplane", role, *args]
+    command = [sys.executable, "-m", "swarmnode.node.cli", "dataplane", role, *args]
     popen = wan.spawn(node, command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
     proc = RoleProcess(name, popen)
     threading.Thread(target=proc._read, daemon=True).start()

@@ -32,7 +32,7 @@ Sections (each a function returning its own keys; `SECTIONS` runs them in order)
   compute (about 256 tokens per step per trainer); a larger model on a GPU has a far smaller compute time
   per byte, so its ddp fraction would be higher, not lower.
 - network (measured; `--no-network` skips it): the real implementation, `--network-trainers` trainer
-  processes (`python -m swarmnode.node.diloco trainer`, started by `node.diloco.testing.spawn_trainer`; libp2p
+  processes (`swarmnode diloco trainer`, started by `node.diloco.testing.spawn_trainer`; libp2p
   discovery through the DHT, HTTP data plane on loopback, fp16 payloads, one torch thread each) run
   `--network-rounds` rounds for each H in `--network-inner-steps`, one fresh set of processes per H (the
   signed plan fixes H). The events carry wall-clock stamps (`t`) but no compute timings, so the phases

@@ -338,9 +338,23 @@ def diloco(args: tuple[str, ...]) -> None:
     over the data plane and apply an outer Nesterov step (spec/diloco.md). `swarmnode diloco --help` and
     `swarmnode diloco trainer --help` list the options.
     """
-    from swarmnode.node.diloco.__main__ import main as diloco_main
+    from swarmnode.node.cli.diloco import main as diloco_main
 
     diloco_main(list(args))
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def dataplane(args: tuple[str, ...]) -> None:
+    """One data-plane role alone as a process (origin, relay, worker, bad-relay), without libp2p.
+
+    The weight broadcast of spec/shards.md over HTTP on synthetic checkpoints: the multi-process tests and
+    the broadcast benchmark run it, and it is a way to watch a broadcast by hand. JSON lines on stdout;
+    `swarmnode dataplane --help` lists the roles and options.
+    """
+    from swarmnode.node.cli.dataplane import main as dataplane_main
+
+    dataplane_main(list(args))
 
 
 @main.command()
@@ -399,6 +413,7 @@ def calibrate(model: Path | None, tasks: Path | None, max_new_tokens: int, worke
 
 
 main.add_command(diloco)
+main.add_command(dataplane)
 
 if __name__ == "__main__":
     main()

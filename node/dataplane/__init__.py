@@ -29,5 +29,5 @@ API, by role:
   `checkpoint.load_checkpoint(directory, manifest)` (in a thread) gives the state dict to hot-swap.
 
 Processes for tests and the benchmark:
-`python -m swarmnode.node.dataplane origin|relay|worker|bad-relay --help`.
+`swarmnode dataplane origin|relay|worker|bad-relay --help` (node/cli/dataplane.py).
 """

@@ -28,7 +28,7 @@ def role_key(n: int) -> NodeIdentity:
 
 @dataclass
 class RoleProcess:
-    """One `python -m swarmnode.node.dataplane <role>` child; a reader thread queues its stdout events."""
+    """One `swarmnode dataplane <role>` child; a reader thread queues its stdout events."""
 
     name: str
     popen: subprocess.Popen[str]
@@ -112,7 +112,7 @@ def spawn(
     name: str, role: str, args: list[str], *, timeout: float = 60, env: dict[str, str] | None = None
 ) -> RoleProcess:
     """Start a role and wait for its `listening` event."""
-    command = [sys.executable, "-m", "swarmnode.node.dataplane", role, *args]
+    command = [sys.executable, "-m", "swarmnode.node.cli", "dataplane", role, *args]
     popen = subprocess.Popen(
         command,
         stdin=subprocess.PIPE,

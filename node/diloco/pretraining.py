@@ -9,8 +9,8 @@ Decisions:
   tokens never see the pads after them.
 - Round r on a trainer uses batches `(r*H + h) mod len(data)` for h < H of its own list (`round_batches`),
   so a trainer's data order is a pure function of (data, round, H) in every process.
-- Data is each trainer's own business (the spec fixes none); tests, the benchmark and `python -m
-  swarmnode.node.diloco trainer` use this one.
+- Data is each trainer's own business (the spec fixes none); tests, the benchmark and
+  `swarmnode diloco trainer` use this one.
 """
 
 from __future__ import annotations

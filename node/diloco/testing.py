@@ -14,7 +14,7 @@ import torch
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.testing import RoleProcess
-from swarmnode.node.diloco.__main__ import FINAL_FILE
+from swarmnode.node.diloco.weights import FINAL_FILE
 from swarmnode.node.p2p.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,9 +51,9 @@ class TrainerSpec:
 def spawn_trainer(
     spec: TrainerSpec, plan: Path, owner: bytes, bootstrap: list[str], *, timeout: float | None = 90
 ) -> RoleProcess:
-    """Start `python -m swarmnode.node.diloco trainer`; wait for its `listening` event if `timeout`."""
+    """Start `swarmnode diloco trainer`; wait for its `listening` event if `timeout`."""
     command = [
-        sys.executable, "-m", "swarmnode.node.diloco", "trainer",
+        sys.executable, "-m", "swarmnode.node.cli", "diloco", "trainer",
         "--key", spec.key.private_key.hex(),
         "--plan", str(plan),
         "--owner", "0x" + owner.hex(),

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+FINAL_FILE = "final.safetensors"  # a trainer process's θ when its run ended (`swarmnode diloco trainer`)
+
 
 def trainable_state(model: torch.nn.Module) -> dict[str, Tensor]:
     """float32 CPU copies of the trainable parameters, by name: the θ that DiLoCo exchanges."""

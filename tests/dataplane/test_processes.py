@@ -1,4 +1,4 @@
-"""Real processes (`python -m swarmnode.node.dataplane ...`): the broadcast and every fault the issue names.
+"""Real processes (`swarmnode dataplane ...`): the broadcast and every fault the issue names.
 
 Each worker loads what it verified and prints the digest of the loaded tensors, which must equal the
 digest the origin printed for the state it published: a bad checkpoint cannot pass unnoticed.

@@ -1,4 +1,4 @@
-"""A DiLoCo run on a model folder: `python -m swarmnode.node.diloco plan` names the folder's config and
+"""A DiLoCo run on a model folder: `swarmnode diloco plan` names the folder's config and
 θ_0 (a fresh
 model from a seed, or the folder's own weights), and a trainer refuses a plan for another model."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.node.diloco.__main__ import main
+from swarmnode.node.cli.diloco import main
 from swarmnode.node.diloco.algorithm import content_digest
 from swarmnode.node.diloco.plan import (
     build_plan,

@@ -1,4 +1,4 @@
-"""Run one data-plane role as a process: `python -m swarmnode.node.dataplane origin|relay|worker|...`.
+"""Run one data-plane role as a process: `swarmnode dataplane origin|relay|worker|...`.
 
 Used by the multi-process tests and the broadcast benchmark; also a manual way to watch a broadcast.
 Each process prints JSON lines on stdout (`listening`, `published`, `checkpoint`, `stats`) and stops on
@@ -268,7 +268,7 @@ async def run_bad_relay(args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m swarmnode.node.dataplane", description=__doc__)
+    parser = argparse.ArgumentParser(prog="swarmnode dataplane", description=__doc__)
     sub = parser.add_subparsers(dest="role", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -330,7 +330,3 @@ def main(argv: list[str] | None = None) -> None:
         args.role
     ]
     trio.run(runner, args)
-
-
-if __name__ == "__main__":
-    main()

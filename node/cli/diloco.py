@@ -1,4 +1,4 @@
-"""DiLoCo trainers as processes: `python -m swarmnode.node.diloco plan|trainer ...`.
+"""DiLoCo trainers as processes: `swarmnode diloco plan|trainer ...`.
 
 `plan` builds and signs the run (the owner's key, the trainers' addresses, the model folder, H, learning
 rates, momentum, compression, timeouts) into a file. `trainer` runs one trainer (a fresh model of the folder's
@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,14 +44,13 @@ from swarmnode.node.diloco.pretraining import LmBatch, lm_loss, pretraining_batc
 from swarmnode.node.diloco.role import DilocoTrainer, DilocoWork
 from swarmnode.node.diloco.service import DilocoService
 from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork
+from swarmnode.node.diloco.weights import FINAL_FILE
 from swarmnode.node.p2p.dht import DiscoverySettings
 from swarmnode.node.rl.model import ModelFolderError
 from swarmnode.node.rl.run import DEVNET_MODEL
 from swarmnode.node.rl.tokenizer import load_tokenizer
 from swarmnode.node.runtime import NodeRuntime, configure_logging
 from swarmnode.protocol.types import MIB
-
-FINAL_FILE = "final.safetensors"
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -209,7 +207,7 @@ async def run_trainer(args: argparse.Namespace, prepared: Prepared) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m swarmnode.node.diloco", description=__doc__.splitlines()[0]
+        prog="swarmnode diloco", description=__doc__.splitlines()[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -266,7 +264,3 @@ def main(argv: list[str] | None = None) -> None:
         run_plan(args)
     else:
         trio.run(run_trainer, args, prepare_trainer(args))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
