@@ -22,7 +22,9 @@ fi
 echo "==> torch 2.13.0 (CPU build)"
 python -m pip install -q torch==2.13.0
 echo "==> swarmnode and its pinned dependencies"
-python -m pip install -q -c constraints.txt -e ".[test]"
+# setuptools' editable mode for a package-dir mapping (swarmnode.node = node/, ...) prints an
+# "Editable installation" notice about folders named like the package; there is no swarmnode/ folder here.
+PYTHONWARNINGS="ignore:Editable installation" python -m pip install -q -c constraints.txt -e ".[test]"
 if [ -x scripts/install_anvil.sh ]; then
   echo "==> anvil (local EVM chain, from npm)"
   scripts/install_anvil.sh >/dev/null
