@@ -99,6 +99,10 @@ class HostSettings:
     upgrade_timeout: float = 5.0
     negotiate_timeout: float = 5.0
     max_connections: int = 300  # py-libp2p requires >= its high watermark (200)
+    # A peer whose every address just failed is not dialled again for this long. py-libp2p's own 60 s
+    # would leave a worker unable to reach a validator for a minute after one handshake timed out under
+    # load; the callers (discovery, delivery) already pace their retries.
+    failed_dial_backoff: float = 5.0
 
 
 def libp2p_key_pair(identity: NodeIdentity) -> KeyPair:
@@ -189,9 +193,22 @@ def build_host(
         addrs_factory=lambda candidates: announced_addrs(candidates, announce=configured, dialable=dialable),
     )
     host.get_addrs = CachedAddrs(host.get_addrs)  # type: ignore[method-assign]  # every caller, libp2p's too
+    set_failed_dial_backoff(host, settings.failed_dial_backoff)
     if str(host.get_id()) != identity.peer_id:  # the two derivations must agree, or nothing is attributable
         raise RuntimeError(f"libp2p derived peer id {host.get_id()} for identity {identity.peer_id}")
     return host
+
+
+def set_failed_dial_backoff(host: IHost, seconds: float) -> None:
+    """How long the swarm refuses to dial a peer whose every address failed (its "negative cache").
+
+    py-libp2p 0.8 fixes it at 60 s with no setting; this sets the cache's TTL, and fails loudly if a
+    py-libp2p upgrade moved it (tests/p2p/test_dial_backoff.py dials through it).
+    """
+    cache = getattr(host.get_network(), "_negative_peer_cache", None)
+    if cache is None or not isinstance(getattr(cache, "_ttl", None), float):
+        raise RuntimeError("py-libp2p moved Swarm._negative_peer_cache._ttl (see set_failed_dial_backoff)")
+    cache._ttl = float(seconds)
 
 
 def listen_addrs(listen: Sequence[str]) -> list[multiaddr.Multiaddr]:
