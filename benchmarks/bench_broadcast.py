@@ -56,8 +56,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.wan_bench import open_wan, probe_rtt, wan_tcp_fanout  # noqa: E402
 from swarmnode.node.dataplane.http_client import RECV_LOW_WATER  # noqa: E402
 from swarmnode.node.dataplane.sources import ScoringConfig  # noqa: E402
-from swarmnode.node.dataplane.testing import RoleProcess, role_key, spawn, stop_all  # noqa: E402
 from swarmnode.node.wan import PROFILES, Wan, draw_links  # noqa: E402
+from swarmnode.testing.processes import RoleProcess, role_key, spawn, stop_all  # noqa: E402
 
 MIB = 1 << 20
 RUN = "bench"
@@ -84,7 +84,7 @@ def _cpu_seconds(procs: list[RoleProcess]) -> float:
 
 
 def _spawn_in_wan(wan: Wan, node: str, name: str, role: str, args: list[str]) -> RoleProcess:
-    """`node.dataplane.testing.spawn`, inside WAN node `node`'s namespace."""
+    """`testing.processes.spawn`, inside WAN node `node`'s namespace."""
     command = [sys.executable, "-m", "swarmnode.node.cli", "dataplane", role, *args]
     popen = wan.spawn(node, command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
     proc = RoleProcess(name, popen)

@@ -32,7 +32,7 @@ Sections (each a function returning its own keys; `SECTIONS` runs them in order)
   compute (about 256 tokens per step per trainer); a larger model on a GPU has a far smaller compute time
   per byte, so its ddp fraction would be higher, not lower.
 - network (measured; `--no-network` skips it): the real implementation, `--network-trainers` trainer
-  processes (`swarmnode diloco trainer`, started by `node.diloco.testing.spawn_trainer`; libp2p
+  processes (`swarmnode diloco trainer`, started by `testing.diloco.spawn_trainer`; libp2p
   discovery through the DHT, HTTP data plane on loopback, fp16 payloads, one torch thread each) run
   `--network-rounds` rounds for each H in `--network-inner-steps`, one fresh set of processes per H (the
   signed plan fixes H). The events carry wall-clock stamps (`t`) but no compute timings, so the phases
@@ -100,7 +100,6 @@ import torch
 from safetensors.torch import save
 
 from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.node.dataplane.testing import RoleProcess, stop_all
 from swarmnode.node.diloco.algorithm import (
     DilocoParams,
     OuterOptimizer,
@@ -112,10 +111,11 @@ from swarmnode.node.diloco.algorithm import (
 from swarmnode.node.diloco.compression import Compressor, decompress
 from swarmnode.node.diloco.plan import build_plan, fresh_model, sign_plan
 from swarmnode.node.diloco.pretraining import LmBatch, eval_loss, lm_loss, pretraining_batches
-from swarmnode.node.diloco.testing import TrainerSpec, spawn_trainer, trainer_key
 from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.rl.run import DEVNET_MODEL
 from swarmnode.node.rl.tokenizer import load_tokenizer
+from swarmnode.testing.diloco import TrainerSpec, spawn_trainer, trainer_key
+from swarmnode.testing.processes import RoleProcess, stop_all
 
 Section = Callable[[argparse.Namespace, dict[str, float | int]], dict[str, float | int]]
 DATA_SEED = 1000  # trainer k's data seed is DATA_SEED + k

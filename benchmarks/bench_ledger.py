@@ -46,12 +46,12 @@ from hexbytes import HexBytes
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from swarmnode.crypto.identity import NodeIdentity  # noqa: E402
-from swarmnode.ledger import testing as T  # noqa: E402
 from swarmnode.ledger.interface import Ledger  # noqa: E402
 from swarmnode.ledger.signedlog import SignedLog, verify_log  # noqa: E402
 from swarmnode.ledger.types import Params, Receipt  # noqa: E402
 from swarmnode.protocol.ledger_messages import MAX_CREDITS_PER_BATCH, CommitCredits  # noqa: E402
 from swarmnode.protocol.runs import assignment_step  # noqa: E402
+from swarmnode.testing import ledger as T  # noqa: E402
 
 if TYPE_CHECKING:
     from web3 import Web3

@@ -172,3 +172,22 @@ def test_pure_packages_never_import_the_node() -> None:
         for i in imports_in(path, "swarmnode.node")
     ]
     assert wrong == [], "protocol/, crypto/ and ledger/ must not import swarmnode.node:\n" + "\n".join(wrong)
+
+
+TESTING_USERS = frozenset({"devnet", "cli"})  # the local devnet and the CLI's test-only process commands
+
+
+def test_only_the_devnet_and_the_cli_import_the_testing_package() -> None:
+    """Harnesses, fakes, fault injectors (swarmnode.testing) are never part of a role or the pure code."""
+    wrong = [
+        str(i)
+        for path in sorted(NODE.rglob("*.py"))
+        if unit_of_path(path) not in TESTING_USERS
+        for i in imports_in(path, "swarmnode.testing")
+    ] + [
+        str(i)
+        for package in PURE_PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for i in imports_in(path, "swarmnode.testing")
+    ]
+    assert wrong == [], "only node/devnet and node/cli may import swarmnode.testing:\n" + "\n".join(wrong)

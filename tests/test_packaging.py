@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOPS = ("node", "protocol", "crypto", "ledger")
+TOPS = ("node", "protocol", "crypto", "ledger", "testing")
 DATA_PACKAGES = {"swarmnode.node.rl.assets"}  # folders of package data only (no __init__.py), listed too
 
 

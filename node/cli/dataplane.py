@@ -23,7 +23,6 @@ import trio
 from swarmnode.crypto.identity import NodeIdentity, parse_address
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, state_digest
 from swarmnode.node.dataplane.downloader import DownloadConfig
-from swarmnode.node.dataplane.faults import Fault, FaultyService
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
 from swarmnode.node.dataplane.http_client import RECV_LOW_WATER
 from swarmnode.node.dataplane.http_server import ServerConfig
@@ -31,6 +30,7 @@ from swarmnode.node.dataplane.progress import RichProgress
 from swarmnode.node.dataplane.roles import FollowerNode, FollowerNodeConfig, OriginNode
 from swarmnode.node.dataplane.sources import ScoringConfig
 from swarmnode.protocol.types import MIB
+from swarmnode.testing.relay_faults import Fault, FaultyService
 
 
 def emit(event: str, **fields: Any) -> None:

@@ -29,7 +29,6 @@ from swarmnode.node.config import LivenessSettings, NodeConfig
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.diloco.algorithm import LossFn, content_digest
 from swarmnode.node.diloco.exchange import TrainerSettings
-from swarmnode.node.diloco.faults import straggling
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import params_of
 from swarmnode.node.diloco.plan import (
@@ -51,6 +50,7 @@ from swarmnode.node.rl.run import DEVNET_MODEL
 from swarmnode.node.rl.tokenizer import load_tokenizer
 from swarmnode.node.runtime import NodeRuntime, configure_logging
 from swarmnode.protocol.types import MIB
+from swarmnode.testing.straggler import straggling
 
 
 def emit(event: str, **fields: Any) -> None:

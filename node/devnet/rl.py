@@ -61,7 +61,7 @@ class DevnetLedger:
             SignedLog.create(path, DEVNET_PARAMS, ledger_id="devnet").close()
             self.url = f"signed:{path}"
             return
-        from swarmnode.ledger.testing import AnvilProcess, EvmHarness, find_anvil
+        from swarmnode.testing.ledger import AnvilProcess, EvmHarness, find_anvil
 
         binary = find_anvil()
         if binary is None:

@@ -32,7 +32,6 @@ Parts:
 - `rl`         an RL run with several trainers: DiLoCo rounds around GRPO (`make_diloco_trainer`)
 - `sharded`    a trainer group of FSDP2 ranks as one DiLoCo participant, shard-wise
                (its collectives; `rank_files` who owns which tensor and the per-rank payload files)
-- `role` (the node role), `plan` (build and sign a run), `testing` (processes for tests: each is
-  `swarmnode diloco trainer`, node/cli/diloco.py), `conformance` (the diloco suite's handlers),
-  `faults` (a straggler for tests and demos)
+- `role` (the node role), `plan` (build and sign a run), `conformance` (the diloco suite's handlers);
+  the process is `swarmnode diloco trainer` (node/cli/diloco.py), its test harness `swarmnode.testing.diloco`
 """

@@ -13,17 +13,17 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.checkpoint import build_manifest, shard_info
 from swarmnode.node.dataplane.downloader import DownloadConfig
-from swarmnode.node.dataplane.faults import Fault, FaultyService
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.dataplane.origin import Sealer
 from swarmnode.node.dataplane.roles import FollowerNode, FollowerNodeConfig
 from swarmnode.node.dataplane.service import ShardService
 from swarmnode.node.dataplane.sources import ScoringConfig
 from swarmnode.node.dataplane.store import ShardStore
-from swarmnode.node.dataplane.testing import role_key
 from swarmnode.protocol.envelope import seal
 from swarmnode.protocol.messages import CheckpointManifest, ShardHave, ShardInfo
 from swarmnode.protocol.shards import encode_bitfield
+from swarmnode.testing.processes import role_key
+from swarmnode.testing.relay_faults import Fault, FaultyService
 
 RUN = "test-run"
 TRAINER = NodeIdentity(hashlib.sha256(b"dataplane-trainer").digest())

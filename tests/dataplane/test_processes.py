@@ -13,8 +13,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from swarmnode.node.dataplane.testing import RoleProcess, role_key, spawn, stop_all
 from swarmnode.protocol.shards import PART_SUFFIX, STATS_PATH
+from swarmnode.testing.processes import RoleProcess, role_key, spawn, stop_all
 
 pytestmark = pytest.mark.slow
 

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 import torch
 
-from swarmnode.node.dataplane.testing import RoleProcess, stop_all
 from swarmnode.node.diloco.algorithm import content_digest, reference_diloco
 from swarmnode.node.diloco.participant import params_of
 from swarmnode.node.diloco.plan import build_plan, fresh_model, sign_plan
 from swarmnode.node.diloco.pretraining import lm_loss, pretraining_batches
-from swarmnode.node.diloco.testing import TrainerSpec, spawn_trainer, trainer_key
 from swarmnode.node.rl.tokenizer import load_tokenizer
 from swarmnode.protocol.messages import DilocoRun
+from swarmnode.testing.diloco import TrainerSpec, spawn_trainer, trainer_key
+from swarmnode.testing.processes import RoleProcess, stop_all
 from tests.diloco.helpers import OWNER
 from tests.tinymodel import tiny_folder
 

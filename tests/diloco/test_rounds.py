@@ -16,12 +16,12 @@ import torch
 import trio
 
 from swarmnode.node.diloco.algorithm import content_digest, reference_diloco
-from swarmnode.node.diloco.faults import straggling
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import params_of
 from swarmnode.node.diloco.pretraining import LmBatch, lm_loss
 from swarmnode.node.diloco.weights import trainable_state
 from swarmnode.protocol import diloco as rules
+from swarmnode.testing.straggler import straggling
 from tests.diloco.helpers import (
     LocalTrainer,
     identities,

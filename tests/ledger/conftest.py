@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from swarmnode.ledger.testing import PROJECT_ROOT, AnvilProcess, find_anvil
+from swarmnode.testing.ledger import PROJECT_ROOT, AnvilProcess, find_anvil
 
 INSTALL_SCRIPT = PROJECT_ROOT / "scripts" / "install_anvil.sh"
 INSTALL_HINT = (

@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import Params
+from swarmnode.testing import ledger as T
 
 RUN = "crash-run"
 CREDITS_PER_BATCH = 8

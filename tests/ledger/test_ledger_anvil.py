@@ -19,11 +19,11 @@ import pytest
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.keystore import save_keystore
 from swarmnode.ledger import errors as E
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.batches import credit_leaf, credits_root
 from swarmnode.ledger.state import worker_totals
-from swarmnode.ledger.testing import AnvilProcess
 from swarmnode.ledger.types import Params
+from swarmnode.testing import ledger as T
+from swarmnode.testing.ledger import AnvilProcess
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ ANVIL_KEY_0 = bytes.fromhex("ac0974bec39a17e36ba4a6b4d238ff944bacb478cbed5efcae7
 VALIDATOR_SCRIPT = """
 import sys
 from swarmnode.ledger.evm import EvmLedger
-from swarmnode.ledger import testing as T
+from swarmnode.testing import ledger as T
 ledger = EvmLedger.connect(sys.argv[1], sys.argv[2])
 trainer, val, worker = T.identity("anvil-tr"), T.identity("anvil-val"), T.identity("anvil-w")
 ledger.register(trainer, "trainer", T.compute())

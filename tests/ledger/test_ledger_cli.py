@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from swarmnode.crypto.identity import format_address
 from swarmnode.crypto.keystore import save_keystore
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.batches import CreditProof, credit_leaf, credit_path, credits_root
 from swarmnode.ledger.errors import NotRunValidator
 from swarmnode.ledger.evidence import cite_submission
@@ -46,6 +45,7 @@ from swarmnode.node.cli.ledger import register_commands
 from swarmnode.node.cli.ledger_common import parse_amount
 from swarmnode.protocol.envelope import signing_digest_of_body_hash
 from swarmnode.protocol.ledger_messages import RUN_LIMIT_MAX, Credit, SetRunValidators
+from swarmnode.testing import ledger as T
 
 VAL, W1 = T.identity("cli-val"), T.identity("cli-w1")
 TR, V2 = T.identity("cli-trainer"), T.identity("cli-v2")

@@ -16,7 +16,6 @@ import pytest
 
 from swarmnode.crypto.hashing import sha256
 from swarmnode.ledger import errors as E
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.interface import Ledger
 from swarmnode.ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params
 from swarmnode.protocol.codec import decode
@@ -29,6 +28,7 @@ from swarmnode.protocol.ledger_messages import (
     RegisterRun,
     SetRunValidators,
 )
+from swarmnode.testing import ledger as T
 
 PARAMS = Params(
     min_stake_per_unit_gwei=1_000,

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from swarmnode.crypto.hashing import keccak256, sha256
 from swarmnode.crypto.identity import format_address
 from swarmnode.ledger import errors as E
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.artifact import (
     ARTIFACT,
     COMPILER_VERSION,
@@ -29,6 +28,7 @@ from swarmnode.ledger.evidence import cite_submission
 from swarmnode.ledger.evm import commit_gas, public_key_64
 from swarmnode.ledger.types import WEI_PER_GWEI, Params
 from swarmnode.protocol.runs import assignment_step
+from swarmnode.testing import ledger as T
 
 PARAMS = Params(
     min_stake_per_unit_gwei=1_000,

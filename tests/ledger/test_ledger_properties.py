@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 
 from swarmnode.crypto.hashing import sha256
 from swarmnode.ledger import errors as E
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.batches import credit_leaf, credits_root
 from swarmnode.ledger.signedlog import SignedLog, verify_log
 from swarmnode.ledger.state import worker_totals
 from swarmnode.ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params, Snapshot
 from swarmnode.protocol.ledger_messages import CommitCredits, Credit, SetRunValidators, Slash
+from swarmnode.testing import ledger as T
 
 PARAMS = Params(
     min_stake_per_unit_gwei=100,

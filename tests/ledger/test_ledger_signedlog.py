@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from swarmnode.crypto.hashing import sha256
 from swarmnode.crypto.merkle import is_included, merkle_root
 from swarmnode.ledger import errors as E
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.accumulator import MerkleAccumulator
 from swarmnode.ledger.log import apply_entry, new_log_state, seal_entry, sign_head
 from swarmnode.ledger.signedlog import SignedLog, verify_log
@@ -21,6 +20,7 @@ from swarmnode.ledger.types import Params
 from swarmnode.protocol.codec import decode, encode
 from swarmnode.protocol.envelope import Envelope, seal
 from swarmnode.protocol.ledger_messages import LedgerEntry, SetRunValidators, StakeDeposit
+from swarmnode.testing import ledger as T
 
 PARAMS = Params(
     min_stake_per_unit_gwei=1_000,

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from swarmnode.crypto.hashing import keccak256
 from swarmnode.ledger import errors as E
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.batches import (
     LOW_COUNTERS,
     MAX_PROOF_DEPTH,
@@ -52,6 +51,7 @@ from swarmnode.protocol.ledger_messages import (
     StakeWithdraw,
     VoidSlash,
 )
+from swarmnode.testing import ledger as T
 
 PARAMS = Params(
     min_stake_per_unit_gwei=100,

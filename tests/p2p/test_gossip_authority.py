@@ -23,7 +23,6 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger.log import sign_operation
-from swarmnode.ledger.testing import SignedHarness, register_run, slash
 from swarmnode.ledger.types import Params
 from swarmnode.node.p2p.clock import SeqCounter, wall_ms
 from swarmnode.node.p2p.gossip import (
@@ -48,6 +47,7 @@ from swarmnode.protocol.errors import Ignore, Reject
 from swarmnode.protocol.ledger_messages import ComputeSpec, LedgerEntry, RegisterNode
 from swarmnode.protocol.messages import CheckpointHead, CheckpointManifest, ShardInfo, Verdict, VerdictBatch
 from swarmnode.protocol.shards import manifest_head
+from swarmnode.testing.ledger import SignedHarness, register_run, slash
 from tests.p2p.helpers import RUN, swarm, wait_until
 
 NOW = 1_800_000_000_000

@@ -21,8 +21,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from swarmnode.ledger.testing import find_anvil
 from swarmnode.node.rl.tasks import Task, write_tasks
+from swarmnode.testing.ledger import find_anvil
 
 pytestmark = pytest.mark.slow
 

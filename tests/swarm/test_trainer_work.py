@@ -27,7 +27,6 @@ from libp2p.peer.id import ID
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.merkle import merkle_root
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import Params
 from swarmnode.node import trainer as trainer_module
@@ -79,6 +78,7 @@ from swarmnode.protocol.messages import (
 )
 from swarmnode.protocol.pacing import HOLD_MARGIN, LAG_HISTORY
 from swarmnode.protocol.types import MIB
+from swarmnode.testing import ledger as T
 from tests.p2p.helpers import wait_until
 from tests.swarm.models import eos_folder
 

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from libp2p.peer.id import ID
 
 from swarmnode.crypto.hashing import sha256
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.errors import BackendError
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.node.rl import validation as validation_module
@@ -24,6 +23,7 @@ from swarmnode.node.roles.common import TtlCache, bounded_get
 from swarmnode.node.validator import judge as validator_module
 from swarmnode.node.validator.store import MAX_JUDGED_PER_ASSIGNMENT, AcceptedStore
 from swarmnode.protocol.errors import Ignore, Reason, Reject
+from swarmnode.testing import ledger as T
 from tests.swarm.test_validator_work import (  # noqa: F401  (fixtures)
     FORGED,
     HONEST,

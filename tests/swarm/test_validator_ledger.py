@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swarmnode.crypto.hashing import sha256
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.errors import MalformedOperation
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.node.devnet.rl import (
@@ -29,6 +28,7 @@ from swarmnode.node.validator.store import AcceptedStore
 from swarmnode.node.validator.store_rows import CreditCounts, RunCredit
 from swarmnode.protocol.errors import Reason
 from swarmnode.protocol.ledger_messages import FLOPS_PER_TOKEN_MAX, MAX_RUN_VALIDATORS, RUN_LIMIT_MAX, Credit
+from swarmnode.testing import ledger as T
 from tests.swarm import test_validator_work as vw
 from tests.swarm.test_validator_work import (
     FORGED,

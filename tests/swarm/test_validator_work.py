@@ -15,7 +15,6 @@ import torch
 import trio
 
 from swarmnode.crypto.hashing import sha256
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.errors import BackendError, DuplicateSlash
 from swarmnode.ledger.signedlog import SignedLog, verify_log
 from swarmnode.ledger.types import Params
@@ -49,6 +48,7 @@ from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.messages import AcceptedRequest, RolloutSubmission, Verdict, VerdictBatch
 from swarmnode.protocol.verdicts import check_opened_verdicts
+from swarmnode.testing import ledger as T
 from tests.forged import CODE_TASKS, code_grpo, program_submission
 from tests.tinymodel import copy_folder, tiny_engine, tiny_folder
 

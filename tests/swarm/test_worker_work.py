@@ -19,7 +19,6 @@ from libp2p.peer.id import ID
 from swarmnode.crypto.hashing import sha256
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.toploc import CalibratedPolicy, aggregate, judge, verify_proofs
-from swarmnode.ledger import testing as T
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import Params
 from swarmnode.node.config import NodeConfig, WorkSettings
@@ -58,6 +57,7 @@ from swarmnode.protocol.messages import RolloutSubmission, SubmitAck, Verdict, V
 from swarmnode.protocol.pacing import WORKER_WINDOW_VERSIONS, share_budget, share_draw
 from swarmnode.protocol.runs import assignment_step
 from swarmnode.protocol.verdicts import VerdictBatcher, check_opened_verdicts
+from swarmnode.testing import ledger as T
 from tests.p2p.helpers import swarm, wait_until
 from tests.swarm.models import eos_folder
 

@@ -13,11 +13,11 @@ import safetensors.torch
 import torch
 
 from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.node.dataplane.testing import RoleProcess
 from swarmnode.node.diloco.weights import FINAL_FILE
 from swarmnode.node.p2p.ports import free_port
+from swarmnode.testing.processes import RoleProcess
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def trainer_key(n: int) -> NodeIdentity:

@@ -120,7 +120,7 @@ def spawn(
         stderr=None,
         text=True,
         env={**os.environ, **(env or {})},
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[1],
     )
     proc = RoleProcess(name, popen)
     threading.Thread(target=proc._read, daemon=True).start()
