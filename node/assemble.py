@@ -22,6 +22,7 @@ from swarmnode.node.worker.service import Worker
 
 if TYPE_CHECKING:
     from swarmnode.node.trainer.commands import RankCommand
+    from swarmnode.node.worker.conduct import Conduct
 
 ROLE_CLASSES: dict[str, type[RoleService]] = {
     "trainer": Trainer,
@@ -63,7 +64,7 @@ def make_role(config: NodeConfig, identity: NodeIdentity) -> RoleService:
         ledger = open_work_ledger(config.ledger_url)
         if ledger is not None:
             require_eligible(ledger, identity.address, config)  # refuse before joining, with the fix
-        return cls(SwarmWorkerWork(config, identity, ledger))
+        return cls(SwarmWorkerWork(config, identity, ledger, conduct=worker_conduct(config.work.cheat)))
     if role == "validator":
         from swarmnode.node.validator import SwarmValidatorWork
 
@@ -86,3 +87,15 @@ def trainer_rank_families() -> Mapping[str, RankCommand]:
     from swarmnode.node.diloco.sharded import RANK_COMMANDS
 
     return RANK_COMMANDS
+
+
+def worker_conduct(cheat: str) -> Conduct:
+    """Honest, unless `[work] cheat` names one of the devnet's dishonest workers (swarmnode.testing.cheats,
+    imported only then: no honest worker loads it)."""
+    from swarmnode.node.worker.conduct import HONEST
+
+    if not cheat:
+        return HONEST
+    from swarmnode.testing.cheats import conduct_for
+
+    return conduct_for(cheat)

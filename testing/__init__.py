@@ -6,7 +6,8 @@
 - `diloco`        DiLoCo trainers as real processes (`swarmnode diloco trainer`)
 - `relay_faults`  a shard server that misbehaves in one chosen way (`swarmnode dataplane bad-relay`)
 - `straggler`     a DiLoCo trainer that is slow in one round
+- `cheats`        the devnet's dishonest workers, each a `Conduct` of the worker (node.worker.conduct)
 
-No role package of the node imports this one (tests/test_layering.py); the CLI's test-only commands
-and the devnet do.
+No role package of the node imports this one (tests/test_layering.py); the CLI's test-only commands,
+the devnet, and the composition root (for a worker whose `[work] cheat` names a cheat) do.
 """

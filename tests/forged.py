@@ -6,8 +6,9 @@ Decisions:
 - The program's tokens are teacher-forced on the claimed checkpoint (`forced_completion`), so its TOPLOC
   proofs (6a), its termination (6b: exactly `max_new_tokens` tokens, no EOS) and its logprobs (6c) are all
   the model's: only the sampling check (6d) can tell that the seeded sampler did not choose them. That is
-  the strongest form of the devnet's `code-injection` cheat (`node.worker.cheats`, whose payload ends with
-  an EOS the termination check may refuse first): anyone holding the checkpoint can prove any text so.
+  the strongest form of the devnet's `code-injection` cheat (`swarmnode.testing.cheats`, whose payload
+  ends with an EOS the termination check may refuse first): anyone holding the checkpoint can prove any
+  text so.
 - Every completion claims full marks (advantages 0, consistent): a validator that graded before check 6
   would execute the program to find out it fails the tests.
 - The run: code tasks only (any assignment is one), one prompt of two completions, `max_new_tokens` the
@@ -23,8 +24,8 @@ from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.rollouts import assigned_tasks, assignment_step, generate_group, to_wire_group
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tokenizer import ChatTokenizer
-from swarmnode.node.worker.cheats import forced_completion
 from swarmnode.protocol.messages import GrpoParams, RolloutSubmission, RunDescriptor
+from swarmnode.testing.cheats import forced_completion
 
 PROGRAM = 'import os\nos.system("touch /tmp/graded-unchecked-text")'
 CODE_TASKS = (

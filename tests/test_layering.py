@@ -21,6 +21,7 @@ PURE_PACKAGES = ("protocol", "crypto", "ledger")
 # The intended layers, lowest first: a unit imports only units of lower layers (never its own layer's).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("package root", frozenset({"__init__"})),  # node/__init__.py: runs before any module of node/
+    ("status figures", frozenset({"dashboard"})),  # pure: the figures status and the dashboard page show
     ("foundation", frozenset({"errors", "metrics", "status_view", "p2p", "sandbox", "wan"})),
     ("settings and models", frozenset({"config", "rl"})),
     ("data plane", frozenset({"dataplane"})),
@@ -174,7 +175,8 @@ def test_pure_packages_never_import_the_node() -> None:
     assert wrong == [], "protocol/, crypto/ and ledger/ must not import swarmnode.node:\n" + "\n".join(wrong)
 
 
-TESTING_USERS = frozenset({"devnet", "cli"})  # the local devnet and the CLI's test-only process commands
+# the local devnet, the CLI's test-only process commands, and the composition root (a devnet cheat's conduct)
+TESTING_USERS = frozenset({"assemble", "devnet", "cli"})
 
 
 def test_only_the_devnet_and_the_cli_import_the_testing_package() -> None:
@@ -190,4 +192,4 @@ def test_only_the_devnet_and_the_cli_import_the_testing_package() -> None:
         for path in sorted((ROOT / package).rglob("*.py"))
         for i in imports_in(path, "swarmnode.testing")
     ]
-    assert wrong == [], "only node/devnet and node/cli may import swarmnode.testing:\n" + "\n".join(wrong)
+    assert wrong == [], f"only {sorted(TESTING_USERS)} may import swarmnode.testing:\n" + "\n".join(wrong)

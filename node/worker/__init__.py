@@ -8,5 +8,6 @@
 - `build`        one submission built in a thread: weights read, groups generated, timed
 - `delivery`     SUBMIT to one validator after another until one gives a final answer
 - `stats`        the counts behind the status display
-- `cheats`       devnet-only dishonest workers, one pure function per cheat
+- `conduct`      how the worker behaves at the three points a cheat would differ (`HONEST`; the devnet's
+                 cheats are in swarmnode.testing.cheats)
 """

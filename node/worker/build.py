@@ -1,8 +1,8 @@
 """Building one submission: the verified checkpoint read into memory, the generation, its timing.
 
 Every function here blocks (reading a checkpoint, generating and proving): the work runs them in a thread.
-A devnet cheat (`node.worker.cheats`) changes the weights as they are read or the submission as it is
-built; an honest worker builds with `node.rl.rollouts.build_submission`.
+The worker's `Conduct` (`conduct.HONEST`, or a devnet cheat the composition root chose) decides the
+weights as they are read and the submission as it is built.
 """
 
 from __future__ import annotations
@@ -16,13 +16,8 @@ import torch
 from swarmnode.node.dataplane.checkpoint import load_checkpoint
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
 from swarmnode.node.rl.engine import InferenceEngine
-from swarmnode.node.rl.rollouts import build_submission
 from swarmnode.node.rl.tasks import Task
-from swarmnode.node.worker.cheats import (
-    SUBMISSION_CHEATS,
-    build_dishonest_submission,
-    tamper_weights,
-)
+from swarmnode.node.worker.conduct import Conduct
 from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
 
 
@@ -40,12 +35,12 @@ class LoadedWeights:
     state: Mapping[str, torch.Tensor]
 
 
-def prepare_weights(checkpoint: VerifiedCheckpoint, cheat: str) -> LoadedWeights:
+def prepare_weights(checkpoint: VerifiedCheckpoint, conduct: Conduct) -> LoadedWeights:
     """Read a verified checkpoint's state dict (blocking: run in a thread)."""
     manifest = checkpoint.manifest
     state = load_checkpoint(checkpoint.directory, manifest)
     ref = CheckpointRef(manifest.version, manifest.merkle_root)
-    return LoadedWeights(ref, tamper_weights(cheat, state, manifest.version))
+    return LoadedWeights(ref, conduct.weights(state, manifest.version))
 
 
 def make_submission(
@@ -56,14 +51,10 @@ def make_submission(
     worker: bytes,
     ref: CheckpointRef,
     counter: int,
-    cheat: str,
+    conduct: Conduct,
 ) -> RolloutSubmission:
-    """The `counter`-th submission on checkpoint `ref`, honest or as the configured cheat (blocking)."""
-    if cheat in SUBMISSION_CHEATS:
-        return build_dishonest_submission(
-            cheat, engine, descriptor, dataset, dataset_ids, worker, ref.version, ref.root, counter
-        )
-    return build_submission(engine, descriptor, dataset, dataset_ids, worker, ref.version, ref.root, counter)
+    """The `counter`-th submission on checkpoint `ref`, as the worker's conduct builds it (blocking)."""
+    return conduct.build(engine, descriptor, dataset, dataset_ids, worker, ref.version, ref.root, counter)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ One loop, in the order of a worker's part of a run (spec/rollouts.md):
 4. for the loaded version v, counters 0 .. budget - 1 (`pacing`: the budget being `submissions_per_version`
    capped by the run's `max_submissions_per_version`, and cut to what can still reach the trainer in time
    by the `Pacer`), each persisted before use (`counters`): build the submission in a thread
-   (`build.make_submission`: `build_submission`, or a devnet cheat from `node.worker.cheats`), send it to a
+   (`build.make_submission`, as the worker's `conduct` builds it: honest but for a devnet cheat), send it to a
    validator found through the DHT (`delivery.deliver`), and count the ack (`stats`);
 5. then wait for a newer checkpoint. A version more than `async_level` behind the newest known one is
    never generated on: a validator would drop it as stale.
@@ -50,7 +50,7 @@ from swarmnode.node.worker.build import (
     prepare_weights,
     timed_build,
 )
-from swarmnode.node.worker.cheats import GREEDY
+from swarmnode.node.worker.conduct import HONEST, Conduct
 from swarmnode.node.worker.counters import STATE_FILE, Counters
 from swarmnode.node.worker.delivery import NetTransport, Rotation, SubmitTransport, deliver
 from swarmnode.node.worker.eligibility import require_eligible
@@ -74,6 +74,7 @@ class SwarmWorkerWork:
         *,
         model_dir: Path | None = None,
         tasks: Sequence[Task] | None = None,
+        conduct: Conduct = HONEST,
     ) -> None:
         self.config = config
         self.identity = identity
@@ -82,7 +83,8 @@ class SwarmWorkerWork:
         self.model_dir = model_dir or run_model_dir(config.work)
         self.tasks = list(tasks) if tasks is not None else run_tasks(config.work)
         require_sandbox_for(self.tasks)  # code tasks: the sandbox must work here, or no run
-        self.cheat = config.work.cheat
+        self.conduct = conduct
+        self.cheat = conduct.name
         self.stats = WorkerStats()
         self.rotation = Rotation()
         self.follower: SwarmFollower | None = None
@@ -126,7 +128,7 @@ class SwarmWorkerWork:
         loaded = self.loaded.version if self.loaded is not None else None
         used = self.counters.used(loaded) if loaded is not None else 0
         budget = submission_budget(self.config.work.submissions_per_version, self.setup.descriptor)
-        if self.cheat == GREEDY:  # devnet role abuse: no pace, no share, every counter the run allows
+        if not self.conduct.paced:  # devnet role abuse: no pace, no share, every counter the run allows
             budget = self.setup.descriptor.max_submissions_per_version
         elif loaded is not None:
             run_max = self.setup.descriptor.max_submissions_per_version
@@ -230,7 +232,7 @@ class SwarmWorkerWork:
             self._note_version(version, checkpoint.manifest.created_ms)
             if not self._is_news(version):
                 continue
-            weights = await trio.to_thread.run_sync(prepare_weights, checkpoint, self.cheat)
+            weights = await trio.to_thread.run_sync(prepare_weights, checkpoint, self.conduct)
             if self._is_news(version):
                 self._pending = weights
                 log.info("checkpoint loaded", extra={"version": version, "cheat": self.cheat})
@@ -288,7 +290,7 @@ class SwarmWorkerWork:
                 self.address,
                 ref,
                 counter,
-                self.cheat,
+                self.conduct,
             )
             try:
                 built = await trio.to_thread.run_sync(timed_build, make)

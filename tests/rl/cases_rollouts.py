@@ -10,8 +10,9 @@ Decisions:
 - The validation and reward cases use the devnet's committed model folder (`DEVNET_MODEL`, named in each
   case by its base weights root) with a small run: 16 devnet tasks, 1 prompt x 2 completions per
   submission, the devnet policy; completion token ids are that folder's tokenizer's.
-  Submissions are honest ones built by `node.rl.rollouts`, the devnet cheats of `node.worker.cheats`, and
-  single-field edits of an honest one, each signed by the worker key, so one case exercises one check.
+  Submissions are honest ones built by `node.rl.rollouts`, the devnet cheats of
+  `swarmnode.testing.cheats`, and single-field edits of an honest one, each signed by the worker key, so
+  one case exercises one check.
 - Sampling logits are multiples of 1/16 (exact in float32), and the generator refuses a case whose best
   perturbed score leads the runner-up by less than `MIN_MARGIN`: another implementation's Gumbel noise
   may differ from ours in the last bits, never by that much.
@@ -57,16 +58,16 @@ from swarmnode.node.rl.run import DEVNET_MODEL, describe_run, devnet_dataset, de
 from swarmnode.node.rl.sampling import derive_seed, perturbed_scores
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tasks.core import task_fields
-from swarmnode.node.worker.cheats import (
+from swarmnode.protocol.codec import encode as encode_message
+from swarmnode.protocol.envelope import seal
+from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
+from swarmnode.testing.cheats import (
     FORGED_REWARD,
     PERTURBED_MODEL,
     TAMPERED_PROMPT,
     build_dishonest_submission,
     tamper_weights,
 )
-from swarmnode.protocol.codec import encode as encode_message
-from swarmnode.protocol.envelope import seal
-from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
 from tests.rl.cases_tasks import target_length_cases
 

@@ -14,8 +14,8 @@ from swarmnode.node.rl.model import model_commitment
 from swarmnode.node.rl.run import describe_run, devnet_dataset, devnet_grpo, devnet_policy
 from swarmnode.node.rl.validation import ValidationContext, validate_submission
 from swarmnode.node.sandbox import run as sandbox_run
-from swarmnode.node.worker.cheats import CODE_INJECTION, KILL_PAYLOAD, build_dishonest_submission
 from swarmnode.protocol.errors import Reason, Reject
+from swarmnode.testing.cheats import CODE_INJECTION, KILL_PAYLOAD, build_dishonest_submission
 from tests.code_tasks import as_code
 from tests.tinymodel import eos_prone, tiny_engine, tiny_folder
 

@@ -8,7 +8,7 @@ with two abusers beside them:
   VerdictBatches of accepting verdicts for made-up workers, gossiped straight to every node. Verdicts are
   run-scoped (spec/gossip.md, Authority): every node must refuse them and deliver none, so the honest
   workers' pacers (`protocol.pacing.active_workers`) never count the made-up workers;
-- a greedy worker (`[work] cheat = "greedy"`, node.worker.cheats): honest rollouts, but no pacing: every
+- a greedy worker (`[work] cheat = "greedy"`, swarmnode.testing.cheats): honest rollouts, but no pacing: every
   counter up to the run's `max_submissions_per_version`, as fast as it builds. Fair judging
   (node.validator.fairness, round-robin per worker) must keep honest submissions judged.
 

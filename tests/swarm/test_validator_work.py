@@ -42,12 +42,12 @@ from swarmnode.node.validator import (
 from swarmnode.node.validator import judge as validator_module
 from swarmnode.node.validator.store import AcceptedStore
 from swarmnode.node.validator.store_rows import Decided, PendingItem
-from swarmnode.node.worker import cheats
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope, envelope_digest, open_envelope, seal
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.protocol.messages import AcceptedRequest, RolloutSubmission, Verdict, VerdictBatch
 from swarmnode.protocol.verdicts import check_opened_verdicts
+from swarmnode.testing import cheats
 from swarmnode.testing import ledger as T
 from tests.forged import CODE_TASKS, code_grpo, program_submission
 from tests.tinymodel import copy_folder, tiny_engine, tiny_folder

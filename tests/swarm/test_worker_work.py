@@ -21,6 +21,7 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.toploc import CalibratedPolicy, aggregate, judge, verify_proofs
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import Params
+from swarmnode.node.assemble import worker_conduct
 from swarmnode.node.config import NodeConfig, WorkSettings
 from swarmnode.node.dataplane.checkpoint import build_manifest, plan_shards, shard_info
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
@@ -34,16 +35,7 @@ from swarmnode.node.rl.run import RunSetup, devnet_grpo, devnet_run
 from swarmnode.node.rl.validation import BadProof, ValidationContext, validate_submission
 from swarmnode.node.validator.service import IdleValidatorWork, Validator
 from swarmnode.node.worker.build import CheckpointRef, make_submission, prepare_weights
-from swarmnode.node.worker.cheats import (
-    FORGED_REWARD,
-    GREEDY,
-    PERTURBED_MODEL,
-    TAMPERED_PROMPT,
-    easier_task,
-    forge_rewards,
-    perturb_weights,
-    tamper_weights,
-)
+from swarmnode.node.worker.conduct import HONEST
 from swarmnode.node.worker.counters import STATE_FILE, Counters, WorkerStateError
 from swarmnode.node.worker.delivery import NetTransport, Rotation, deliver, try_another
 from swarmnode.node.worker.eligibility import NotEligible, ledger_cli_args, require_eligible
@@ -58,6 +50,16 @@ from swarmnode.protocol.pacing import WORKER_WINDOW_VERSIONS, share_budget, shar
 from swarmnode.protocol.runs import assignment_step
 from swarmnode.protocol.verdicts import VerdictBatcher, check_opened_verdicts
 from swarmnode.testing import ledger as T
+from swarmnode.testing.cheats import (
+    FORGED_REWARD,
+    GREEDY,
+    PERTURBED_MODEL,
+    TAMPERED_PROMPT,
+    easier_task,
+    forge_rewards,
+    perturb_weights,
+    tamper_weights,
+)
 from tests.p2p.helpers import swarm, wait_until
 from tests.swarm.models import eos_folder
 
@@ -90,7 +92,8 @@ def submission(
     engine: TransformersEngine, setup: RunSetup, cheat: str, counter: int = 0
 ) -> RolloutSubmission:
     return make_submission(
-        engine, setup.descriptor, setup.dataset, setup.dataset_ids, WORKER.address, REF, counter, cheat
+        engine, setup.descriptor, setup.dataset, setup.dataset_ids, WORKER.address, REF, counter,
+        worker_conduct(cheat),
     )
 
 
@@ -225,7 +228,8 @@ def node_config(tmp_path: Path, **work: object) -> NodeConfig:
 
 
 def worker_work(config: NodeConfig, identity: NodeIdentity, ledger: SignedLog | None) -> SwarmWorkerWork:
-    return SwarmWorkerWork(config, identity, ledger, model_dir=eos_folder())
+    conduct = worker_conduct(config.work.cheat)  # as the composition root chooses it
+    return SwarmWorkerWork(config, identity, ledger, model_dir=eos_folder(), conduct=conduct)
 
 
 def set_up(work: SwarmWorkerWork, config: NodeConfig, setup: RunSetup) -> SwarmWorkerWork:
@@ -561,10 +565,10 @@ def test_a_stalled_trainer_gets_more_of_its_newest_version_up_to_the_runs_bound(
 def test_prepare_weights_reads_the_verified_checkpoint_and_applies_the_cheat(tmp_path, base_engine, setup):
     state = {k: v.clone() for k, v in base_engine.model.state_dict().items()}
     checkpoint = write_checkpoint(tmp_path, 4, state, setup.descriptor.model_config_hash)
-    honest = prepare_weights(checkpoint, "")
+    honest = prepare_weights(checkpoint, HONEST)
     assert honest.ref == CheckpointRef(4, checkpoint.manifest.merkle_root)
     assert all(torch.equal(honest.state[k], state[k]) for k in state)
-    cheat = prepare_weights(checkpoint, PERTURBED_MODEL)
+    cheat = prepare_weights(checkpoint, worker_conduct(PERTURBED_MODEL))
     assert any(not torch.equal(cheat.state[k], state[k]) for k in state)
 
 

@@ -1,6 +1,7 @@
 """Devnet-only dishonest workers: each cheat is one small pure function applied at one point of the honest
 pipeline (`node.rl.rollouts`), so the submission stays well-formed and signed and only a validator check
-(`node.rl.validation`) can catch it.
+(`node.rl.validation`) can catch it. `conduct_for(name)` gives the worker's `Conduct` (node.worker.conduct)
+for a cheat: the composition root hands it to a worker whose `[work] cheat` names one.
 
 | cheat             | applied                                     | claims                 | caught by      |
 |-------------------|---------------------------------------------|------------------------|----------------|
@@ -12,7 +13,7 @@ pipeline (`node.rl.rollouts`), so the submission stays well-formed and signed an
 | `code-injection`  | to one completion, after generation: a      | the model sampled it,  | BAD_SAMPLING   |
 |                   | program that kills the grader's parent,     | full marks             | (never run)    |
 |                   | with the model's own rows and logprobs      |                        |                |
-| `greedy`          | to the worker's pacing (`next_counter`):    | nothing false: honest  | nobody: fair   |
+| `greedy`          | to the worker's pacing (`paced` False):     | nothing false: honest  | nobody: fair   |
 |                   | every counter up to the run's               | rollouts, within the   | judging bounds |
 |                   | `max_submissions_per_version`, at once      | run's bound            | its share      |
 
@@ -36,6 +37,7 @@ Decisions:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -45,6 +47,7 @@ from swarmnode.node.rl.rollouts import (
     GeneratedGroup,
     assigned_tasks,
     assignment_step,
+    build_submission,
     completion_rewards,
     generate_group,
     task_prompt_ids,
@@ -59,7 +62,7 @@ PERTURBED_MODEL = "perturbed-model"
 TAMPERED_PROMPT = "tampered-prompt"
 FORGED_REWARD = "forged-reward"
 CODE_INJECTION = "code-injection"
-GREEDY = "greedy"  # ignores pacing: applied in `node.worker.work`, not to weights or submissions
+GREEDY = "greedy"  # ignores pacing (`Cheat.paced`): honest weights and submissions
 SUBMISSION_CHEATS = (TAMPERED_PROMPT, FORGED_REWARD, CODE_INJECTION)  # applied by build_dishonest_submission
 # What killed a validator before grading ran in the sandbox and after the model checks (issue #29).
 KILL_PAYLOAD = "import os;os.kill(os.getppid(),9)"
@@ -200,3 +203,47 @@ def build_dishonest_submission(
         to_wire_group(g, descriptor, engine.tokenizer, r) for g, r in zip(generated, rewards, strict=True)
     )
     return RolloutSubmission(descriptor.run, step, checkpoint_version, checkpoint_root, groups)
+
+
+# --- the worker's conduct -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cheat:
+    """A worker's `Conduct` (node.worker.conduct): one named cheat where it applies, honest elsewhere."""
+
+    name: str
+
+    @property
+    def paced(self) -> bool:
+        return self.name != GREEDY
+
+    def weights(self, state: Mapping[str, torch.Tensor], version: int) -> Mapping[str, torch.Tensor]:
+        return tamper_weights(self.name, state, version)
+
+    def build(
+        self,
+        engine: InferenceEngine,
+        descriptor: RunDescriptor,
+        dataset: Mapping[bytes, Task],
+        dataset_ids: Sequence[bytes],
+        worker: bytes,
+        version: int,
+        root: bytes,
+        counter: int,
+    ) -> RolloutSubmission:
+        if self.name in SUBMISSION_CHEATS:
+            return build_dishonest_submission(
+                self.name, engine, descriptor, dataset, dataset_ids, worker, version, root, counter
+            )
+        return build_submission(engine, descriptor, dataset, dataset_ids, worker, version, root, counter)
+
+
+CHEATS = (PERTURBED_MODEL, TAMPERED_PROMPT, FORGED_REWARD, CODE_INJECTION, GREEDY)
+
+
+def conduct_for(name: str) -> Cheat:
+    """The conduct of the cheat `name` (ValueError for a name that is none)."""
+    if name not in CHEATS:
+        raise ValueError(f"no cheat named {name!r}: one of {', '.join(CHEATS)}")
+    return Cheat(name)
