@@ -16,7 +16,7 @@ import trio
 
 from swarmnode.node.dataplane.http_server import BytesBody, Request, Response, StreamBody
 from swarmnode.node.dataplane.origin import Sealer
-from swarmnode.node.dataplane.service import MSGPACK, OCTETS, ShardService
+from swarmnode.node.dataplane.shard_endpoints import MSGPACK, OCTETS, ShardService
 from swarmnode.protocol.messages import CheckpointManifest
 from swarmnode.protocol.shards import Unsatisfiable, content_range, parse_range, parse_route
 from swarmnode.protocol.types import MIB

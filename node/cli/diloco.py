@@ -28,6 +28,7 @@ from swarmnode.crypto.identity import NodeIdentity, parse_address
 from swarmnode.node.config import LivenessSettings, NodeConfig
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.diloco.algorithm import LossFn, content_digest
+from swarmnode.node.diloco.contribution_endpoints import DilocoService
 from swarmnode.node.diloco.exchange import TrainerSettings
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import params_of
@@ -41,7 +42,6 @@ from swarmnode.node.diloco.plan import (
 )
 from swarmnode.node.diloco.pretraining import LmBatch, lm_loss, pretraining_batches
 from swarmnode.node.diloco.role import DilocoTrainer, DilocoWork
-from swarmnode.node.diloco.service import DilocoService
 from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork
 from swarmnode.node.diloco.weights import FINAL_FILE
 from swarmnode.node.p2p.dht import DiscoverySettings

@@ -25,7 +25,7 @@ from swarmnode.node.dataplane.http_client import ClientConfig, HttpClient
 from swarmnode.node.dataplane.http_server import Handler, HttpServer, ServerConfig
 from swarmnode.node.dataplane.origin import Origin, Sealer
 from swarmnode.node.dataplane.progress import ProgressSink
-from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.shard_endpoints import ShardService
 from swarmnode.node.dataplane.sources import ScoringConfig, SourceBook
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.protocol.shards import DEFAULT_SHARD_SIZE

@@ -28,7 +28,7 @@ Parts:
                phases `collect` (contributions, votes, decided fetches) and `resync` (join, adopt, skip)
                over what they share (`exchange`); `participant` where θ and payloads live (one process or
                a trainer group); `holdings` what it holds and serves (`namespace` one store namespace),
-               `service` its HTTP endpoints, `payload` tensors in and out of contributions
+               `contribution_endpoints` its HTTP endpoints, `payload` tensors in and out of contributions
 - `rl`         an RL run with several trainers: DiLoCo rounds around GRPO (`make_diloco_trainer`)
 - `sharded`    a trainer group of FSDP2 ranks as one DiLoCo participant, shard-wise
                (its collectives; `rank_files` who owns which tensor and the per-rank payload files)

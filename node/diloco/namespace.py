@@ -17,7 +17,7 @@ from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.downloader import DownloadConfig, Downloader
 from swarmnode.node.dataplane.http_client import HttpClient
 from swarmnode.node.dataplane.origin import Sealer
-from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.shard_endpoints import ShardService
 from swarmnode.node.dataplane.sources import SourceBook
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.protocol.messages import CheckpointManifest, ShardHave

@@ -42,12 +42,12 @@ from swarmnode.ledger import Ledger
 from swarmnode.node.config import NodeConfig, run_validator_addresses
 from swarmnode.node.dataplane.http_server import Handler
 from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.diloco.contribution_endpoints import DilocoService, mounted
 from swarmnode.node.diloco.exchange import TrainerSettings
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import GroupParticipant, Participant
 from swarmnode.node.diloco.plan import read_plan
 from swarmnode.node.diloco.role import trainer_endpoints
-from swarmnode.node.diloco.service import DilocoService, mounted
 from swarmnode.node.diloco.trainer import DilocoTrainerWork
 from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.errors import RunMismatch

@@ -16,7 +16,7 @@ from swarmnode.node.dataplane.downloader import DownloadConfig
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.dataplane.origin import Sealer
 from swarmnode.node.dataplane.roles import FollowerNode, FollowerNodeConfig
-from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.shard_endpoints import ShardService
 from swarmnode.node.dataplane.sources import ScoringConfig
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.protocol.envelope import seal

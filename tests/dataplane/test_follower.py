@@ -14,7 +14,7 @@ from swarmnode.node.dataplane.follower import Follower, FollowerConfig
 from swarmnode.node.dataplane.http_client import HttpClient
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.dataplane.origin import Origin, Sealer
-from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.shard_endpoints import ShardService
 from swarmnode.node.dataplane.sources import ScoringConfig, SourceBook
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.protocol.shards import PART_SUFFIX

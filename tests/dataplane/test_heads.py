@@ -15,7 +15,7 @@ from swarmnode.crypto.merkle import merkle_root
 from swarmnode.node.dataplane.catalog import Catalog
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.dataplane.origin import Sealer
-from swarmnode.node.dataplane.service import ShardService
+from swarmnode.node.dataplane.shard_endpoints import ShardService
 from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.p2p.gossip import DEFAULT_POLICIES, MAX_GOSSIP_ENVELOPE
 from swarmnode.protocol.codec import encode

@@ -28,10 +28,10 @@ import trio
 from swarmnode.node.dataplane.checkpoint import load_checkpoint
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.diloco.algorithm import THETA_PREFIX
+from swarmnode.node.diloco.contribution_endpoints import DilocoService
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import GroupParticipant
 from swarmnode.node.diloco.plan import checkpoint_digest
-from swarmnode.node.diloco.service import DilocoService
 from swarmnode.node.diloco.sharded import RANK_COMMANDS
 from swarmnode.node.diloco.trainer import DilocoTrainerWork
 from swarmnode.node.diloco.weights import load_trainable, trainable_state

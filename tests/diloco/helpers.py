@@ -13,12 +13,12 @@ import trio
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
+from swarmnode.node.diloco.contribution_endpoints import DilocoService
 from swarmnode.node.diloco.exchange import TrainerSettings
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import params_of
 from swarmnode.node.diloco.plan import build_plan, fresh_model, sign_plan
 from swarmnode.node.diloco.pretraining import LmBatch, lm_loss, pretraining_batches
-from swarmnode.node.diloco.service import DilocoService
 from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork
 from swarmnode.node.rl.model import ModelInfo
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer

@@ -156,7 +156,7 @@ def test_a_malformed_payload_is_refused_and_left_out(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             peers = {t.identity.address: await serve(t, nursery) for t in honest}
             from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
-            from swarmnode.node.diloco.service import DilocoService
+            from swarmnode.node.diloco.contribution_endpoints import DilocoService
 
             server = HttpServer(DilocoService(liar), ServerConfig(port=0))
             port = await nursery.start(server.serve)

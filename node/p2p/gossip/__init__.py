@@ -13,7 +13,7 @@ what we do instead. One concern per module:
 - `outbound`: a peer's outbound queue, batching and counted (`BatchingRpcQueue`, `CountingGossipSub`).
 - `pubsub`: py-libp2p's Pubsub fixed for load: whole-frame reads (`take_frames`), serial writes, a
   peer-record cache, direct delivery (`SerialPubsub`, `GossipPubsub`).
-- `service`: the node's `Gossip` (validation hook, delivery queues, publish back-pressure, statistics).
+- `hub`: the node's `Gossip` (validation hook, delivery queues, publish back-pressure, statistics).
 
 Import from here: `from node.p2p.gossip import Gossip, Delivery, ...` is the public surface.
 """
@@ -28,6 +28,7 @@ from swarmnode.node.p2p.gossip.authority import (
     check_ledger_entry,
 )
 from swarmnode.node.p2p.gossip.checks import check_gossip_message, content_id
+from swarmnode.node.p2p.gossip.hub import Delivery, Gossip, Observer, TopicStats
 from swarmnode.node.p2p.gossip.outbound import (
     OUTBOUND_BATCH_BYTES,
     OUTBOUND_QUEUE_RPCS,
@@ -49,7 +50,6 @@ from swarmnode.node.p2p.gossip.pubsub import (
     SerialPubsub,
     take_frames,
 )
-from swarmnode.node.p2p.gossip.service import Delivery, Gossip, Observer, TopicStats
 
 __all__ = [
     "DEFAULT_POLICIES",

@@ -1,7 +1,7 @@
 """The message rule of a gossip topic (spec/gossip.md, Validation) and the message id.
 
 Pure: the clock, the replay window and the authority view arrive as arguments. The service
-(`node.p2p.gossip.service`) runs `check_gossip_message` in the pubsub validator hook.
+(`node.p2p.gossip.hub`) runs `check_gossip_message` in the pubsub validator hook.
 """
 
 from __future__ import annotations

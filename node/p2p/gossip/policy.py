@@ -3,7 +3,7 @@
 py-libp2p caps each (forwarding peer, topic) at 10 msg/s (gossipsub.py:190, checked at gossipsub.py:975):
 over it the router silently stops *forwarding* (local delivery already happened), and the cap applies to
 our own publications too. We raise it to `forward_cap_per_topic` and enforce the rates that matter
-ourselves (`node.p2p.gossip.service`): per envelope sender and topic in the validator
+ourselves (`node.p2p.gossip.hub`): per envelope sender and topic in the validator
 (`TopicPolicy.sender_rate`), and per topic on our own publications, where `publish` waits for a token
 (`publish_rate`) instead of letting the router drop the message.
 """

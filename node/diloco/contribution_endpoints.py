@@ -21,7 +21,7 @@ from swarmnode.node.dataplane.http_server import (
     ServerStats,
     simple_response,
 )
-from swarmnode.node.dataplane.service import MSGPACK
+from swarmnode.node.dataplane.shard_endpoints import MSGPACK
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.protocol import diloco as rules
 from swarmnode.protocol import shards
