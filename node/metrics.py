@@ -2,11 +2,14 @@
 
 Nothing is counted twice: a collector reads the `statistics()` of the live components at scrape time,
 into a registry owned by this node (no process-global registry). The endpoint is a minimal HTTP/1.0
-server on trio (GET /metrics), so the node stays one trio.run with no helper threads.
+server on trio, so the node stays one trio.run with no helper threads. Beside GET /metrics it serves the
+node's dashboard (node.dashboard) from the same snapshot: GET / (the page), /figures.json (what the page
+shows) and /status.json (the whole status document, as `data_dir/status.json` holds it).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +18,8 @@ import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from swarmnode.node.dashboard import PAGE, figures_document
 
 log = logging.getLogger(__name__)
 
@@ -124,20 +129,50 @@ def _topics(gossip: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
             yield topic, stats
 
 
-def make_registry(snapshot: Snapshot) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(snapshot))
-    return registry
+class NodeRegistry(CollectorRegistry):
+    """The node's registry, keeping the snapshot it collects from: the dashboard reads the same one."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        super().__init__(auto_describe=False)
+        self.snapshot = snapshot
+        self.register(NodeCollector(snapshot))
+
+
+def make_registry(snapshot: Snapshot) -> NodeRegistry:
+    return NodeRegistry(snapshot)
+
+
+JSON_TYPE = b"application/json"
+HTML_TYPE = b"text/html; charset=utf-8"
+PAGE_BYTES = PAGE.encode()
+
+
+def respond(registry: NodeRegistry, target: bytes) -> tuple[bytes, bytes, bytes]:
+    """(status, content type, body) of a GET of `target`; every answer is built from one snapshot."""
+    if target.startswith(b"/metrics"):
+        return b"200 OK", CONTENT_TYPE_LATEST.encode(), generate_latest(registry)
+    path = target.split(b"?", 1)[0]
+    if path == b"/":
+        return b"200 OK", HTML_TYPE, PAGE_BYTES
+    if path == b"/figures.json":
+        return b"200 OK", JSON_TYPE, json.dumps(figures_document(registry.snapshot()), default=str).encode()
+    if path == b"/status.json":
+        return b"200 OK", JSON_TYPE, json.dumps(registry.snapshot(), default=str).encode()
+    return b"404 Not Found", b"text/plain", b"not found\n"
 
 
 async def serve_metrics(
-    registry: CollectorRegistry,
+    registry: NodeRegistry,
     port: int,
     host: str = "127.0.0.1",
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve GET /metrics until cancelled; reports the bound port through task_status."""
+    """Serve GET /metrics and the dashboard until cancelled; reports the bound port through task_status.
+
+    One request per connection, its head at most 8 KiB and read within 5 s: a slow or oversized client
+    costs one short-lived task, never the node.
+    """
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
@@ -149,15 +184,14 @@ async def serve_metrics(
                         return
                     head += chunk
                 request_line = head.split(b"\r\n", 1)[0].split()
-                if (
-                    len(request_line) >= 2
-                    and request_line[0] == b"GET"
-                    and request_line[1].startswith(b"/metrics")
-                ):
-                    body = generate_latest(registry)
-                    status, content_type = b"200 OK", CONTENT_TYPE_LATEST.encode()
+                if len(request_line) >= 2 and request_line[0] == b"GET":
+                    try:
+                        status, content_type, body = respond(registry, request_line[1])
+                    except Exception as exc:  # noqa: BLE001 - a page that fails must never stop the node
+                        log.warning("metrics request failed", extra={"error": repr(exc)})
+                        status, content_type, body = b"500 Internal Server Error", b"text/plain", b"failed\n"
                 else:
-                    body, status, content_type = b"not found\n", b"404 Not Found", b"text/plain"
+                    status, content_type, body = b"404 Not Found", b"text/plain", b"not found\n"
                 await stream.send_all(
                     b"HTTP/1.0 "
                     + status
@@ -165,7 +199,7 @@ async def serve_metrics(
                     + content_type
                     + b"\r\nContent-Length: "
                     + str(len(body)).encode()
-                    + b"\r\nConnection: close\r\n\r\n"
+                    + b"\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n"
                     + body
                 )
         except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -175,6 +209,9 @@ async def serve_metrics(
 
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
-    log.info("metrics endpoint", extra={"url": f"http://{host}:{bound}/metrics"})
+    log.info(
+        "metrics endpoint and dashboard",
+        extra={"url": f"http://{host}:{bound}/metrics", "dashboard": f"http://{host}:{bound}/"},
+    )
     task_status.started(bound)
     await trio.serve_listeners(handle, listeners)

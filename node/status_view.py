@@ -1,12 +1,16 @@
 """A node's status document (`data_dir/status.json`, rewritten every second) as lines a person reads.
 
 Shared by `swarmnode status` and the devnet's live table: one wording for what a node does and waits for.
-Pure: the document and the clock are arguments.
+`figure_lines` prints the dashboard's figures (node.dashboard) with the page's labels, so the command and the
+page never disagree. Pure: the document and the clock are arguments.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+# started_state: one state word for this view, the devnet table and the dashboard (imported from here too)
+from swarmnode.node.dashboard import LABELS, figure_text, figures, started_state
 
 STATUS_FILE = "status.json"  # in the node's data_dir: written by node.runtime, read by `swarmnode status`
 STALE_AFTER_S = 10.0  # a status not rewritten for this long: the node is stopped, hung or gone
@@ -55,13 +59,6 @@ def waiting_for(status: dict[str, Any]) -> list[str]:
     """The roles this node needs and has not found a verified provider of (empty: nothing missing)."""
     found = status.get("providers_found") or {}
     return [role for role in status.get("needs") or [] if not found.get(role)]
-
-
-def started_state(status: dict[str, Any]) -> str:
-    """ready (started and connected), started but alone, or still starting."""
-    if status.get("ready"):
-        return "ready"
-    return "started, no peer yet" if status.get("started") else "starting"
 
 
 def waiting_line(status: dict[str, Any]) -> str | None:
@@ -142,4 +139,14 @@ def describe(status: dict[str, Any], now: float) -> list[str]:
     signal = work.get("signal") or {}
     if signal.get("starved"):
         lines.append(f"  {signal.get('message', 'no learning signal')}")
+    return lines
+
+
+def figure_lines(status: dict[str, Any]) -> list[str]:
+    """The dashboard's figures as "label: value" lines, worded as on the page the metrics port serves."""
+    port = status.get("metrics_port")
+    where = f" (live at http://127.0.0.1:{port}/)" if port and not status.get("stopped") else ""
+    lines = [f"  figures{where}:"]
+    for key, value in figures(status).items():
+        lines.append(f"    {LABELS[key][1]}: {figure_text(key, value)}")
     return lines

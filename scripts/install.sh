@@ -19,6 +19,17 @@ if ! command -v bwrap >/dev/null; then
     echo "    not installed: run 'sudo apt-get install bubblewrap' (a node refuses code tasks without it)" >&2
   fi
 fi
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  # Test-only: tests/swarm/test_dashboard_devnet.py loads each node's dashboard in headless Chromium
+  # (skipped without it); a node never needs a browser.
+  echo "==> chromium (test-only: the dashboard's browser test, from Debian's packages)"
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } \
+      || echo "    could not install chromium: the dashboard's browser test will be skipped" >&2
+  else
+    echo "    not installed: run 'sudo apt-get install chromium' (the dashboard's browser test is skipped without it)" >&2
+  fi
+fi
 echo "==> torch 2.13.0 (CPU build)"
 python -m pip install -q torch==2.13.0
 echo "==> swarmnode and its pinned dependencies"
