@@ -11,6 +11,7 @@ pure: the committed examples (examples/*.toml) are its output, and a test keeps 
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,10 @@ import click
 
 from swarmnode.node.config import ROLE_NAMES, ConfigError, load_config
 from swarmnode.node.p2p.ports import free_ports
+from swarmnode.node.worker.eligibility import ledger_cli_args
 
 CONFIG_FILE = "node.toml"
+LEDGER_ENV, CONTRACT_ENV = "SWARMNODE_LEDGER", "SWARMNODE_CONTRACT"  # what the other ledger commands read
 KEY_FILE = "node.key"
 STAKED_ROLES = ("trainer", "relay", "worker", "validator")
 
@@ -38,6 +41,7 @@ class NodePlan:
     http_port: int
     metrics_port: int
     bootstrap: tuple[str, ...] = ()
+    announce: tuple[str, ...] = ()
     model: str = ""
     tasks: str = ""
     run_validators: tuple[str, ...] = ()
@@ -65,9 +69,14 @@ def render_node_toml(plan: NodePlan) -> str:
         f'identity = "{KEY_FILE}"                    # this node\'s key, relative to this file',
         'data_dir = "data"                      # its state, logs and status.json (`swarmnode status`)',
         f'listen = "/ip4/{plan.listen_host}/tcp/{plan.p2p_port}"   # each node on a host needs its own port',
+        *(
+            [f"announce = {_toml_list(plan.announce)}   # what peers dial (0.0.0.0 names no address)"]
+            if plan.announce
+            else []
+        ),
         bootstrap,
         "# ledger: signed:PATH is one SQLite file every node of the run opens (one host, or a shared mount);",
-        "# nodes on several hosts share a chain instead: evm:http://HOST:8545 (and --contract for the CLI)",
+        "# nodes on several hosts share a chain: evm:http://HOST:8545#0xCONTRACT (the ledger contract on it)",
         f'ledger_url = "{plan.ledger}"',
         f'http_host = "{plan.http_host}"             # the data plane (checkpoint shards), as peers reach it',
         f"http_port = {plan.http_port}",
@@ -115,7 +124,7 @@ def _aligned(line: str) -> str:
 def next_steps(plan: NodePlan, folder: Path, peer_id: str, announce_host: str) -> list[str]:
     """The commands after `init`, in order, for this role."""
     config, key = folder / CONFIG_FILE, folder / KEY_FILE
-    ledger = f"--ledger {plan.ledger} --key {key}"
+    ledger = f"{ledger_cli_args(plan.ledger)} --key {key}"
     steps = []
     if plan.role == "bootstrap":
         address = f"/ip4/{announce_host}/tcp/{plan.p2p_port}/p2p/{peer_id}"
@@ -137,13 +146,46 @@ def example_plan(role: str) -> NodePlan:
     """The plan of examples/ROLE.toml: one host, the bootstrap on 4001, each role its own ports."""
     index = ROLE_NAMES.index(role) if role != "bootstrap" else -1
     return NodePlan(
-        role=role, run="my-run", ledger="signed:/srv/swarm/ledger.db", listen_host="0.0.0.0",
+        role=role, run="my-run", ledger="signed:/srv/swarm/ledger.db", listen_host="127.0.0.1",
         p2p_port=4002 + index, http_host="127.0.0.1", http_port=8081 + index, metrics_port=9101 + index,
         bootstrap=() if role == "bootstrap" else (EXAMPLE_BOOTSTRAP,),
         model="../models/my-model" if role in ("trainer", "worker", "validator") else "",
         tasks="../tasks/train.jsonl" if role in ("trainer", "worker", "validator") else "",
         run_validators=(EXAMPLE_VALIDATOR,) if role == "trainer" else (),
     )  # fmt: skip
+
+
+def listen_and_announce(listen_host: str, announce_host: str) -> tuple[str, bool]:
+    """Where the node listens, and whether its config must announce `announce_host`.
+
+    A node listening on 0.0.0.0 announces none of its addresses (`node.p2p.host.announced_addrs`: nobody
+    can dial the unspecified address), so peers that find it in the DHT cannot dial it: it names the
+    address other hosts reach it at. A node reached on loopback only (one host) listens there instead,
+    since a loopback address may not be announced."""
+    try:
+        loopback = ipaddress.IPv4Address(announce_host).is_loopback
+    except ValueError:
+        message = f"{announce_host!r} is not an IPv4 address"
+        raise click.BadParameter(message, param_hint="--announce-host") from None
+    if listen_host == "0.0.0.0":
+        return (announce_host, False) if loopback else (listen_host, True)
+    return listen_host, not loopback and listen_host != announce_host
+
+
+def node_ledger_url(ledger: str, contract: str | None) -> str:
+    """`[node] ledger_url` from the options the other ledger commands take: a signed log's absolute path
+    (every node must open the same file, wherever it is started from), or `evm:URL#CONTRACT` (a node needs
+    the contract's address, which `--ledger evm:URL` alone does not carry)."""
+    if ledger.startswith("signed:"):
+        return "signed:" + str(Path(ledger.removeprefix("signed:")).resolve())
+    if not ledger.startswith("evm:") or "#" in ledger:
+        return ledger
+    if not contract:
+        raise click.UsageError(
+            f"an evm: ledger needs its contract: pass --contract 0xADDRESS (or set {CONTRACT_ENV}), "
+            "the address `swarmnode ledger deploy` printed"
+        )
+    return f"{ledger}#{contract}"
 
 
 EXAMPLE_BOOTSTRAP = "/ip4/127.0.0.1/tcp/4001/p2p/16Uiu2HAmMzhXFfZvscvA3Zui6tY4BCagzoNSQ26H8YjyEtmwSxgS"
@@ -154,10 +196,13 @@ EXAMPLE_VALIDATOR = "0x8223818D5a51c3236958758Fb716b3573898E3E1"
 @click.argument("role", type=click.Choice(ROLE_NAMES))
 @click.argument("folder", metavar="[DIR]", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--run", "run_id", required=True, help="The run id (lowercase letters, digits, - and _).")
-@click.option("--ledger", "ledger", default="signed:ledger.db", show_default=True,
-              help="signed:PATH (one file every node opens) or evm:URL (nodes on several hosts).")
+@click.option("--ledger", "ledger", default="signed:ledger.db", show_default=True, envvar=LEDGER_ENV,
+              help=f"signed:PATH (one file every node opens) or evm:URL (several hosts). Env {LEDGER_ENV}.")
+@click.option("--contract", envvar=CONTRACT_ENV, metavar="0xADDRESS",
+              help=f"The contract of an evm: ledger, as `ledger deploy` printed it. Env {CONTRACT_ENV}.")
 @click.option("--bootstrap", multiple=True, help="The bootstrap's multiaddr …/p2p/<id> (repeatable).")
-@click.option("--host", "listen_host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--host", "listen_host", default="0.0.0.0", show_default=True,
+              help="Address to listen on (0.0.0.0 announces --announce-host; a loopback one listens there).")
 @click.option("--announce-host", default="127.0.0.1", show_default=True,
               help="The address other hosts reach this one at (its HTTP endpoint, a bootstrap's address).")
 @click.option("--model", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -167,9 +212,9 @@ EXAMPLE_VALIDATOR = "0x8223818D5a51c3236958758Fb716b3573898E3E1"
 @click.option("--run-validator", "run_validators", multiple=True, metavar="0xADDRESS",
               help="Trainer: a validator the run trusts (repeatable).")
 @click.option("--force", is_flag=True, help="Replace an existing node.toml (the key is kept).")
-def init_command(role: str, folder: Path | None, run_id: str, ledger: str, bootstrap: tuple[str, ...],
-                 listen_host: str, announce_host: str, model: Path | None, tasks: Path | None,
-                 run_validators: tuple[str, ...], force: bool) -> None:
+def init_command(role: str, folder: Path | None, run_id: str, ledger: str, contract: str | None,
+                 bootstrap: tuple[str, ...], listen_host: str, announce_host: str, model: Path | None,
+                 tasks: Path | None, run_validators: tuple[str, ...], force: bool) -> None:
     """Write DIR/node.toml for ROLE (default DIR: ./ROLE), with a new key and free ports, and print what to
     run next: register and stake (not a bootstrap), then `swarmnode run --config DIR/node.toml`.
 
@@ -182,14 +227,15 @@ def init_command(role: str, folder: Path | None, run_id: str, ledger: str, boots
 
     folder = (folder or Path(role)).resolve()
     config = folder / CONFIG_FILE
-    if ledger.startswith("signed:"):  # every node must open the same file, wherever it is started from
-        ledger = "signed:" + str(Path(ledger.removeprefix("signed:")).resolve())
+    ledger = node_ledger_url(ledger, contract)
     if config.exists() and not force:
         raise click.ClickException(f"{config} exists: pass --force to replace it (its key is kept)")
+    listen_host, announced = listen_and_announce(listen_host, announce_host)
     p2p, http, metrics = free_ports("127.0.0.1" if listen_host == "0.0.0.0" else listen_host, 3)
     plan = NodePlan(
         role=role, run=run_id, ledger=ledger, listen_host=listen_host, p2p_port=p2p, http_host=announce_host,
         http_port=http, metrics_port=metrics, bootstrap=bootstrap,
+        announce=(f"/ip4/{announce_host}/tcp/{p2p}",) if announced else (),
         model=str(model.resolve()) if model else "", tasks=str(tasks.resolve()) if tasks else "",
         run_validators=run_validators,
     )  # fmt: skip
