@@ -251,6 +251,10 @@ def devnet_command(
             console.print(f"WAN: {wan_profile} profile, subnet {devnet.wan.subnet}{homes}")
         if devnet.ledger is not None:
             console.print(f"ledger: {devnet.ledger.url} (every role node registered and staked)")
+        nodes = devnet.nodes.values()
+        dashboards = [f"{n.name} http://127.0.0.1:{n.metrics_port}/" for n in nodes if n.metrics_port]
+        if dashboards:
+            console.print("dashboards: " + "  ".join(dashboards))
         summary = _run(devnet, console, duration, until_discovered, no_live, probe_rate)
         if steps:
             _report(devnet, summary, console, summary_path)

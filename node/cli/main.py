@@ -74,7 +74,7 @@ LAZY_COMMANDS = {
     ),
     "status": (
         "swarmnode.node.cli.status:status_command",
-        "What a node on this machine is doing: its role, peers, what it waits for, its work.",
+        "What a node on this machine is doing: its role, peers, what it waits for, its work, its figures.",
     ),
     "tasks": (
         "swarmnode.node.cli.tasks:tasks_group",

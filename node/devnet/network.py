@@ -97,6 +97,7 @@ class Devnet:
                 identity.checksum_address,
                 0 if not self.plan.steps else free_port() if wan is None else WAN_HTTP_PORT,
                 self.plan.cheat_of(name),
+                metrics_port=free_port() if wan is None else 0,  # a namespace's 127.0.0.1 is its own
                 host=LOOPBACK if wan is None else wan.address(name),
                 dialable=wan is None or not wan.links[name].nat,
             )
@@ -129,6 +130,7 @@ class Devnet:
                             "addr": n.addr,
                             "address": n.address,
                             "http_port": n.http_port,
+                            "metrics_port": n.metrics_port,
                             "cheat": n.cheat,
                         }
                         for n in self.nodes.values()
@@ -221,6 +223,7 @@ class Devnet:
             bootstrap=bootstrap,
             http_host=node.host,
             http_port=node.http_port,
+            metrics_port=node.metrics_port,
             # every node, the bootstrap included: gossip authority (verdicts from eligible validators,
             # ledger entries from registered nodes) needs the ledger, or the bootstrap forwards forgeries
             ledger_url=self.ledger.url if self.ledger is not None else "",

@@ -122,6 +122,7 @@ class DevnetNode:
     address: str = ""
     http_port: int = 0
     cheat: str = ""
+    metrics_port: int = 0  # /metrics and the dashboard on 127.0.0.1 (0: none, as on a WAN's namespaces)
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     host: str = LOOPBACK  # the address it listens on and announces
