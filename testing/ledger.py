@@ -17,6 +17,7 @@ from swarmnode.crypto.hashing import keccak256, sha256
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.ledger.types import Params
+from swarmnode.node.p2p.ports import free_port
 from swarmnode.protocol.envelope import seal
 from swarmnode.protocol.errors import Reason
 from swarmnode.protocol.ledger_messages import (
@@ -151,12 +152,6 @@ def find_anvil() -> str | None:
             if candidate.is_file():
                 return str(candidate)
     return shutil.which("anvil")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class AnvilProcess:
