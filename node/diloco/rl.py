@@ -331,9 +331,9 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
     def _compare_root(self, version: int) -> None:
         """A co-trainer's own publication of `version` against the lead's: the same outer weights give the
         same root (same shard size), so a difference means we left the run's lineage (or shard_mb differs)."""
-        if self.is_lead or version in self.roots_compared or self.origin is None:
+        if self.is_lead or version in self.roots_compared or self.origin_node is None:
             return
-        own, lead = self.origin.catalog.get(version), self.lead_roots.get(version)
+        own, lead = self.origin_node.catalog.get(version), self.lead_roots.get(version)
         if own is None or lead is None:
             return
         self.roots_compared.add(version)
@@ -409,7 +409,7 @@ class DilocoSwarmTrainerWork(SwarmTrainerWork):
             log.info("released rollouts of uncounted rounds", extra={"round": round, "rows": released})
         if theta is not None:
             await trio.to_thread.run_sync(load_trainable, _whole(trainer).engine.model, theta)
-        latest = self.origin.catalog.latest_version if self.origin is not None else None
+        latest = self.origin_node.catalog.latest_version if self.origin_node is not None else None
         if latest is None or round > latest:
             await self._publish(round)
         self._compare_root(round)

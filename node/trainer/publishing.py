@@ -30,10 +30,10 @@ class Publishing(TrainerState):
     async def _publish(self, version: int) -> None:
         """Publish the current weights as `version` through the origin, then announce it."""
         trainer, _, descriptor = self._parts()
-        assert self.origin is not None
+        assert self.origin_node is not None
         if self._model_files is None:
             self._model_files = await trio.to_thread.run_sync(model_folder_files, self.model_dir)
-        origin = self.origin.origin
+        origin = self.origin_node.origin
         if isinstance(trainer, ShardedGrpoTrainer):  # every rank writes its files: no full gather
             infos = await trio.to_thread.run_sync(
                 trainer.write_model, origin.store, version, origin.shard_size, self._model_files
@@ -68,12 +68,12 @@ class Publishing(TrainerState):
 
     def _announce_newest(self) -> None:
         """Gossip the newest manifest and provide the retained versions in the DHT (in the background)."""
-        if self._background is None or self.origin is None or not self._announces():
+        if self._background is None or self.origin_node is None or not self._announces():
             return
         self._background.start_soon(self._gossip_newest)
         net = self._net
         assert net is not None
-        held = set(self.origin.catalog.versions())
+        held = set(self.origin_node.catalog.versions())
         for version in sorted(held - self._provided):
             self._background.start_soon(net.provide_checkpoint, version)
         for version in self._provided - held:
@@ -81,7 +81,7 @@ class Publishing(TrainerState):
         self._provided = held
 
     async def _gossip_newest(self) -> None:
-        entry = self.origin.catalog.latest if self.origin is not None else None
+        entry = self.origin_node.catalog.latest if self.origin_node is not None else None
         if entry is not None and self._net is not None:
             await self._net.publish("checkpoints", entry.head)
 

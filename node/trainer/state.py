@@ -107,7 +107,7 @@ class TrainerState:
         self.inbox: RolloutInbox | None = None
         self._last_status: dict[str, Any] | None = None
         self.trainer: Policy | None = None
-        self.origin: OriginNode | None = None
+        self.origin_node: OriginNode | None = None
         self.endpoint = ""
         self.done = False
         self.signal: dict[str, Any] = {}  # a starved step's diagnosis (`node.trainer.liveness`); {} otherwise
@@ -122,13 +122,15 @@ class TrainerState:
 
     def published_roots(self) -> dict[int, bytes]:
         """Version → Merkle root of each version the origin keeps (what we published and still serve)."""
-        if self.origin is None:
+        if self.origin_node is None:
             return {}
-        catalog = self.origin.catalog
+        catalog = self.origin_node.catalog
         return {v: entry.manifest.merkle_root for v in catalog.versions() if (entry := catalog.get(v))}
 
     def _published_ms(self, version: int) -> int | None:
-        entry = self.origin.catalog.get(version) if self.origin is not None and version >= 0 else None
+        if self.origin_node is None or version < 0:
+            return None
+        entry = self.origin_node.catalog.get(version)
         return entry.manifest.created_ms if entry is not None else None
 
     def _hold_until_ms(self, oldest: int) -> int:
@@ -158,7 +160,7 @@ class TrainerState:
         `rewards` is each step's mean reward over all the groups it took (filtered ones included, as in
         `node.rl.sync`); `groups_used` counts the groups with signal that the steps trained on.
         """
-        trainer, inbox, origin = self.trainer, self.inbox, self.origin
+        trainer, inbox, origin = self.trainer, self.inbox, self.origin_node
         if inbox is None and self._last_status is not None:
             return self._last_status
         records = inbox.steps() if inbox is not None else []

@@ -67,7 +67,7 @@ class SwarmTrainerWork(StepLoop, Pulling, Registration):
     async def manifest(self, peer: ID, request: ManifestRequest) -> ManifestResponse:
         if request.run != self.config.run:
             return ManifestResponse(status=int(Reason.WRONG_RUN), manifest=b"")
-        catalog = self.origin.catalog if self.origin is not None else None
+        catalog = self.origin_node.catalog if self.origin_node is not None else None
         entry = None
         if catalog is not None:
             entry = catalog.latest if request.version == LATEST_VERSION else catalog.get(request.version)
@@ -118,7 +118,7 @@ class SwarmTrainerWork(StepLoop, Pulling, Registration):
         )
         self._release_unsaved(inbox, trainer)
         self.done = self._finished()
-        self.origin = origin = OriginNode(
+        self.origin_node = origin = OriginNode(
             self.checkpoints_dir,
             self.identity,
             cfg.run,

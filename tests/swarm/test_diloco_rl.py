@@ -334,11 +334,11 @@ def test_a_co_trainer_compares_its_own_outer_weights_with_the_leads_checkpoints(
     from swarmnode.protocol.envelope import Envelope
 
     co = make_work(tmp_path, CO)
-    co.origin = OriginNode(tmp_path / "own", CO, RUN)
+    co.origin_node = OriginNode(tmp_path / "own", CO, RUN)
     for version, tag in ((3, 0), (4, 1)):  # v3 as the lead published it, v4 from other weights
         envelope = sealed_manifest(version, signer=CO, tag=tag)
         manifest = decode(CheckpointManifest, decode(Envelope, envelope).body)
-        co.origin.catalog.add(manifest, envelope, {0})
+        co.origin_node.catalog.add(manifest, envelope, {0})
     for version in (3, 4):
         assert co._take_lead_manifest(sealed_manifest(version))
     status = co.status()["diloco"]

@@ -520,10 +520,10 @@ def test_a_killed_trainer_resumes_without_losing_or_reusing_an_accepted_rollout(
             if feed:
                 await work.ingest(VALIDATOR.address, AcceptedBatch(tuple(feed), feed[-1].index))
             await work.train()
-            status = work.status() | {"catalog": work.origin.catalog.versions()}  # type: ignore[union-attr]
+            status = work.status() | {"catalog": work.origin_node.catalog.versions()}  # type: ignore[union-attr]
             latest = await work.manifest(ID(b"x"), ManifestRequest(RUN, LATEST_VERSION))
             assert latest.status == MANIFEST_OK
-            assert latest.manifest == work.origin.catalog.latest.envelope  # type: ignore[union-attr]
+            assert latest.manifest == work.origin_node.catalog.latest.envelope  # type: ignore[union-attr]
             unknown = await work.manifest(ID(b"x"), ManifestRequest(RUN, 77))
             assert unknown.status == Reason.UNKNOWN_CHECKPOINT
             nursery.cancel_scope.cancel()  # the kill: nothing is flushed or closed politely before it
@@ -568,8 +568,8 @@ def test_a_ready_step_is_held_for_the_rows_of_its_oldest_version_by_the_measured
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(work.serve)
-            assert work.origin is not None and work.origin.catalog.latest is not None
-            published = work.origin.catalog.latest.manifest.created_ms  # version 0
+            assert work.origin_node is not None and work.origin_node.catalog.latest is not None
+            published = work.origin_node.catalog.latest.manifest.created_ms  # version 0
             assert work._hold_until_ms(0) == 0  # nothing measured yet: at once
             work._note_arrivals({0}, published + 400)
             work._note_arrivals({0}, published + 9_000)  # not the first row of version 0: no sample
