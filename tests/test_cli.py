@@ -179,6 +179,7 @@ def test_train_sync_reports_held_out_reward_before_and_after(tmp_path):
     assert any((tmp_path / "out").iterdir())
 
 
+@pytest.mark.slow  # generates with two engines: 13 s of the fast set
 def test_calibrate_prints_bounds_for_the_engine_pair_and_refuses_an_engine_it_cannot_run():
     env = dict(os.environ)
     result = swarmnode("calibrate", "--workers", "1", "--submissions", "1", "--json", env=env)

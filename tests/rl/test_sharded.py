@@ -68,6 +68,7 @@ def folder_state(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+@pytest.mark.slow  # two torch processes: 12 s of the fast set
 def test_two_ranks_train_as_one_process_and_write_a_loadable_folder(tmp_path):
     groups = fixed_groups(tiny_engine())
     report = run_group(tmp_path, groups, steps=3)
@@ -99,6 +100,7 @@ def test_two_ranks_train_as_one_process_and_write_a_loadable_folder(tmp_path):
     assert not list(folder.glob("*.part"))
 
 
+@pytest.mark.slow  # waits out a collective timeout on purpose: 18 s
 def test_an_idle_group_outlives_its_collective_timeout(tmp_path):
     """Rank 0 waiting for rollouts far longer than one collective may wait: its pings keep the other
     ranks' wait for the next command alive, and the group still steps and writes afterwards."""

@@ -105,6 +105,7 @@ def run_group(tmp: Path, groups) -> dict:
 # --- the group against one process ---------------------------------------------------------------
 
 
+@pytest.mark.slow  # two torch processes: 13 s of the fast set
 def test_a_two_rank_group_plays_the_rounds_one_process_plays(tmp_path):
     groups = fixed_groups(tiny_engine())
     theta = trainable_state(load_model(tiny_folder()))
