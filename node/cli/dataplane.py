@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import trio
 
-from swarmnode.crypto.identity import NodeIdentity, parse_address
+from swarmnode.crypto.identity import parse_address
+from swarmnode.node.cli.process_events import emit, hex_key, until_signalled
 from swarmnode.node.dataplane.checkpoint import load_checkpoint, state_digest
 from swarmnode.node.dataplane.downloader import DownloadConfig
 from swarmnode.node.dataplane.follower import VerifiedCheckpoint
@@ -31,10 +29,6 @@ from swarmnode.node.dataplane.roles import FollowerNode, FollowerNodeConfig, Ori
 from swarmnode.node.dataplane.sources import ScoringConfig
 from swarmnode.protocol.types import MIB
 from swarmnode.testing.relay_faults import Fault, FaultyService
-
-
-def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, "t": time.time(), **fields}, default=str), flush=True)
 
 
 def synthetic_state(total_bytes: int, seed: int) -> dict[str, torch.Tensor]:
@@ -65,9 +59,6 @@ def synthetic_state(total_bytes: int, seed: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def _key(text: str) -> NodeIdentity:
-    return NodeIdentity(bytes.fromhex(text.removeprefix("0x")))
-
 
 def _peers(values: list[str]) -> dict[str, float]:
     peers: dict[str, float] = {}
@@ -77,16 +68,6 @@ def _peers(values: list[str]) -> dict[str, float]:
     return peers
 
 
-async def _until_signalled(
-    nursery: trio.Nursery, final: Any, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-) -> None:
-    """On SIGTERM or SIGINT print the final statistics and stop the process's nursery."""
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        task_status.started()
-        async for _ in signals:
-            emit("stats", cpu_s=time.process_time(), **final())
-            nursery.cancel_scope.cancel()
-            return
 
 
 def _server_config(args: argparse.Namespace) -> ServerConfig:
@@ -97,7 +78,7 @@ def _server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 async def run_origin(args: argparse.Namespace) -> None:
-    identity = _key(args.key)
+    identity = hex_key(args.key)
     node = OriginNode(
         Path(args.root),
         identity,
@@ -108,7 +89,7 @@ async def run_origin(args: argparse.Namespace) -> None:
     )
     async with trio.open_nursery() as nursery:
         endpoint = await nursery.start(node.run)
-        await nursery.start(_until_signalled, nursery, node.statistics)
+        await nursery.start(until_signalled, nursery, node.statistics)
         emit("listening", role="origin", endpoint=endpoint, address=identity.checksum_address)
         version = 0
         stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
@@ -157,7 +138,7 @@ def _follower_config(args: argparse.Namespace, *, newest_only: bool, serve: bool
         root=Path(args.root),
         run=args.run,
         trainer=parse_address(args.trainer),
-        identity=_key(args.key),
+        identity=hex_key(args.key),
         peers=_peers(args.peer),
         newest_only=newest_only,
         serve=serve,
@@ -192,7 +173,7 @@ async def run_relay(args: argparse.Namespace) -> None:
     send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
     async with trio.open_nursery() as nursery:
         endpoint = await nursery.start(node.run, send)
-        await nursery.start(_until_signalled, nursery, node.statistics)
+        await nursery.start(until_signalled, nursery, node.statistics)
         if args.trace:
             nursery.start_soon(_trace_shards, node)
         emit("listening", role="relay", endpoint=endpoint)
@@ -213,7 +194,7 @@ async def run_worker(args: argparse.Namespace) -> None:
     try:
         async with trio.open_nursery() as nursery:
             endpoint = await nursery.start(node.run, send)
-            await nursery.start(_until_signalled, nursery, node.statistics)
+            await nursery.start(until_signalled, nursery, node.statistics)
             if args.trace:
                 nursery.start_soon(_trace_shards, node)
             emit("listening", role="worker", endpoint=endpoint)
@@ -257,7 +238,7 @@ async def run_bad_relay(args: argparse.Namespace) -> None:
     send, receive = trio.open_memory_channel[VerifiedCheckpoint](8)
     async with trio.open_nursery() as nursery:
         endpoint = await nursery.start(node.run, send)
-        await nursery.start(_until_signalled, nursery, statistics)
+        await nursery.start(until_signalled, nursery, statistics)
         emit("listening", role="bad-relay", endpoint=endpoint, fault=args.fault)
         async for checkpoint in receive:
             manifest = checkpoint.manifest

@@ -12,19 +12,16 @@ the rounds. It prints JSON lines on stdout (`listening`, `joined`, `round_start`
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import safetensors.torch
 import torch
 import trio
 
 from swarmnode.crypto.identity import NodeIdentity, parse_address
+from swarmnode.node.cli.process_events import emit, hex_key, until_signalled
 from swarmnode.node.config import LivenessSettings, NodeConfig
 from swarmnode.node.dataplane.http_server import HttpServer, ServerConfig
 from swarmnode.node.diloco.algorithm import LossFn, content_digest
@@ -52,15 +49,6 @@ from swarmnode.node.runtime import NodeRuntime, configure_logging
 from swarmnode.protocol.types import MIB
 from swarmnode.testing.straggler import straggling
 
-
-def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, "t": time.time(), **fields}, default=str), flush=True)
-
-
-def _key(text: str) -> NodeIdentity:
-    return NodeIdentity(bytes.fromhex(text.removeprefix("0x")))
-
-
 # --- plan ----------------------------------------------------------------------------------------
 
 
@@ -85,7 +73,7 @@ def run_plan(args: argparse.Namespace) -> None:
         )
     except ModelFolderError as exc:
         raise SystemExit(str(exc)) from None
-    owner = _key(args.owner_key)
+    owner = hex_key(args.owner_key)
     Path(args.out).write_bytes(sign_plan(owner, plan))
     emit(
         "plan",
@@ -100,15 +88,6 @@ def run_plan(args: argparse.Namespace) -> None:
 # --- trainer -------------------------------------------------------------------------------------
 
 
-async def _until_signalled(
-    nursery: trio.Nursery, final: Any, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        task_status.started()
-        async for _ in signals:
-            emit("stats", cpu_s=time.process_time(), **final())
-            nursery.cancel_scope.cancel()
-            return
 
 
 @dataclass
@@ -122,7 +101,7 @@ class Prepared:
 def prepare_trainer(args: argparse.Namespace) -> Prepared:
     """Everything blocking before the event loop: the verified run, the model, the data, the stores."""
     torch.set_num_threads(args.threads)
-    identity = _key(args.key)
+    identity = hex_key(args.key)
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     plan, plan_envelope = read_plan(Path(args.plan), parse_address(args.owner))
@@ -193,7 +172,7 @@ async def run_trainer(args: argparse.Namespace, prepared: Prepared) -> None:
         configure_logging(config)
         logging.getLogger("swarmnode.node.diloco").setLevel(args.log_level)
         runtime = NodeRuntime(config, identity, DilocoTrainer(DilocoWork(trainer, finished)))
-        await nursery.start(_until_signalled, nursery, service.statistics)
+        await nursery.start(until_signalled, nursery, service.statistics)
         await nursery.start(runtime.run)
         emit(
             "listening",
