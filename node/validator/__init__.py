@@ -8,9 +8,9 @@ The life of a submission (spec/validation.md):
    `ELIGIBILITY_TTL_S`; not a duplicate (201) nor a second submission for an assignment (610); room in the
    queue and in the worker's share of it); then it is written to the durable pending queue
    (`AcceptedStore`) and acknowledged 100. Nothing is written for a refused one.
-2. The judge (`judge_forever`) takes queued submissions oldest first, skipping over those whose checkpoint
-   it does not hold yet: they wait up to `WAIT_FOR_CHECKPOINT_S` for the follower to bring it, then are
-   ignored (203/607). `node.rl.validation.judge_total` runs in a thread on the engine of the claimed
+2. The judging loop (`judge_forever`) takes queued submissions oldest first, skipping over those whose
+   checkpoint it does not hold yet: they wait up to `WAIT_FOR_CHECKPOINT_S` for the follower to bring it,
+   then are ignored (203/607). `node.rl.validation.judge_total` runs in a thread on the engine of the claimed
    version; on a run with `sample_fraction < 1`, only the submissions an HMAC of their digest under a
    validator-local secret draws get the prefill checks (workers cannot tell which), the others the cheap
    ones, except that a submission whose grading executes a completion (a code task) is always checked in
@@ -39,17 +39,21 @@ One concern per module (each module's docstring records its design decisions):
 
 - `limits`: every bound, wait and cadence, in one table.
 - `engines`: the engines of the retained checkpoint versions (`CheckpointEngines`).
-- `judgement`: a judgement and what it becomes: the draw for the prefill checks, the verdict body, the
-  `Decision` stored before any ledger write.
-- `ledger_access`: the ledger from trio (`LedgerAccess`: one blocking call at a time, refusals typed,
-  failures `LedgerUnavailable`) and what each write carries (`slash_for`, `credit_for`, `fit_credit`) or
-  why it is refused (`commit_blocker`, `credit_refusal`).
-- `state`: what the work holds, its counts and `status`, shared by the parts below.
-- `intake`: SUBMIT's cheap checks and the durable queue.
-- `judge`: the scheduler and the judgement of one item, crash-safe, with verdict gossip.
-- `settlement`: the run on the ledger, slashes filed and finalized, credits committed in batches.
-- `accepted_log`: ACCEPTED, served to the run's trainers, and the store's retention.
-- `work`: `SwarmValidatorWork`, the role's work: holds checkpoints and runs the loops.
+- `judgement`: the decision about one submission: the draw for the prefill checks, the checks, the
+  verdict body, the `Decision` stored before any ledger write.
+- `ledger_access`: the ledger from trio (`LedgerAccess`, whose `ledger` is the `Ledger` it wraps: one
+  blocking call at a time, refusals typed, failures `LedgerUnavailable`) and what each write carries
+  (`slash_for`, `credit_for`, `fit_credit`) or why it is refused (`commit_blocker`, `credit_refusal`).
+- `state`: the small objects the parts share, each handed to them explicitly: `RunContext` (the run as
+  known, the engines, the follower), `PendingQueue`, `CreditBacklog`, `OutcomeCounts`.
+- `intake`: `Intake`, SUBMIT's cheap checks and the durable queue.
+- `judging_loop`: `JudgingLoop`, the scheduler (which queued submission next, fairly) and the carrying
+  of one judgement through store, ledger and gossip, crash-safe.
+- `settlement`: `Settlement`, the run on the ledger, slashes filed and finalized, credits committed in
+  batches.
+- `accepted_log`: `AcceptedLog`, ACCEPTED served to the run's trainers, and the store's retention.
+- `work`: `SwarmValidatorWork`, the parts composed (no part inherits from another) and the one loop that
+  runs them: learn the run, hold checkpoints, judge forever.
 - `store`: `AcceptedStore`, the durable SQLite state (queue, decisions, judged, accepted log, credits);
   `store_schema` its tables and migration, `store_rows` the rows it hands out.
 - `service`: the network service (`Validator`): the SUBMIT and ACCEPTED endpoints.
@@ -58,7 +62,6 @@ Import from here: `from node.validator import SwarmValidatorWork, ...` is the pu
 """
 
 from swarmnode.node.validator.engines import CheckpointEngines
-from swarmnode.node.validator.judge import VerdictOut
 from swarmnode.node.validator.judgement import (
     Decision,
     Judgement,
@@ -70,6 +73,7 @@ from swarmnode.node.validator.judgement import (
     make_verdict,
     reason_name,
 )
+from swarmnode.node.validator.judging_loop import VerdictOut
 from swarmnode.node.validator.ledger_access import (
     LedgerAccess,
     LedgerUnavailable,

@@ -2,7 +2,7 @@
 
 Nothing is written for a refused submission, and only a staked sender takes queue room: its stake read is
 cached for `eligibility_ttl_s`, and `admits_submitter` resets an unstaked sender's streams before they
-take a slot.
+take a slot. A queued submission goes to the `PendingQueue` the judging loop takes from.
 """
 
 from __future__ import annotations
@@ -13,23 +13,47 @@ from libp2p.peer.id import ID
 from swarmnode.crypto.identity import address_of_peer_id
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.validation import check_step
+from swarmnode.node.roles.common import TtlCache
 from swarmnode.node.validator.judgement import clip_detail
-from swarmnode.node.validator.ledger_access import LedgerUnavailable
+from swarmnode.node.validator.ledger_access import LedgerAccess, LedgerUnavailable
 from swarmnode.node.validator.limits import (
+    ELIGIBILITY_TTL_S,
+    MAX_ELIGIBILITY_CACHE,
     MAX_PENDING,
     MAX_PENDING_BYTES,
     MAX_PENDING_PER_WORKER,
     QUEUED,
 )
-from swarmnode.node.validator.state import ValidatorState
+from swarmnode.node.validator.state import CreditBacklog, PendingQueue, RunContext
+from swarmnode.node.validator.store import AcceptedStore
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.envelope import Opened
 from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
 from swarmnode.protocol.messages import RolloutSubmission, SubmitAck
 
 
-class Intake(ValidatorState):
-    """SUBMIT's side of the validator's work."""
+class Intake:
+    """SUBMIT's side of the validator's work: refuses cheaply, queues durably."""
+
+    def __init__(
+        self,
+        context: RunContext,
+        store: AcceptedStore,
+        queue: PendingQueue,
+        credits: CreditBacklog,
+        ledger_access: LedgerAccess,
+        *,
+        eligibility_ttl_s: float = ELIGIBILITY_TTL_S,
+    ) -> None:
+        self.context = context
+        self.run_id = context.run_id
+        self.store = store
+        self.queue = queue
+        self.credits = credits
+        self.ledger_access = ledger_access
+        # stake reads, by sender: a flood of SUBMITs costs one ledger read per sender per TTL
+        self._stake_reads: TtlCache[bytes, bool] = TtlCache(eligibility_ttl_s, MAX_ELIGIBILITY_CACHE)
+        self.refused = 0  # submissions answered at SUBMIT without being queued
 
     async def submit(self, peer: ID, opened: Opened, digest: bytes) -> SubmitAck:
         """Cheap checks, then the durable queue; status 100 once it is on disk."""
@@ -41,11 +65,12 @@ class Intake(ValidatorState):
                 )
             if sub.run != self.run_id or opened.envelope.run != self.run_id:
                 raise Ignore(Reason.WRONG_RUN, f"submission for run {sub.run!r}, not {self.run_id!r}")
-            if self.setup is None:
+            setup = self.context.setup
+            if setup is None:
                 raise Ignore(Reason.BUSY, "not judging yet: the run is still loading")
-            check_step(sub, self.setup.descriptor)  # the store then holds at most the run's counters
-            if self.credits_queued >= self.max_queued_credits:
-                raise Ignore(Reason.BUSY, f"{self.credits_queued} credits wait for the ledger; try later")
+            check_step(sub, setup.descriptor)  # the store then holds at most the run's counters
+            if self.credits.full:
+                raise Ignore(Reason.BUSY, f"{self.credits.queued} credits wait for the ledger; try later")
             self._check_fresh(sub)
             self._check_known(sub)
             await self._check_staked(opened.sender)
@@ -65,20 +90,22 @@ class Intake(ValidatorState):
         except ProtocolError as exc:
             self.refused += 1
             return SubmitAck(submission_digest=digest, status=int(exc.reason), detail=clip_detail(exc.detail))
-        self._queue.append(item)
-        self._wake()
-        return SubmitAck(submission_digest=digest, status=QUEUED, detail=f"queued at {len(self._queue)}")
+        self.queue.add(item)
+        return SubmitAck(submission_digest=digest, status=QUEUED, detail=f"queued at {len(self.queue)}")
 
     async def _check_staked(self, sender: bytes) -> None:
         """Only a staked sender takes queue room: `Reject` NOT_STAKED, `Ignore` BUSY while the ledger
         cannot answer. A read is cached for `eligibility_ttl_s` (an outage is not)."""
-        if self.ledger.ledger is None:
+        ledger_access = self.ledger_access
+        if ledger_access.ledger is None:
             return
         now = trio.current_time()
         eligible = self._stake_reads.get(sender, now)
         if eligible is None:
             try:
-                eligible = bool(await self.ledger.call("is_eligible", lambda: self.ledger.eligible(sender)))
+                eligible = bool(
+                    await ledger_access.call("is_eligible", lambda: ledger_access.eligible(sender))
+                )
             except LedgerUnavailable as exc:
                 raise Ignore(Reason.BUSY, f"cannot read the sender's stake now: {exc}") from None
             self._stake_reads.put(sender, eligible, trio.current_time())
@@ -86,15 +113,17 @@ class Intake(ValidatorState):
             raise Reject(Reason.NOT_STAKED, f"sender {sender.hex()} is not registered with enough stake")
 
     def _check_fresh(self, sub: RolloutSubmission) -> None:
-        if self.engines is None or self.setup is None:
+        engines, setup = self.context.engines, self.context.setup
+        if engines is None or setup is None:
             return
-        newest = self.engines.newest
-        if newest is not None and newest - sub.checkpoint_version > self.setup.descriptor.async_level:
+        newest = engines.newest
+        if newest is not None and newest - sub.checkpoint_version > setup.descriptor.async_level:
             raise Ignore(Reason.STALE, f"checkpoint v{sub.checkpoint_version} is too old (newest v{newest})")
 
     def _check_known(self, sub: RolloutSubmission) -> None:
         """A version above the newest trainer-signed manifest the follower has seen cannot exist yet."""
-        node = self.follower.node if self.follower is not None else None
+        follower = self.context.follower
+        node = follower.node if follower is not None else None
         latest = node.catalog.latest_version if node is not None else None
         if latest is not None and sub.checkpoint_version > latest:
             raise Ignore(

@@ -1,7 +1,7 @@
 """The validator's parameters: queue and size bounds, waits, retention, credit and slash cadence.
 
 One table, so every bound the validator keeps is found in one place; the tunable ones are the defaults of
-`ValidatorState`'s keyword arguments.
+`SwarmValidatorWork`'s keyword arguments.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ Decisions:
 - The slashes this validator filed and still pending are read back from the ledger at start and tried
   every `slash_check_s`: a window still open waits; a slash no longer pending (voided, or finalized by
   anyone else) is forgotten.
+- The ledger is reached through `LedgerAccess` (`ledger_access`); the `Ledger` it wraps is
+  `ledger_access.ledger` (None: no ledger, nothing to settle).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 
 import trio
 
+from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger import LedgerError
 from swarmnode.ledger.errors import ChallengeWindowOpen, DuplicateSlash, SlashNotPending
 from swarmnode.ledger.evidence import SLASHABLE_REASONS, slash_digest
@@ -27,42 +30,81 @@ from swarmnode.ledger.types import SLASH_PENDING, SLASH_VOIDED, Receipt, RunInfo
 from swarmnode.node.roles.common import check_run_owner, check_run_terms, read_run
 from swarmnode.node.validator.judgement import reason_name
 from swarmnode.node.validator.ledger_access import (
+    LedgerAccess,
     LedgerUnavailable,
     commit_blocker,
     credit_refusal,
     fit_credit,
     slash_for,
 )
-from swarmnode.node.validator.limits import RUN_WAIT_S
-from swarmnode.node.validator.state import ValidatorState
+from swarmnode.node.validator.limits import (
+    CREDIT_INTERVAL_S,
+    LEDGER_RETRY_MAX_S,
+    LEDGER_RETRY_S,
+    RUN_WAIT_S,
+    SLASH_CHECK_S,
+)
+from swarmnode.node.validator.state import CreditBacklog, RunContext
+from swarmnode.node.validator.store import AcceptedStore
 from swarmnode.protocol.ledger_messages import CommitCredits, Credit
 from swarmnode.protocol.messages import RunDescriptor, Verdict
 
 log = logging.getLogger(__name__)
 
 
-class Settlement(ValidatorState):
+class Settlement:
     """The ledger side of the validator's work: slashes and credits."""
 
-    async def _slash(self, verdict: Verdict, evidence: bytes, amount_gwei: int) -> bool:
+    def __init__(
+        self,
+        context: RunContext,
+        identity: NodeIdentity,
+        ledger_access: LedgerAccess,
+        store: AcceptedStore,
+        credits: CreditBacklog,
+        *,
+        max_challenge_window_epochs: int,
+        credit_interval_s: float = CREDIT_INTERVAL_S,
+        slash_check_s: float = SLASH_CHECK_S,
+        ledger_retry_s: float = LEDGER_RETRY_S,
+        ledger_retry_max_s: float = LEDGER_RETRY_MAX_S,
+    ) -> None:
+        self.context = context
+        self.run_id = context.run_id
+        self.identity = identity
+        self.ledger_access = ledger_access
+        self.store = store
+        self.credits = credits
+        self.max_challenge_window_epochs = max_challenge_window_epochs
+        self.credit_interval_s = credit_interval_s
+        self.slash_check_s = slash_check_s
+        self.ledger_retry_s = ledger_retry_s
+        self.ledger_retry_max_s = ledger_retry_max_s
+        self.pending_slashes: dict[int, int] = {}  # slash index -> its final epoch: filed here, pending
+        self.slashes_finalized = self.slashes_voided = self.slashes_settled_elsewhere = 0
+        self.contributions = self.batches = 0  # credits committed, and their batches
+        self.credits_dropped: dict[str, int] = {}  # reason -> credits dropped (`credit_refusal`, "refused")
+        self.credit_blocked = ""  # why the last commit round could not commit (the run, our standing)
+
+    async def slash(self, verdict: Verdict, evidence: bytes, amount_gwei: int) -> bool:
         """File the slash (pending on the ledger) and remember it for `finalize_slashes`. A duplicate
         refusal (filed before a crash) is remembered too, but not counted again."""
-        ledger = self.ledger.ledger
+        ledger = self.ledger_access.ledger
         if ledger is None or verdict.reason_code not in SLASHABLE_REASONS or amount_gwei < 1:
             return False
-        capped = await self.ledger.call("params", lambda: self.ledger.slash_cap(amount_gwei))
+        capped = await self.ledger_access.call("params", lambda: self.ledger_access.slash_cap(amount_gwei))
         op = slash_for(verdict, evidence, capped or 0)
         if op is None:
             return False
-        result = await self.ledger.attempt("slash", lambda: ledger.slash(self.identity, op))
+        result = await self.ledger_access.attempt("slash", lambda: ledger.slash(self.identity, op))
         if isinstance(result, LedgerError) and not isinstance(result, DuplicateSlash):
             return False
         digest = slash_digest(op)
-        records = await self.ledger.call("slashes", lambda: ledger.slashes(op.worker))
+        records = await self.ledger_access.call("slashes", lambda: ledger.slashes(op.worker))
         for record in records or ():
             mine = record.validator == self.identity.address and record.submission_digest == digest
             if mine and record.status == SLASH_PENDING:
-                self._pending_slashes[record.index] = record.final_epoch
+                self.pending_slashes[record.index] = record.final_epoch
         if isinstance(result, LedgerError):
             return False
         log.info(
@@ -74,30 +116,31 @@ class Settlement(ValidatorState):
     async def ledger_run(self) -> RunInfo | None:
         """The run as the ledger holds it (None: not registered yet). RunMismatch when its owner is not
         the descriptor's trainer. LedgerUnavailable when the ledger cannot answer."""
-        ledger = self.ledger.ledger
-        assert ledger is not None and self.setup is not None
-        info = await self.ledger.call("run", lambda: read_run(ledger, self.run_id))
+        ledger = self.ledger_access.ledger
+        setup = self.context.setup
+        assert ledger is not None and setup is not None
+        info = await self.ledger_access.call("run", lambda: read_run(ledger, self.run_id))
         if info is not None:
-            check_run_owner(info, self.setup.descriptor)
-            check_run_terms(info, self.config.work.max_challenge_window_epochs)
+            check_run_owner(info, setup.descriptor)
+            check_run_terms(info, self.max_challenge_window_epochs)
         return info
 
     async def wait_run_on_ledger(self, descriptor: RunDescriptor) -> RunInfo | None:
         """Before judging: wait until the run is on the ledger, and refuse it (RunMismatch) unless its
         owner is the trainer that signed `descriptor` and its challenge window is one this node accepts.
         Without a ledger, nothing to wait for."""
-        ledger = self.ledger.ledger
+        ledger = self.ledger_access.ledger
         if ledger is None:
             return None
         waiting = False
         while True:
             try:
-                info = await self.ledger.call("run", lambda: read_run(ledger, descriptor.run))
+                info = await self.ledger_access.call("run", lambda: read_run(ledger, descriptor.run))
             except LedgerUnavailable:
                 info = None
             if info is not None:
                 check_run_owner(info, descriptor)
-                check_run_terms(info, self.config.work.max_challenge_window_epochs)
+                check_run_terms(info, self.max_challenge_window_epochs)
                 if self.identity.address not in info.validators:
                     log.warning(
                         "this validator is not in the run's validator set: its credits wait until the "
@@ -110,15 +153,12 @@ class Settlement(ValidatorState):
                 waiting = True
             await trio.sleep(RUN_WAIT_S)
 
-    async def _commit_forever(self) -> None:
+    async def commit_forever(self) -> None:
         """`commit_credits` every `credit_interval_s`, or at once when a batch is full; after a failure,
         the ledger retry backoff (a full queue must not spin on a ledger that is down)."""
         failures = 0
         while True:
-            full = self._batch_full
-            with trio.move_on_after(self.credit_interval_s):
-                await full.wait()
-            self._batch_full = trio.Event()
+            await self.credits.wait_batch_full(self.credit_interval_s)
             try:
                 await self.commit_credits()
                 failures = 0
@@ -131,13 +171,13 @@ class Settlement(ValidatorState):
     async def commit_credits(self) -> None:
         """Commit the queued credits of the run, a batch at a time, until none is left or the batch as a
         whole cannot be committed now (`credit_blocked` says why). LedgerUnavailable: try again later."""
-        ledger = self.ledger.ledger
+        ledger = self.ledger_access.ledger
         if ledger is None:
             return
-        self.credits_queued = (await trio.to_thread.run_sync(self.store.credit_counts)).queued
+        self.credits.queued = (await trio.to_thread.run_sync(self.store.credit_counts)).queued
         while True:
             credits = await trio.to_thread.run_sync(
-                self.store.queued_credits, self.run_id, self.max_credits_per_batch
+                self.store.queued_credits, self.run_id, self.credits.max_per_batch
             )
             if not credits:
                 self.credit_blocked = ""
@@ -147,13 +187,13 @@ class Settlement(ValidatorState):
 
     async def _blocked(self) -> RunInfo | None:
         """The run, when a batch can be committed to it now; else None (why: `credit_blocked`)."""
-        ledger = self.ledger.ledger
+        ledger = self.ledger_access.ledger
         assert ledger is not None
         run = await self.ledger_run()
         if run is None:
             self.credit_blocked = f"run {self.run_id!r} is not registered on the ledger yet"
             return None
-        blocker = await self.ledger.call(
+        blocker = await self.ledger_access.call(
             "run standing", lambda: commit_blocker(ledger, run, self.identity.address)
         )
         if blocker is not None:
@@ -164,13 +204,15 @@ class Settlement(ValidatorState):
     async def _commit(self, credits: list[Credit]) -> bool:
         """One batch (sorted by (worker, step)). True when every credit was settled: committed, or
         dropped for a reason of its own; False when the batch as a whole cannot be committed now."""
-        ledger = self.ledger.ledger
+        ledger = self.ledger_access.ledger
         assert ledger is not None
         run = await self._blocked()
         if run is None:
             return False
         op = CommitCredits(self.run_id, tuple(fit_credit(c, run) for c in credits))
-        result = await self.ledger.attempt("commit_credits", lambda: ledger.commit_credits(self.identity, op))
+        result = await self.ledger_access.attempt(
+            "commit_credits", lambda: ledger.commit_credits(self.identity, op)
+        )
         if isinstance(result, Receipt):
             await self._settle(credits, committed=True, detail="")
             self.batches += 1
@@ -183,9 +225,9 @@ class Settlement(ValidatorState):
         nothing explains is split in halves down to the credit it names (dropped with the ledger's
         message). Terminates: every round settles a credit at least, or stops on a refusal of the whole
         batch; the splitting recurses at most log2(batch) deep."""
-        ledger = self.ledger.ledger
+        ledger = self.ledger_access.ledger
         assert ledger is not None
-        checked = await self.ledger.call(
+        checked = await self.ledger_access.call(
             "credit checks", lambda: [credit_refusal(ledger, run, c) for c in credits]
         )
         reasons = checked if checked is not None else [None] * len(credits)
@@ -221,24 +263,24 @@ class Settlement(ValidatorState):
         marked = await trio.to_thread.run_sync(
             lambda: self.store.settle_credits(self.run_id, settled, committed=committed)
         )
-        self.credits_queued = max(0, self.credits_queued - marked)
+        self.credits.settled(marked)
         if committed:
             self.contributions += marked
 
-    async def _finalize_forever(self) -> None:
+    async def finalize_forever(self) -> None:
         """Read back the pending slashes this validator filed, then `finalize_slashes` every
         `slash_check_s`; a ledger that cannot answer is asked again next time."""
-        ledger = self.ledger.ledger
+        ledger = self.ledger_access.ledger
         assert ledger is not None
         me = self.identity.address
         loaded = False
         while True:
             try:
                 if not loaded:
-                    records = await self.ledger.call("slashes", lambda: ledger.slashes(me))
+                    records = await self.ledger_access.call("slashes", lambda: ledger.slashes(me))
                     for record in records or ():
                         if record.validator == me and record.status == SLASH_PENDING:
-                            self._pending_slashes.setdefault(record.index, record.final_epoch)
+                            self.pending_slashes.setdefault(record.index, record.final_epoch)
                     loaded = True
                 await self.finalize_slashes()
             except LedgerUnavailable:
@@ -248,19 +290,19 @@ class Settlement(ValidatorState):
     async def finalize_slashes(self) -> None:
         """Finalize each pending slash filed here whose challenge window has passed (anyone may; the one
         who filed it has the reason to). A window still open waits; a slash no longer pending is dropped."""
-        ledger = self.ledger.ledger
-        if ledger is None or not self._pending_slashes:
+        ledger = self.ledger_access.ledger
+        if ledger is None or not self.pending_slashes:
             return
-        epoch = await self.ledger.call("current_epoch", ledger.current_epoch)
-        for index, final_epoch in sorted(self._pending_slashes.items()):
+        epoch = await self.ledger_access.call("current_epoch", ledger.current_epoch)
+        for index, final_epoch in sorted(self.pending_slashes.items()):
             if epoch is None or epoch < final_epoch:
                 continue
-            result = await self.ledger.attempt(
+            result = await self.ledger_access.attempt(
                 "finalize_slash", functools.partial(ledger.finalize_slash, self.identity, index)
             )
             if isinstance(result, ChallengeWindowOpen):
                 continue
-            del self._pending_slashes[index]
+            del self.pending_slashes[index]
             if isinstance(result, Receipt):
                 self.slashes_finalized += 1
                 log.info("finalized a slash", extra={"slash": index})
@@ -271,10 +313,10 @@ class Settlement(ValidatorState):
 
     async def _count_settled(self, index: int) -> None:
         """A slash someone else settled: voided (the worker keeps its stake), or finalized by another."""
-        ledger = self.ledger.ledger
+        ledger = self.ledger_access.ledger
         assert ledger is not None
         me = self.identity.address
-        records = await self.ledger.call("slashes", lambda: ledger.slashes(me))
+        records = await self.ledger_access.call("slashes", lambda: ledger.slashes(me))
         record = next((r for r in records or () if r.index == index), None)
         if record is not None and record.status == SLASH_VOIDED:
             self.slashes_voided += 1

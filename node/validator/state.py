@@ -1,56 +1,36 @@
-"""What the validator's work holds, what it has counted, and the `status` it reports.
+"""The few things the validator's parts share, each a small object handed to the parts that need it.
 
-`ValidatorState` builds the state every part of the work shares (`intake`, `judge`, `settlement`,
-`accepted_log`; `work.SwarmValidatorWork` is all of them), and keeps the two wake-ups they share.
+- `RunContext`: the run as this validator knows it (setup, trainers, engines, follower). Written by
+  `work.SwarmValidatorWork` (prepare, hold), read by the parts.
+- `PendingQueue`: the submissions waiting for judgement. `intake` adds, `judging_loop` takes, a
+  checkpoint held wakes it.
+- `CreditBacklog`: how many credits wait for the ledger. `judging_loop` adds, `settlement` commits,
+  `intake` refuses new work while it is full.
+- `OutcomeCounts`: the outcome counts (read back from the store at start), written by `judging_loop`.
 
 Decisions:
-- Bounded state: every map keyed by something a peer chooses is capped (`TtlCache` for stake reads,
-  `bounded_get` for per-worker tallies); the store's retention is `accepted_log`'s.
+- Bounded state: every map keyed by something a peer chooses is capped (`TtlCache` for stake reads in
+  `intake`, `bounded_get` for per-worker tallies here); the store's retention is `accepted_log`'s.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import trio
 
-from swarmnode.crypto.identity import NodeIdentity
-from swarmnode.ledger import Ledger
-from swarmnode.node.config import NodeConfig
 from swarmnode.node.rl.run import RunSetup
-from swarmnode.node.rl.tasks import Task, require_sandbox_for
 from swarmnode.node.rl.validation import Accepted
-from swarmnode.node.roles.common import TtlCache, bounded_get, run_model_dir, run_tasks
+from swarmnode.node.roles.common import bounded_get
 from swarmnode.node.roles.follow import SwarmFollower
 from swarmnode.node.validator.engines import CheckpointEngines
-from swarmnode.node.validator.fairness import RoundRobin
-from swarmnode.node.validator.judgement import Decision, Judgement, reason_name
-from swarmnode.node.validator.ledger_access import LedgerAccess
-from swarmnode.node.validator.limits import (
-    ACCEPTED_RETENTION_VERSIONS,
-    CREDIT_INTERVAL_S,
-    ELIGIBILITY_TTL_S,
-    LEDGER_RETRY_MAX_S,
-    LEDGER_RETRY_S,
-    MAX_ACCEPTED_BYTES,
-    MAX_ELIGIBILITY_CACHE,
-    MAX_QUEUED_CREDITS,
-    MAX_WORKER_TALLIES,
-    PRUNE_EVERY_S,
-    SLASH_CHECK_S,
-    STORE_FILE,
-    VERDICT_FLUSH_S,
-    WAIT_FOR_CHECKPOINT_S,
-)
-from swarmnode.node.validator.store import AcceptedStore
-from swarmnode.node.validator.store_rows import PendingItem, StoreStatistics
+from swarmnode.node.validator.judgement import Judgement, reason_name
+from swarmnode.node.validator.limits import MAX_WORKER_TALLIES
+from swarmnode.node.validator.store_rows import JudgedCounts, PendingItem
 from swarmnode.node.validator.store_schema import ACCEPTED as ACCEPTED_STATUS
 from swarmnode.protocol.errors import Ignore, ProtocolError
-from swarmnode.protocol.ledger_messages import MAX_CREDITS_PER_BATCH
-from swarmnode.protocol.messages import VERDICT_BATCH_MAX_ITEMS
 
 
 @dataclass
@@ -60,195 +40,121 @@ class WorkerTally:
     slashed: int = 0
 
 
-class ValidatorState:
-    """The validator's state and counts; its behaviour is in the parts that subclass it."""
+class RunContext:
+    """The run as this validator knows it: nothing until its record arrives, then its setup, its trainers,
+    the engines of the checkpoints held and the follower that brings them."""
 
-    def __init__(
-        self,
-        config: NodeConfig,
-        identity: NodeIdentity,
-        ledger: Ledger | None,
-        *,
-        model_dir: Path | None = None,
-        tasks: Sequence[Task] | None = None,
-        wait_for_checkpoint_s: float = WAIT_FOR_CHECKPOINT_S,
-        ledger_retry_s: float = LEDGER_RETRY_S,
-        ledger_retry_max_s: float = LEDGER_RETRY_MAX_S,
-        eligibility_ttl_s: float = ELIGIBILITY_TTL_S,
-        retention_versions: int = ACCEPTED_RETENTION_VERSIONS,
-        max_accepted_bytes: int = MAX_ACCEPTED_BYTES,
-        prune_every_s: float = PRUNE_EVERY_S,
-        credit_interval_s: float = CREDIT_INTERVAL_S,
-        max_credits_per_batch: int = MAX_CREDITS_PER_BATCH,
-        max_queued_credits: int = MAX_QUEUED_CREDITS,
-        slash_check_s: float = SLASH_CHECK_S,
-        verdict_flush_s: float = VERDICT_FLUSH_S,
-        verdict_batch_items: int = VERDICT_BATCH_MAX_ITEMS,
-    ) -> None:
-        if retention_versions < 0 or max_accepted_bytes < 0 or not prune_every_s > 0:
-            raise ValueError("retention_versions and max_accepted_bytes >= 0, prune_every_s > 0")
-        if not 1 <= max_credits_per_batch <= MAX_CREDITS_PER_BATCH or max_queued_credits < 1:
-            raise ValueError(f"max_credits_per_batch 1..{MAX_CREDITS_PER_BATCH}, max_queued_credits >= 1")
-        if not credit_interval_s > 0 or not slash_check_s > 0:
-            raise ValueError("credit_interval_s and slash_check_s > 0")
-        if not verdict_flush_s > 0 or not 1 <= verdict_batch_items <= VERDICT_BATCH_MAX_ITEMS:
-            raise ValueError(f"verdict_flush_s > 0, verdict_batch_items 1..{VERDICT_BATCH_MAX_ITEMS}")
-        self.verdict_flush_s = verdict_flush_s
-        self.verdict_batch_items = verdict_batch_items
-        self.credit_interval_s = credit_interval_s
-        self.max_credits_per_batch = max_credits_per_batch
-        self.max_queued_credits = max_queued_credits
-        self.slash_check_s = slash_check_s
-        self.config = config
-        self.wait_for_checkpoint_s = wait_for_checkpoint_s
-        self.ledger_retry_s = ledger_retry_s
-        self.ledger_retry_max_s = ledger_retry_max_s
-        self.retention_versions = retention_versions
-        self.max_accepted_bytes = max_accepted_bytes
-        self.prune_every_s = prune_every_s
-        # SUBMIT's stake reads, by sender: a flood of SUBMITs costs one ledger read per sender per TTL
-        self._stake_reads: TtlCache[bytes, bool] = TtlCache(eligibility_ttl_s, MAX_ELIGIBILITY_CACHE)
-        # the newest cursor each trainer sent (ACCEPTED): what it has pulled, for the accepted log's byte cap
-        self._pulled: dict[bytes, int] = {}
-        self.identity = identity
-        self.run_id = config.run
-        self.model_dir = model_dir or run_model_dir(config.work)
-        self.tasks = list(tasks) if tasks is not None else run_tasks(config.work)
-        require_sandbox_for(self.tasks)  # code tasks: the sandbox must work here, or no run
-        self.ledger = LedgerAccess(ledger)
-        self.store = AcceptedStore(config.data_dir / "validator" / STORE_FILE)
-        self._secret = self.store.secret()
-        self._queue: list[PendingItem] = self.store.pending()
-        self._deadlines: dict[int, float] = {}
-        self._turns = RoundRobin()  # fair judging: whose turn it is (node.validator.fairness)
-        # decided and stored, the ledger write and `finish` still to do (by item id); read back on a restart
-        self._decided: dict[int, Decision] = {i: Decision.restore(d) for i, d in self.store.decided().items()}
-        self._attempts: dict[int, int] = {}  # ledger failures of an item so far
-        self._retry_at: dict[int, float] = {}  # an item deferred by a ledger failure: not before then
-        self._changed = trio.Event()  # a submission queued or a checkpoint held: the scheduler looks again
-        self._progress = trio.Event()  # a submission judged
-        self._torch: trio.Lock | None = None
-        self._batch_full = trio.Event()  # a full batch of credits is queued: the committer goes now
-        self._pending_slashes: dict[int, int] = {}  # slash index -> its final epoch: filed here, pending
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
         self.setup: RunSetup | None = None
         # the run's trainers (lead and co-trainers), once its record is known: ACCEPTED serves them only
         self.trainers: frozenset[bytes] = frozenset()
-        self._dataset: dict[bytes, Task] = {}
-        self._dataset_ids: list[bytes] = []
         self.engines: CheckpointEngines | None = None
         self.follower: SwarmFollower | None = None
-        self._init_counts()
+        self._engines_lock: trio.Lock | None = None
 
-    def _init_counts(self) -> None:
-        """Outcome counts survive a restart (read back from the store); the rest count from this start."""
-        counts = self.store.judged_counts()
+    def engines_lock(self) -> trio.Lock:
+        """Held while a checkpoint loads or a judgement runs: the versions held cannot change under it."""
+        if self._engines_lock is None:
+            self._engines_lock = trio.Lock()
+        return self._engines_lock
+
+
+class PendingQueue:
+    """The submissions waiting for judgement, oldest first, and a wake-up for whoever waits on them."""
+
+    def __init__(self, items: list[PendingItem]) -> None:
+        self.items = items
+        self._changed = trio.Event()  # a submission queued or a checkpoint held: the scheduler looks again
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[PendingItem]:
+        return iter(self.items)
+
+    def add(self, item: PendingItem) -> None:
+        self.items.append(item)
+        self.wake()
+
+    def remove(self, item: PendingItem) -> None:
+        self.items.remove(item)
+
+    def wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self, deadline: float) -> None:
+        """Until the next `wake`, or `deadline` (trio time)."""
+        changed = self._changed
+        with trio.move_on_at(deadline):
+            await changed.wait()
+
+
+class CreditBacklog:
+    """The credits queued in the store for the committer: a full batch starts a commit at once, and too
+    many waiting refuse new submissions (the ledger is behind)."""
+
+    def __init__(self, queued: int, *, max_per_batch: int, max_queued: int) -> None:
+        self.queued = queued  # waiting for the committer (durable)
+        self.max_per_batch = max_per_batch
+        self.max_queued = max_queued
+        self._batch_full = trio.Event()  # a full batch of credits is queued: the committer goes now
+
+    @property
+    def full(self) -> bool:
+        return self.queued >= self.max_queued
+
+    def added(self) -> None:
+        self.queued += 1
+        if self.queued >= self.max_per_batch:
+            self._batch_full.set()
+
+    def settled(self, marked: int) -> None:
+        self.queued = max(0, self.queued - marked)
+
+    async def wait_batch_full(self, timeout_s: float) -> None:
+        """Until a full batch is queued, or `timeout_s`; the next wait starts afresh."""
+        full = self._batch_full
+        with trio.move_on_after(timeout_s):
+            await full.wait()
+        self._batch_full = trio.Event()
+
+
+class OutcomeCounts:
+    """What the judgements came to. Outcome counts survive a restart (read back from the store); the
+    checks' counts and CPU time count from this start."""
+
+    def __init__(self, stored: JudgedCounts) -> None:
         self.by_reason: dict[str, int] = {}
         self.accepted = self.rejected = self.ignored = 0
-        for status, n in counts.by_status.items():
+        for status, n in stored.by_status.items():
             if status == ACCEPTED_STATUS:
                 self.accepted += n
                 continue
             self.by_reason[reason_name(status)] = self.by_reason.get(reason_name(status), 0) + n
             self.rejected += n
-        for status, n in counts.ignored.items():
+        for status, n in stored.ignored.items():
             self.by_reason[reason_name(status)] = self.by_reason.get(reason_name(status), 0) + n
             self.ignored += n
         self.per_worker: OrderedDict[bytes, WorkerTally] = OrderedDict()
-        for worker, statuses in counts.per_worker.items():
+        for worker, statuses in stored.per_worker.items():
             tally = bounded_get(self.per_worker, worker, WorkerTally, MAX_WORKER_TALLIES)
             for status, n in statuses.items():
                 if status == ACCEPTED_STATUS:
                     tally.accepted += n
                 else:
                     tally.rejected += n
-        self.tokens = counts.tokens
-        self.refused = 0  # submissions answered at SUBMIT without being queued
+        self.tokens = stored.tokens
         self.full_checks = self.cheap_checks = 0
         self.slashes = 0  # slashes filed (pending on the ledger until their window passes)
-        self.slashes_finalized = self.slashes_voided = self.slashes_settled_elsewhere = 0
-        self.credits_queued = self.store.credit_counts().queued  # waiting for the committer (durable)
-        self.contributions = self.batches = 0  # credits committed, and their batches
-        self.credits_dropped: dict[str, int] = {}  # reason -> credits dropped (`credit_refusal`, "refused")
-        self.credit_blocked = ""  # why the last commit round could not commit (the run, our standing)
         self.cpu_s = self.cpu_full_s = 0.0
-        self.verdicts_gossiped = self.verdicts_dropped = 0
-        self.verdict_batches = 0  # VerdictBatches gossiped (each carries 1..verdict_batch_items verdicts)
-        self.ledger_retries = 0  # judgements put back in the queue by a ledger failure
-        self.accepted_refused = 0  # ACCEPTED requests refused (not a trainer, a cursor out of range)
-        self.quarantined = 0  # items the judge failed on, taken out of the queue as JUDGE_FAULT
-        self.pruned_judged = self.pruned_accepted = 0
-        self.store_stats: StoreStatistics = self.store.statistics()  # as of the last prune
-
-    # --- status --------------------------------------------------------------------------------------
 
     @property
     def judged(self) -> int:
         return self.accepted + self.rejected + self.ignored
 
-    def status(self) -> dict[str, object]:
-        return {
-            "queued": len(self._queue),
-            "judged": self.judged,
-            "accepted": self.accepted,
-            "rejected": self.rejected,
-            "ignored": self.ignored,
-            "refused": self.refused,
-            "by_reason": dict(sorted(self.by_reason.items())),
-            "slashes": self.slashes,
-            "slashes_pending": len(self._pending_slashes),
-            "slashes_finalized": self.slashes_finalized,
-            "slashes_voided": self.slashes_voided,
-            "slashes_settled_elsewhere": self.slashes_settled_elsewhere,
-            "contributions": self.contributions,
-            "credits": {
-                "queued": self.credits_queued,
-                "committed": self.contributions,
-                "batches": self.batches,
-                "dropped": dict(sorted(self.credits_dropped.items())),
-                "blocked": self.credit_blocked,
-            },
-            "ledger_errors": self.ledger.errors,
-            "ledger_refusals": self.ledger.refusals,
-            "ledger_retries": self.ledger_retries,
-            "ledger_deferred": len(self._retry_at),
-            "ledger_last_error": self.ledger.last_error,
-            "cpu_s": round(self.cpu_s, 3),
-            "cpu_s_per_full_check": round(self.cpu_full_s / self.full_checks, 4) if self.full_checks else 0.0,
-            "full_checks": self.full_checks,
-            "cheap_checks": self.cheap_checks,
-            "tokens": self.tokens,
-            "per_worker": {
-                "0x" + worker.hex(): {"accepted": t.accepted, "rejected": t.rejected, "slashed": t.slashed}
-                for worker, t in sorted(self.per_worker.items())
-            },
-            "versions_held": self.engines.versions() if self.engines is not None else [],
-            "accepted_newest": self.store.newest,
-            "accepted_refused": self.accepted_refused,
-            "quarantined": self.quarantined,
-            "store": {
-                "floor_version": self.store_stats.floor,
-                "judged_rows": self.store_stats.judged,
-                "accepted_rows": self.store_stats.accepted,
-                "accepted_bytes": self.store_stats.accepted_bytes,
-                "pruned_judged": self.pruned_judged,
-                "pruned_accepted": self.pruned_accepted,
-            },
-            "verdicts_gossiped": self.verdicts_gossiped,
-            "verdicts_dropped": self.verdicts_dropped,
-            "verdict_batches": self.verdict_batches,
-            "data_plane": self.follower.statistics() if self.follower is not None else {},
-        }
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def _torch_lock(self) -> trio.Lock:
-        if self._torch is None:
-            self._torch = trio.Lock()
-        return self._torch
-
-    def _count(
+    def count(
         self, worker: bytes, outcome: Accepted | ProtocolError, judgement: Judgement, slashed: bool
     ) -> None:
         tally = bounded_get(self.per_worker, worker, WorkerTally, MAX_WORKER_TALLIES)

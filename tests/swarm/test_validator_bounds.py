@@ -20,7 +20,7 @@ from swarmnode.ledger.signedlog import SignedLog
 from swarmnode.node.rl import validation as validation_module
 from swarmnode.node.rl.model import state_dict_of
 from swarmnode.node.roles.common import TtlCache, bounded_get
-from swarmnode.node.validator import judge as validator_module
+from swarmnode.node.validator import judging_loop as validator_module
 from swarmnode.node.validator.store import MAX_JUDGED_PER_ASSIGNMENT, AcceptedStore
 from swarmnode.protocol.errors import Ignore, Reason, Reject
 from swarmnode.testing import ledger as T
@@ -102,7 +102,7 @@ def test_poison_items_are_quarantined_and_a_restart_judges_the_honest_ones_behin
         ):
             opened, digest, _ = signed(worker, sub)
             assert (await work.submit(None, opened, digest)).status == 100
-            queued[name] = work._queue[-1]
+            queued[name] = work.queue.items[-1]
         work.store.close()
         ledger.close()
 
@@ -137,12 +137,12 @@ def test_poison_items_are_quarantined_and_a_restart_judges_the_honest_ones_behin
     async def restart():
         await work.prepare(setup)
         await work.hold_verified(checkpoint)
-        engine = work.engines.engine(VERSION)
+        engine = work.run_context.engines.engine(VERSION)
         monkeypatch.setattr(engine, "prefill_batch", engine_raises_once(engine.prefill_batch))
         async with trio.open_nursery() as nursery:
             await nursery.start(work.judge_forever, GossipLog())
             await wait_judged(work, 4)
-            await work.commit_credits()
+            await work.settlement.commit_credits()
             nursery.cancel_scope.cancel()
 
     trio.run(restart)
@@ -261,7 +261,7 @@ def test_only_staked_senders_are_queued_and_stake_reads_are_cached(tmp_path, set
         assert ledger.calls["is_eligible"] == calls + 1
 
     trio.run(main)
-    assert work.status()["queued"] == 1 and work.refused == 4
+    assert work.status()["queued"] == 1 and work.intake.refused == 4
     inner.close()
 
 
@@ -388,14 +388,15 @@ def test_the_work_prunes_past_the_window_and_keeps_what_trainers_have_not_pulled
     async def main():
         await work.prepare(setup)
         await work.hold(6, sha256(b"6"), state)
-        assert work.retention_floor() == 3
-        await work.prune()
-        batch = await work.serve_accepted(None, accepted_request(TRAINER, 0, 0))
+        assert work.accepted_log.retention_floor() == 3
+        await work.accepted_log.prune()
+        batch = await work.accepted_log.serve_accepted(None, accepted_request(TRAINER, 0, 0))
         assert [i.index for i in batch.items] == [3, 4, 5, 6]
-        await work.prune()  # 400 bytes > 250, but the trainer's cursor is 0: nothing it lacks goes
+        # 400 bytes > 250, but the trainer's cursor is 0: nothing it lacks goes
+        await work.accepted_log.prune()
         assert work.store.statistics().accepted == 4
-        await work.serve_accepted(None, accepted_request(TRAINER, 4, 0))
-        await work.prune()
+        await work.accepted_log.serve_accepted(None, accepted_request(TRAINER, 4, 0))
+        await work.accepted_log.prune()
 
     trio.run(main)
     assert [i.index for i in work.store.after(0, 10, 10**6)[0]] == [5, 6]
@@ -487,7 +488,7 @@ def test_mutated_signed_submissions_all_end_judged_and_a_restart_finds_nothing_l
             sent.append((honest[counter], mutate(honest[counter], mutation)))
 
         async def main():
-            judged = work.judged
+            judged = work.counts.judged
             async with trio.open_nursery() as nursery:
                 await nursery.start(work.judge_forever, GossipLog())
                 acks = [(await work.submit(None, *signed(HONEST, sub)[:2])).status for _, sub in sent]
@@ -496,16 +497,16 @@ def test_mutated_signed_submissions_all_end_judged_and_a_restart_finds_nothing_l
                 nursery.cancel_scope.cancel()
             return acks
 
-        accepted = work.accepted
+        accepted = work.counts.accepted
         acks = trio.run(main)
         assert all(a == 100 or 200 <= a < 700 for a in acks)
         assert work.status()["queued"] == 0 and work.store.decided() == {}
-        assert work.accepted - accepted >= sum(1 for original, sub in sent if sub == original)
+        assert work.counts.accepted - accepted >= sum(1 for original, sub in sent if sub == original)
 
     judge_batch()
     work.store.close()
     again = make_work(tmp_path, None)
-    assert again.status()["queued"] == 0 and again.status()["judged"] == work.judged
+    assert again.status()["queued"] == 0 and again.status()["judged"] == work.counts.judged
 
 
 def test_accepted_admits_only_the_runs_trainers_before_any_read(tmp_path):
@@ -513,7 +514,7 @@ def test_accepted_admits_only_the_runs_trainers_before_any_read(tmp_path):
     by the admit predicate, before its stream takes a slot or its frame is read."""
     work = make_work(tmp_path, None)
     trainer, stranger = ID.from_base58(TRAINER.peer_id), ID.from_base58(UNSTAKED.peer_id)
-    assert not work.admits_puller(trainer)  # the run is not known yet: nobody
-    work.trainers = frozenset({TRAINER.address})
-    assert work.admits_puller(trainer) and not work.admits_puller(stranger)
+    assert not work.accepted_log.admits_puller(trainer)  # the run is not known yet: nobody
+    work.run_context.trainers = frozenset({TRAINER.address})
+    assert work.accepted_log.admits_puller(trainer) and not work.accepted_log.admits_puller(stranger)
     work.store.close()

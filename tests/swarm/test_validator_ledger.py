@@ -118,7 +118,7 @@ def test_accepted_credits_survive_a_restart_and_are_credited_once(tmp_path, base
 
         work.store.settle_credits = killed
         with pytest.raises(SystemExit):
-            await work.commit_credits()
+            await work.settlement.commit_credits()
 
     trio.run(commit_then_die)
     [batch] = ledger.batches()
@@ -130,14 +130,14 @@ def test_accepted_credits_survive_a_restart_and_are_credited_once(tmp_path, base
 
     async def restart():
         await work.prepare(setup)
-        await work.commit_credits()
+        await work.settlement.commit_credits()
 
     trio.run(restart)
     status = work.status()["credits"]
     assert status["queued"] == 0 and status["dropped"] == {"already_credited": 2} and status["committed"] == 0
     assert len(ledger.batches()) == 1 and len(ledger.contributions()) == 2  # credited once
     assert work.store.credit_counts().dropped == 2
-    trio.run(work.commit_credits)  # nothing left: no new batch
+    trio.run(work.settlement.commit_credits)  # nothing left: no new batch
     assert len(ledger.batches()) == 1
     ledger.close()
 
@@ -157,9 +157,9 @@ def test_a_refused_batch_drops_what_the_ledger_refuses_and_credits_the_others(tm
     ledger.commit_credits(VALIDATOR, T.batch(RUN, credited))  # committed before (another life of ours)
     store.close()
     work = make_work(tmp_path, ledger)
-    work.setup = setup
+    work.run_context.setup = setup
 
-    trio.run(work.commit_credits)
+    trio.run(work.settlement.commit_credits)
     status = work.status()["credits"]
     assert status["dropped"] == {"already_credited": 1, "ineligible": 1, "out_of_bounds": 1}
     assert status["queued"] == 0 and status["committed"] == 2 and status["batches"] == 1
@@ -205,9 +205,9 @@ def test_an_unexplained_refusal_is_split_down_to_the_credits_it_names(
     work = make_work(folder, ledger, max_credits_per_batch=batch)
     for n, step in enumerate(steps):
         queue_credit(work.store, n, HONEST.address, step=step)
-    work.setup = setup
+    work.run_context.setup = setup
 
-    trio.run(work.commit_credits)
+    trio.run(work.settlement.commit_credits)
     refused = ledger.poison
     assert sorted(c.step for c in inner.contributions()) == [s for s in steps if s not in refused]
     assert work.status()["credits"]["dropped"] == ({"refused": len(refused)} if refused else {})
@@ -229,19 +229,19 @@ def test_a_validator_outside_the_run_set_keeps_its_credits_until_it_is_added(tmp
         ledger.register(who, role, T.compute())
         ledger.deposit(who, STAKE)
     work = make_work(tmp_path, ledger)
-    work.setup = setup
+    work.run_context.setup = setup
     credit = queue_credit(work.store, 1, HONEST.address)
 
-    trio.run(work.commit_credits)  # the run is not registered yet
+    trio.run(work.settlement.commit_credits)  # the run is not registered yet
     assert "not registered" in work.status()["credits"]["blocked"]
     ledger.register_run(TRAINER, T.register_run(RUN, (PERTURBED,), max_flops_per_token=2**32 - 1))
-    trio.run(work.commit_credits)
+    trio.run(work.settlement.commit_credits)
     credits = work.status()["credits"]
     assert "not one of run" in credits["blocked"] and credits["queued"] == 1 and credits["dropped"] == {}
     assert ledger.contributions() == []
 
     ensure_run(ledger, TRAINER, T.register_run(RUN, (PERTURBED, VALIDATOR)))  # the owner adds us
-    trio.run(work.commit_credits)
+    trio.run(work.settlement.commit_credits)
     assert [(c.worker, c.step) for c in ledger.contributions()] == [(credit.worker, credit.step)]
     assert work.status()["credits"]["blocked"] == "" and work.status()["credits"]["queued"] == 0
     ledger.close()
@@ -256,12 +256,12 @@ def test_a_run_owned_by_another_key_is_refused(tmp_path, setup):
         ledger.deposit(who, STAKE)
     ledger.register_run(OTHER_TRAINER, T.register_run(RUN, (VALIDATOR,)))
     work = make_work(tmp_path, ledger)
-    work.setup = setup
+    work.run_context.setup = setup
     with pytest.raises(RunMismatch, match="not by its descriptor's trainer"):
-        trio.run(work.wait_run_on_ledger, setup.descriptor)
+        trio.run(work.settlement.wait_run_on_ledger, setup.descriptor)
     queue_credit(work.store, 1, HONEST.address)
     with pytest.raises(RunMismatch):
-        trio.run(work.commit_credits)
+        trio.run(work.settlement.commit_credits)
     with pytest.raises(RunMismatch, match="choose another run id"):
         ensure_run(ledger, TRAINER, T.register_run(RUN, (VALIDATOR,)))
     ledger.close()
@@ -325,7 +325,7 @@ def test_submit_is_busy_while_too_many_credits_wait(tmp_path, base, setup, check
 
     async def main():
         await work.prepare(setup)
-        work.credits_queued = 1
+        work.credits.queued = 1
         return await work.submit(None, *signed(HONEST, sub)[:2])
 
     ack = trio.run(main)
@@ -352,7 +352,7 @@ def test_a_filed_slash_is_finalized_after_the_challenge_window(
     assert all((s.status, s.taken_gwei, s.final_epoch) == ("pending", 0, WINDOW) for s in filed.values())
     assert work.status()["slashes_pending"] == 2
 
-    trio.run(work.finalize_slashes)  # epoch 0: the window is open, nothing is tried
+    trio.run(work.settlement.finalize_slashes)  # epoch 0: the window is open, nothing is tried
     assert all(s.status == "pending" for s in ledger.slashes())
     work.store.close()
 
@@ -361,15 +361,15 @@ def test_a_filed_slash_is_finalized_after_the_challenge_window(
 
     async def restart():
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(work._finalize_forever)
+            nursery.start_soon(work.settlement.finalize_forever)
             with trio.fail_after(10):
                 while work.status()["slashes_pending"] < 2:  # noqa: ASYNC110
                     await trio.sleep(0.01)
                 await trio.sleep(0.05)  # several rounds at epoch 0: nothing finalized
-                assert work.slashes_finalized == 0
+                assert work.settlement.slashes_finalized == 0
                 ledger.void_slash(TRAINER, filed[TAMPERED.address].index)  # the owner voids one in time
                 clock.epoch = WINDOW
-                while work.slashes_finalized + work.slashes_voided < 2:  # noqa: ASYNC110
+                while work.settlement.slashes_finalized + work.settlement.slashes_voided < 2:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
 
@@ -461,8 +461,8 @@ def test_the_committer_respects_the_batch_cap(tmp_path, setup):
     work = make_work(tmp_path, ledger, max_credits_per_batch=3)
     for n in range(7):
         queue_credit(work.store, n, HONEST.address)
-    work.setup = setup
-    trio.run(work.commit_credits)
+    work.run_context.setup = setup
+    trio.run(work.settlement.commit_credits)
     assert [b.count for b in ledger.batches()] == [3, 3, 1]
     assert work.status()["credits"]["batches"] == 3
     ledger.close()

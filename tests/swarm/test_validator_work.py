@@ -39,7 +39,7 @@ from swarmnode.node.validator import (
     drawn_for_full_check,
     gets_full_check,
 )
-from swarmnode.node.validator import judge as validator_module
+from swarmnode.node.validator import judging_loop as validator_module
 from swarmnode.node.validator.store import AcceptedStore
 from swarmnode.node.validator.store_rows import Decided, PendingItem
 from swarmnode.protocol.codec import decode
@@ -206,7 +206,7 @@ class GossipLog:
 
 async def wait_judged(work: SwarmValidatorWork, count: int) -> None:
     with trio.fail_after(20):
-        await work.wait_judged(count)
+        await work.judging.wait_judged(count)
 
 
 # --- the store -------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ def test_honest_work_is_credited_and_every_cheat_is_slashed(tmp_path, setup, che
                 opened, digest, _ = sent[name] = signed(worker, sub)
                 acks[name] = await work.submit(None, opened, digest)
             await wait_judged(work, len(submissions))
-            await work.commit_credits()  # the committer's round, without waiting for its interval
+            await work.settlement.commit_credits()  # the committer's round, without waiting for its interval
             duplicate = await work.submit(None, *sent["honest"][:2])  # the same envelope again
             assert duplicate.status == Reason.DUPLICATE
             resealed = await work.submit(None, *signed(HONEST, submissions["honest"][1], seq=2)[:2])
@@ -441,8 +441,9 @@ def test_honest_work_is_credited_and_every_cheat_is_slashed(tmp_path, setup, che
                 now_ms=now_ms(),
                 replay=None,
             )
-            batch = await work.serve_accepted(None, request)
-            await poll_until(lambda: len(out.published) == work.accepted + work.rejected)  # a flush away
+            batch = await work.accepted_log.serve_accepted(None, request)
+            counts = work.counts
+            await poll_until(lambda: len(out.published) == counts.accepted + counts.rejected)  # a flush away
             nursery.cancel_scope.cancel()
         return batch
 
@@ -469,7 +470,7 @@ def test_honest_work_is_credited_and_every_cheat_is_slashed(tmp_path, setup, che
     [credit] = ledger.contributions()
     assert credit.worker == HONEST.address and credit.tokens == verdicts[HONEST.address].tokens > 0
     assert credit.rollout_digest == verdicts[HONEST.address].submission_digest
-    assert credit.flops == 2 * work.engines.parameters * credit.tokens
+    assert credit.flops == 2 * work.run_context.engines.parameters * credit.tokens
     [batch] = ledger.batches()
     assert (batch.validator, batch.count) == (VALIDATOR.address, 1)
     assert ledger.check_credit_proof(ledger.prove_credit(credit.index))
@@ -520,7 +521,7 @@ def test_queued_submissions_are_judged_after_a_restart(tmp_path, setup, checkpoi
         async with trio.open_nursery() as nursery:
             await nursery.start(work.judge_forever, GossipLog())
             await wait_judged(work, 1)
-            await work.commit_credits()
+            await work.settlement.commit_credits()
             nursery.cancel_scope.cancel()
 
     trio.run(restart)
@@ -544,7 +545,7 @@ def test_a_submission_waits_for_its_checkpoint(tmp_path, base, setup, checkpoint
             await nursery.start(work.judge_forever, GossipLog())
             assert (await work.submit(None, *signed(HONEST, sub)[:2])).status == 100
             await trio.sleep(0.3)
-            assert work.judged == 0 and work.status()["queued"] == 1
+            assert work.counts.judged == 0 and work.status()["queued"] == 1
             await work.hold(4, root4, state)
             await wait_judged(work, 1)
             nursery.cancel_scope.cancel()
@@ -699,14 +700,15 @@ def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
         }
         async with trio.open_nursery() as nursery:
             await nursery.start(work.judge_forever, out)
-            await poll_until(lambda: work.ledger_retries >= 6)  # several retries of both
-            assert judged_calls == [] and work.judged == 0 and work.status()["queued"] == 2
+            await poll_until(lambda: work.judging.ledger_retries >= 6)  # several retries of both
+            assert judged_calls == [] and work.counts.judged == 0 and work.status()["queued"] == 2
 
             del ledger.fail["is_eligible"]  # stake readable, writes still failing
             await poll_until(
                 lambda: ledger.calls.get("slash", 0) >= 2 and ledger.calls.get("commit_credits", 0) >= 2
             )
-            assert work.judged == 1 and work.accepted == 1  # the acceptance is done: its credit waits
+            # the acceptance is done: its credit waits
+            assert work.counts.judged == 1 and work.counts.accepted == 1
             assert (
                 work.status()["credits"]["queued"] == 1 and "rpc down" in work.status()["credits"]["blocked"]
             )
@@ -715,7 +717,7 @@ def test_a_ledger_outage_defers_judgements_and_never_accepts_unread_stake(
 
             ledger.fail = {"slash": DuplicateSlash("already slashed")}  # commits work; the slash is decided
             await wait_judged(work, 2)
-            await poll_until(lambda: work.contributions == 1 and len(out.published) == 2)
+            await poll_until(lambda: work.settlement.contributions == 1 and len(out.published) == 2)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
@@ -762,7 +764,7 @@ def test_a_decided_submission_is_not_judged_again_after_a_crash(
             if crash == "before_finish":
                 work.store.finish_async = killed
             else:
-                work._write_ledger = killed
+                work.judging._write_ledger = killed
             await nursery.start(work.judge_forever, first_out)
             assert (await work.submit(None, opened, digest)).status == 100
             await trio.sleep_forever()
@@ -794,7 +796,7 @@ def test_a_decided_submission_is_not_judged_again_after_a_crash(
             await nursery.start(work.judge_forever, out)
             await wait_judged(work, 1)
             await poll_until(lambda: out.published)
-            await work.commit_credits()
+            await work.settlement.commit_credits()
             nursery.cancel_scope.cancel()
 
     trio.run(restart)
@@ -834,17 +836,17 @@ def test_accepted_is_served_to_the_trainer_only(tmp_path):
 
     async def main():
         with pytest.raises(Ignore) as err:  # the run (so its trainer) is not known yet
-            await work.serve_accepted(None, accepted_request(TRAINER, 0, 0))
+            await work.accepted_log.serve_accepted(None, accepted_request(TRAINER, 0, 0))
         assert err.value.reason == Reason.NOT_FOR_US
-        work.trainers = frozenset({TRAINER.address})  # what the run record (or prepare) sets
+        work.run_context.trainers = frozenset({TRAINER.address})  # what the run record (or prepare) sets
         start = trio.current_time()
         with pytest.raises(Ignore) as err:  # anyone else: refused at once, no 30 s long poll held
-            await work.serve_accepted(None, accepted_request(HONEST, 0, 30_000))
+            await work.accepted_log.serve_accepted(None, accepted_request(HONEST, 0, 30_000))
         assert err.value.reason == Reason.NOT_FOR_US and trio.current_time() - start < 1.0
         with pytest.raises(Reject) as err:  # a cursor SQLite cannot hold
-            await work.serve_accepted(None, accepted_request(TRAINER, 2**63, 0))
+            await work.accepted_log.serve_accepted(None, accepted_request(TRAINER, 2**63, 0))
         assert err.value.reason == Reason.OUT_OF_RANGE
-        batch = await work.serve_accepted(None, accepted_request(TRAINER, 0, 0))
+        batch = await work.accepted_log.serve_accepted(None, accepted_request(TRAINER, 0, 0))
         assert batch.items == () and batch.newest == 0
 
     trio.run(main)
@@ -861,15 +863,15 @@ def test_accepted_is_served_to_the_co_trainers_the_descriptor_names(tmp_path, se
     async def main():
         await work.prepare(RunSetup(descriptor, setup.tasks))
         for trainer in (TRAINER, co_trainer):  # the lead and its co-trainer, each with its own cursor
-            batch = await work.serve_accepted(None, accepted_request(trainer, 0, 0))
+            batch = await work.accepted_log.serve_accepted(None, accepted_request(trainer, 0, 0))
             assert [i.index for i in batch.items] == [index] and batch.newest == index
         for other in (stranger, HONEST):  # a stranger, a worker of the run: refused as before
             with pytest.raises(Ignore) as err:
-                await work.serve_accepted(None, accepted_request(other, 0, 0))
+                await work.accepted_log.serve_accepted(None, accepted_request(other, 0, 0))
             assert err.value.reason == Reason.NOT_FOR_US
 
     trio.run(main)
-    assert work.trainers == {TRAINER.address, co_trainer.address}
+    assert work.run_context.trainers == {TRAINER.address, co_trainer.address}
     assert work.status()["accepted_refused"] == 2
 
 
@@ -877,7 +879,7 @@ def test_submit_refuses_unknown_versions_and_caps_each_worker(tmp_path, setup, s
     """A version above the newest trainer-signed manifest seen is ignored 607 at SUBMIT; a worker holds at
     most MAX_PENDING_PER_WORKER places in the queue."""
     work = make_work(tmp_path, None)
-    work.follower = SimpleNamespace(
+    work.run_context.follower = SimpleNamespace(
         node=SimpleNamespace(catalog=SimpleNamespace(latest_version=VERSION)), statistics=dict
     )
     _, sub = submissions["honest"]
@@ -896,7 +898,7 @@ def test_submit_refuses_unknown_versions_and_caps_each_worker(tmp_path, setup, s
         assert other.status == 100  # another worker still has room
 
     trio.run(main)
-    assert work.status()["queued"] == MAX_PENDING_PER_WORKER + 1 and work.refused == 2
+    assert work.status()["queued"] == MAX_PENDING_PER_WORKER + 1 and work.intake.refused == 2
 
 
 def test_checkpoint_engines_keep_the_newest_versions(tmp_path, base, setup):
@@ -912,7 +914,7 @@ def test_checkpoint_engines_keep_the_newest_versions(tmp_path, base, setup):
         assert not await work.hold(4, sha256(b"4"), state)  # held already
 
     trio.run(main)
-    engines = work.engines
+    engines = work.run_context.engines
     assert engines.versions() == [2, 3, 4] and engines.roots()[4] == sha256(b"4")
     weight = next(iter(state))
     assert torch.equal(engines.engine(4).model.state_dict()[weight], shifted[weight])
@@ -947,7 +949,7 @@ def test_submit_verdict_gossip_and_accepted_pull_over_the_network(tmp_path, base
             p2p_setup = RunSetup(descriptor, setup.tasks)
             await wait_until(lambda: worker.finder.found("validator"), timeout=20)
             validator.set_run_record(RunRecord(trainer, 1, descriptor))
-            await wait_until(lambda: work.engines is not None, timeout=20)
+            await wait_until(lambda: work.run_context.engines is not None, timeout=20)
             assert await work.hold_verified(checkpoint)
             await wait_until(lambda: validator.gossip.topic_peers("verdicts") >= 1, timeout=20)
             peer = ID.from_base58(validator.identity.peer_id)
@@ -1019,10 +1021,11 @@ def test_a_validator_refuses_a_run_whose_model_is_not_its_folder(tmp_path, setup
     net = RunOnly(setup.descriptor)
     with pytest.raises(RunMismatch, match=named):
         trio.run(work.run, net)
-    assert net.served and work.setup is None and work.engines is None  # nothing of the run was loaded
+    context = work.run_context
+    assert net.served and context.setup is None and context.engines is None  # nothing of the run was loaded
     same = SwarmValidatorWork(config, VALIDATOR, None, model_dir=copy_folder("qwen2", tmp_path / "same"))
     trio.run(same.prepare, load_run_setup(setup.descriptor, same.model_dir, same.tasks))
-    assert same.engines is not None and same.engines.model_info == tiny_engine().info
+    assert same.run_context.engines is not None and same.run_context.engines.model_info == tiny_engine().info
 
 
 # --- verdict gossip: batches -------------------------------------------------------------------------
@@ -1050,7 +1053,7 @@ def test_verdicts_are_gossiped_in_batches_at_the_interval_or_when_full(tmp_path)
         clock = trio.lowlevel.current_clock()
         send, receive = trio.open_memory_channel[Verdict](256)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(work._gossip_verdicts, out, receive)
+            nursery.start_soon(work.judging.gossip_verdicts, out, receive)
 
             async def judged(*verdicts: Verdict) -> None:
                 for v in verdicts:
@@ -1074,6 +1077,7 @@ def test_verdicts_are_gossiped_in_batches_at_the_interval_or_when_full(tmp_path)
             send.close()  # the judge stopped: what is pending goes now
             await wait_all_tasks_blocked()
         assert out.published == sent and sizes() == [3, 4, 2, 1]
-        assert work.verdicts_gossiped == len(sent) and work.verdict_batches == len(out.batches)
+        judging = work.judging
+        assert judging.verdicts_gossiped == len(sent) and judging.verdict_batches == len(out.batches)
 
     trio.run(main, clock=MockClock())

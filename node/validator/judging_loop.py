@@ -1,4 +1,6 @@
-"""The judge: the scheduler of queued submissions and the judgement of one (spec/validation.md, steps 2-3).
+"""The judging loop: which queued submission to judge next, and the judgement of one carried through to
+the store, the ledger and the gossip (spec/validation.md, steps 2-3). The decision itself (the draw, the
+checks, the verdict) is `judgement`'s.
 
 Decisions:
 - Crash safety: the decision is durable (`AcceptedStore.decide`) before the ledger is written (a slash),
@@ -23,6 +25,7 @@ import trio
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.p2p.clock import wall_ms
 from swarmnode.node.rl.validation import Accepted, ValidationContext, judge_fault
+from swarmnode.node.validator.fairness import RoundRobin
 from swarmnode.node.validator.judgement import (
     Decision,
     Judgement,
@@ -31,14 +34,23 @@ from swarmnode.node.validator.judgement import (
     judge_submission,
     make_verdict,
 )
-from swarmnode.node.validator.ledger_access import LedgerUnavailable, credit_for
+from swarmnode.node.validator.ledger_access import LedgerAccess, LedgerUnavailable, credit_for
+from swarmnode.node.validator.limits import (
+    LEDGER_RETRY_MAX_S,
+    LEDGER_RETRY_S,
+    VERDICT_BACKLOG,
+    VERDICT_FLUSH_S,
+    WAIT_FOR_CHECKPOINT_S,
+)
 from swarmnode.node.validator.settlement import Settlement
+from swarmnode.node.validator.state import CreditBacklog, OutcomeCounts, PendingQueue, RunContext
+from swarmnode.node.validator.store import AcceptedStore
 from swarmnode.node.validator.store_rows import PendingItem, RunCredit
 from swarmnode.node.validator.store_schema import ACCEPTED as ACCEPTED_STATUS
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope
 from swarmnode.protocol.errors import Ignore, Reason, Reject
-from swarmnode.protocol.messages import RolloutSubmission, Verdict, VerdictBatch
+from swarmnode.protocol.messages import VERDICT_BATCH_MAX_ITEMS, RolloutSubmission, Verdict, VerdictBatch
 from swarmnode.protocol.verdicts import VerdictBatcher
 
 log = logging.getLogger(__name__)
@@ -56,21 +68,80 @@ class VerdictOut(Protocol):
     async def publish(self, kind: str, message: Any) -> bytes: ...
 
 
-class Judge(Settlement):
-    """The judge's side of the validator's work (it writes the ledger through `Settlement`)."""
+class JudgingLoop:
+    """Takes queued submissions one at a time, fairly, as their checkpoints arrive, and carries each
+    judgement through: decision stored, ledger written (through `Settlement`), finished, gossiped, counted."""
+
+    def __init__(
+        self,
+        context: RunContext,
+        store: AcceptedStore,
+        queue: PendingQueue,
+        counts: OutcomeCounts,
+        credits: CreditBacklog,
+        settlement: Settlement,
+        ledger_access: LedgerAccess,
+        *,
+        wait_for_checkpoint_s: float = WAIT_FOR_CHECKPOINT_S,
+        ledger_retry_s: float = LEDGER_RETRY_S,
+        ledger_retry_max_s: float = LEDGER_RETRY_MAX_S,
+        verdict_flush_s: float = VERDICT_FLUSH_S,
+        verdict_batch_items: int = VERDICT_BATCH_MAX_ITEMS,
+    ) -> None:
+        self.context = context
+        self.run_id = context.run_id
+        self.store = store
+        self.queue = queue
+        self.counts = counts
+        self.credits = credits
+        self.settlement = settlement
+        self.ledger_access = ledger_access
+        self.wait_for_checkpoint_s = wait_for_checkpoint_s
+        self.ledger_retry_s = ledger_retry_s
+        self.ledger_retry_max_s = ledger_retry_max_s
+        self.verdict_flush_s = verdict_flush_s
+        self.verdict_batch_items = verdict_batch_items
+        self._secret = store.secret()  # the key of the draw for the full checks (`gets_full_check`)
+        self._deadlines: dict[int, float] = {}
+        self._turns = RoundRobin()  # fair judging: whose turn it is (node.validator.fairness)
+        # decided and stored, the ledger write and `finish` still to do (by item id); read back on a restart
+        self._decided: dict[int, Decision] = {i: Decision.restore(d) for i, d in store.decided().items()}
+        self._attempts: dict[int, int] = {}  # ledger failures of an item so far
+        self.retry_at: dict[int, float] = {}  # an item deferred by a ledger failure: not before then
+        self._progress = trio.Event()  # a submission judged
+        self.ledger_retries = 0  # judgements put back in the queue by a ledger failure
+        self.quarantined = 0  # items the judge failed on, taken out of the queue as JUDGE_FAULT
+        self.verdicts_gossiped = self.verdicts_dropped = 0
+        self.verdict_batches = 0  # VerdictBatches gossiped (each carries 1..verdict_batch_items verdicts)
+
+    async def judge_each(self, out: VerdictOut, gossip: trio.MemorySendChannel[Verdict]) -> None:
+        """Forever: the next ready submission, judged. Total: an exception on one item's path (but a ledger
+        that cannot answer, which defers it) quarantines that item, and the loop goes on with the next."""
+        while True:
+            item = await self._next_ready()
+            try:
+                await self._judge(item, out, gossip)
+            except Exception as exc:  # one item's fault: quarantine it, never stop the judge
+                log.exception("judging an item failed", extra={"digest": item.digest.hex()[:16]})
+                await self._quarantine(item, exc)
+
+    def verdict_channel(self) -> tuple[trio.MemorySendChannel[Verdict], trio.MemoryReceiveChannel[Verdict]]:
+        """Between the judge and the gossip of verdicts: bounded, so a slow mesh never holds up the judge."""
+        return trio.open_memory_channel[Verdict](VERDICT_BACKLOG)
 
     async def wait_judged(self, count: int) -> None:
         """Wait until `count` submissions have been judged (since the store was created)."""
-        while self.judged < count:
+        while self.counts.judged < count:
             await self._progress.wait()
 
     def _ready(self, item: PendingItem) -> bool:
         """Judge now: the version is held, or it is so old that no wait can make it fresh."""
-        assert self.engines is not None and self.setup is not None
-        if self.engines.holds(item.checkpoint_version):
+        engines, setup = self.context.engines, self.context.setup
+        assert engines is not None and setup is not None
+        if engines.holds(item.checkpoint_version):
             return True
-        newest = self.engines.newest
-        return newest is not None and newest - item.checkpoint_version > self.setup.descriptor.async_level
+        newest = engines.newest
+        return newest is not None and newest - item.checkpoint_version > setup.descriptor.async_level
 
     async def _next_ready(self) -> PendingItem:
         """The next submission to judge among those that can be judged now (or whose wait for their
@@ -79,9 +150,9 @@ class Judge(Settlement):
             now = trio.current_time()
             soonest = float("inf")
             ready = []
-            for item in self._queue:
+            for item in self.queue:
                 deadline = self._deadlines.setdefault(item.id, now + self.wait_for_checkpoint_s)
-                retry = self._retry_at.get(item.id, now)
+                retry = self.retry_at.get(item.id, now)
                 if retry > now:  # deferred by a ledger failure
                     soonest = min(soonest, retry)
                     continue
@@ -93,9 +164,7 @@ class Judge(Settlement):
                 item = self._turns.pick(ready)
                 self._turns.served(item.worker)
                 return item
-            changed = self._changed
-            with trio.move_on_at(soonest):
-                await changed.wait()
+            await self.queue.wait_changed(soonest)
 
     async def _judge(
         self, item: PendingItem, out: VerdictOut, gossip: trio.MemorySendChannel[Verdict]
@@ -103,7 +172,7 @@ class Judge(Settlement):
         """Judge `item` (once: the decision is stored before the ledger write), write the ledger, finish.
         When the ledger cannot answer, the item stays queued (with its decision) and is tried again after a
         backoff; a decision read back after a restart only replays the ledger write and finishes."""
-        assert self.setup is not None
+        assert self.context.setup is not None
         evidence = await trio.to_thread.run_sync(self.store.pending_envelope, item.id)
         try:
             decision = self._decided.get(item.id)
@@ -120,9 +189,10 @@ class Judge(Settlement):
         outcome, verdict = decision.outcome, decision.verdict
         status = ACCEPTED_STATUS if isinstance(outcome, Accepted) else int(outcome.reason)
         credit = None
-        if isinstance(outcome, Accepted) and self.ledger.ledger is not None:
-            assert self.engines is not None
-            credit = RunCredit(self.run_id, credit_for(verdict, self.engines.parameters))
+        if isinstance(outcome, Accepted) and self.ledger_access.ledger is not None:
+            engines = self.context.engines
+            assert engines is not None
+            credit = RunCredit(self.run_id, credit_for(verdict, engines.parameters))
         await self.store.finish_async(
             item,
             status=status,
@@ -134,16 +204,14 @@ class Judge(Settlement):
             credit=credit,
         )
         if credit is not None:
-            self.credits_queued += 1
-            if self.credits_queued >= self.max_credits_per_batch:
-                self._batch_full.set()
+            self.credits.added()
         if not isinstance(outcome, Ignore):
             try:
                 gossip.send_nowait(verdict)
             except trio.WouldBlock:
                 self.verdicts_dropped += 1
         self._forget(item)
-        self._count(item.worker, outcome, decision.judgement, slashed)
+        self.counts.count(item.worker, outcome, decision.judgement, slashed)
         log.info(
             "judged submission",
             extra={
@@ -157,8 +225,8 @@ class Judge(Settlement):
         )
 
     def _forget(self, item: PendingItem) -> None:
-        self._queue.remove(item)
-        for state in (self._deadlines, self._decided, self._attempts, self._retry_at):
+        self.queue.remove(item)
+        for state in (self._deadlines, self._decided, self._attempts, self.retry_at):
             state.pop(item.id, None)
         self._progress.set()
         self._progress = trio.Event()
@@ -170,9 +238,7 @@ class Judge(Settlement):
         outcome = judge_fault(exc)
         try:
             await trio.to_thread.run_sync(
-                lambda: self.store.quarantine(
-                    item, status=int(outcome.reason), judged_ms=wall_ms()
-                )
+                lambda: self.store.quarantine(item, status=int(outcome.reason), judged_ms=wall_ms())
             )
         except Exception as store_exc:  # the store itself failed: try again later, judge the others
             log.exception("quarantine failed", extra={"digest": item.digest.hex()[:16]})
@@ -180,7 +246,7 @@ class Judge(Settlement):
             return
         self.quarantined += 1
         self._forget(item)
-        self._count(item.worker, outcome, Judgement(outcome, 0.0, False), False)
+        self.counts.count(item.worker, outcome, Judgement(outcome, 0.0, False), False)
         log.warning(
             "quarantined submission",
             extra={"digest": item.digest.hex()[:16], "worker": "0x" + item.worker.hex(), "error": str(exc)},
@@ -190,8 +256,9 @@ class Judge(Settlement):
         """Read the worker's stake, judge, seal the verdict (an ignore is not sealed). A stored envelope
         that does not decode is a JUDGE_FAULT; a second submission for an assignment held by another one
         (two SUBMITs racing) is rejected ASSIGNMENT_REUSED without judging."""
-        assert self.setup is not None and self.engines is not None
-        descriptor = self.setup.descriptor
+        setup, engines = self.context.setup, self.context.engines
+        assert setup is not None and engines is not None
+        descriptor = setup.descriptor
         try:
             sub = decode(RolloutSubmission, decode(Envelope, evidence).body)
         except Exception as exc:  # our own store's bytes: a verdict about this item, not a dead judge
@@ -205,21 +272,19 @@ class Judge(Settlement):
             return Decision(reused, Judgement(reused, 0.0, False), verdict, out.seal(verdict))
         eligible = await self._eligible(item.worker)  # LedgerUnavailable: not judged yet
         fraction = descriptor.policy.sample_fraction
-        full = gets_full_check(sub, self._dataset, self._secret, item.digest, fraction)
-        async with self._torch_lock():  # the versions held cannot change until the judgement is done
+        full = gets_full_check(sub, setup.dataset, self._secret, item.digest, fraction)
+        async with self.context.engines_lock():  # the versions held cannot change until the judgement is done
             ctx = ValidationContext(
                 descriptor=descriptor,
-                dataset=self._dataset,
-                dataset_ids=self._dataset_ids,
-                newest_version=self.engines.newest if self.engines.newest is not None else -1,
-                checkpoint_roots=self.engines.roots(),
+                dataset=setup.dataset,
+                dataset_ids=setup.dataset_ids,
+                newest_version=engines.newest if engines.newest is not None else -1,
+                checkpoint_roots=engines.roots(),
                 is_eligible=lambda _: eligible,
-                model=self.engines.model_info,
-                tokenizer=self.engines.tokenizer,
+                model=engines.model_info,
+                tokenizer=engines.tokenizer,
             )
-            judgement = await trio.to_thread.run_sync(
-                judge_submission, sub, item.worker, ctx, self.engines, full
-            )
+            judgement = await trio.to_thread.run_sync(judge_submission, sub, item.worker, ctx, engines, full)
         outcome = judgement.outcome
         verdict = make_verdict(sub, item.digest, item.worker, outcome, judgement.full)
         sealed = b"" if isinstance(outcome, Ignore) else out.seal(verdict)
@@ -228,9 +293,10 @@ class Judge(Settlement):
     async def _write_ledger(self, decision: Decision, evidence: bytes) -> bool:
         """Slash as a rejection warrants; True when a slash was filed. (An acceptance's credit is queued
         by `finish` and committed in a batch.)"""
-        assert self.setup is not None
+        setup = self.context.setup
+        assert setup is not None
         if isinstance(decision.outcome, Reject):
-            return await self._slash(decision.verdict, evidence, self.setup.descriptor.policy.slash_gwei)
+            return await self.settlement.slash(decision.verdict, evidence, setup.descriptor.policy.slash_gwei)
         return False
 
     def _defer(self, item: PendingItem, exc: Exception) -> None:
@@ -239,7 +305,7 @@ class Judge(Settlement):
         attempts = self._attempts.get(item.id, 0) + 1
         self._attempts[item.id] = attempts
         delay = min(self.ledger_retry_max_s, self.ledger_retry_s * 2 ** min(attempts - 1, 32))
-        self._retry_at[item.id] = trio.current_time() + delay
+        self.retry_at[item.id] = trio.current_time() + delay
         self.ledger_retries += 1
         log.warning(
             "ledger or store unavailable, submission stays queued",
@@ -254,12 +320,13 @@ class Judge(Settlement):
     async def _eligible(self, worker: bytes) -> bool:
         """The worker's stake (without a ledger, everyone). A refusal reads as not eligible; a ledger that
         cannot answer raises `LedgerUnavailable`: the submission waits, it is never judged unread."""
-        if self.ledger.ledger is None:
+        ledger_access = self.ledger_access
+        if ledger_access.ledger is None:
             return True
-        eligible = await self.ledger.call("is_eligible", lambda: self.ledger.eligible(worker))
+        eligible = await ledger_access.call("is_eligible", lambda: ledger_access.eligible(worker))
         return bool(eligible)
 
-    async def _gossip_verdicts(self, out: VerdictOut, receive: trio.MemoryReceiveChannel[Verdict]) -> None:
+    async def gossip_verdicts(self, out: VerdictOut, receive: trio.MemoryReceiveChannel[Verdict]) -> None:
         """Gossip verdicts in batches: a batch goes when it is full, or `verdict_flush_s` after its first
         verdict arrived, so a verdict waits at most one interval and a busy validator signs once per batch.
         Publishing is outside the timer's cancel scope: a batch is never lost to its own deadline."""
