@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +296,24 @@ class Devnet:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not ready after {timeout}s: {self.not_ready(names)}")
             time.sleep(0.2)
+
+    def wait_until(
+        self, predicate: Callable[[], bool], timeout: float, what: str, *, down: Collection[str] = ()
+    ) -> None:
+        """Blocking poll (tests) until `predicate`; fails at once when a node exited that is not among those
+        `down` on purpose, and names `what` it waited for on a timeout."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            crashed = {
+                name: node.exit_code
+                for name, node in self.nodes.items()
+                if name not in down and node.exit_code not in (None, 0)
+            }
+            if crashed:
+                raise AssertionError(f"{crashed} exited while waiting for {what}; logs in {self.folder}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {what} within {timeout} s; logs in {self.folder}")
+            time.sleep(0.25)
 
     async def await_ready(self, names: list[str]) -> None:
         """Wait until `names` are ready (callers bound it with trio.fail_after)."""

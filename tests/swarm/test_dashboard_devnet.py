@@ -15,7 +15,6 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -83,19 +82,10 @@ def status_figures(node: DevnetNode) -> dict[str, Any]:
 
 def figures_written_after(moment: float, node: DevnetNode, devnet: Devnet) -> dict[str, Any]:
     """The node's figures from a status file it wrote after `moment` (it rewrites it every second)."""
-    wait_for(lambda: float((node.status() or {}).get("updated", 0)) > moment, 10, "a new status", devnet)
+    devnet.wait_until(lambda: float((node.status() or {}).get("updated", 0)) > moment, 10, "a new status")
     return status_figures(node)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, devnet: Devnet) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        crashed = {n: node.exit_code for n, node in devnet.nodes.items() if node.exit_code not in (None, 0)}
-        if crashed:
-            raise AssertionError(f"{crashed} exited while waiting for {what}; logs in {devnet.folder}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout} s; logs in {devnet.folder}")
-        time.sleep(0.25)
 
 
 def browse(url: str, screenshot: Path, profile: Path) -> str:
@@ -140,7 +130,7 @@ def test_the_dashboard_in_chromium_shows_what_swarmnode_status_prints(tmp_path: 
         devnet.start_others()
         trainer = devnet.nodes["trainer-1"]
         rewards = lambda: ((trainer.status() or {}).get("work") or {}).get("rewards")  # noqa: E731
-        wait_for(lambda: bool(rewards()), FIRST_REWARD_S, "a first reward", devnet)
+        devnet.wait_until(lambda: bool(rewards()), FIRST_REWARD_S, "a first reward")
         for name in DASHBOARDS:
             node = devnet.nodes[name]
             status = node.status() or {}

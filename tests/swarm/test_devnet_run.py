@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,15 +40,6 @@ def _work(devnet: Devnet, name: str) -> dict:
     return status.get("work") or {}
 
 
-def _wait(predicate: Callable[[], bool], timeout: float, what: str, devnet: Devnet) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        crashed = {n: node.exit_code for n, node in devnet.nodes.items() if node.exit_code not in (None, 0)}
-        if crashed:
-            raise AssertionError(f"{crashed} exited while waiting for {what}; logs in {devnet.folder}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout} s; logs in {devnet.folder}")
-        time.sleep(0.5)
 
 
 def _digests(path: Path, table: str) -> set[bytes]:
@@ -70,20 +60,19 @@ def test_killing_and_restarting_each_role_loses_no_accepted_rollout(tmp_path: Pa
             return int(_work(devnet, "trainer-1").get("step", 0))
 
         for victim, after_step in (("relay-1", 1), ("worker-1", 2), ("validator-1", 3), ("trainer-1", 4)):
-            _wait(lambda s=after_step: step() >= s, 240, f"trainer step {after_step}", devnet)
+            devnet.wait_until(lambda s=after_step: step() >= s, 240, f"trainer step {after_step}")
             devnet.kill(victim)
             time.sleep(1.0)
             devnet.start(victim)
             devnet.wait_ready([victim], timeout=90)
-        _wait(lambda: bool(_work(devnet, "trainer-1").get("done")), 300, "the end of training", devnet)
+        devnet.wait_until(lambda: bool(_work(devnet, "trainer-1").get("done")), 300, "the end of training")
 
         trainer_db = devnet.nodes["trainer-1"].data_dir / INBOX_FILE
         validator_db = devnet.nodes["validator-1"].data_dir / "validator" / STORE_FILE
-        _wait(
+        devnet.wait_until(
             lambda: _digests(validator_db, "accepted") <= _digests(trainer_db, "rollouts"),
             60,
             "the trainer holding every accepted submission",
-            devnet,
         )
         trainer = _work(devnet, "trainer-1")
         assert trainer["step"] == 6 and len(trainer["rewards"]) == 6

@@ -10,8 +10,6 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -42,26 +40,6 @@ def _diloco(devnet: Devnet, name: str) -> dict[str, Any]:
     return (status.get("work") or {}).get("diloco") or {}
 
 
-def _wait(
-    predicate: Callable[[], bool],
-    timeout: float,
-    what: str,
-    devnet: Devnet,
-    down: Collection[str] = (),
-) -> None:
-    """Poll until `predicate`; fail at once when a node other than those `down` on purpose exited."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        crashed = {
-            n: node.exit_code
-            for n, node in devnet.nodes.items()
-            if n not in down and node.exit_code not in (None, 0)
-        }
-        if crashed:
-            raise AssertionError(f"{crashed} exited while waiting for {what}; logs in {devnet.folder}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no {what} within {timeout} s; logs in {devnet.folder}")
-        time.sleep(0.5)
 
 
 def _inbox(path: Path) -> tuple[set[bytes], set[bytes], set[int]]:
@@ -126,7 +104,7 @@ def test_a_killed_co_trainer_rejoins_and_both_trainers_end_on_the_same_weights(t
         def lead_round() -> int:
             return int(_diloco(devnet, LEAD).get("round", 0))
 
-        _wait(lambda: lead_round() >= 1, 240, "the lead's first round", devnet)
+        devnet.wait_until(lambda: lead_round() >= 1, 240, "the lead's first round")
         devnet.kill(CO)
         signed = _signed_rounds(devnet, CO)  # what the dead co-trainer contributed: final until it restarts
         killed_at = lead_round()
@@ -135,12 +113,13 @@ def test_a_killed_co_trainer_rejoins_and_both_trainers_end_on_the_same_weights(t
             """Rounds the lead finished since the kill for which the co-trainer signed no contribution."""
             return [r for r in range(killed_at, lead_round()) if r not in signed]
 
-        _wait(lambda: bool(rounds_alone()), 180, "a round of the lead without the co-trainer", devnet, {CO})
+        alone_a_round = "a round of the lead without the co-trainer"
+        devnet.wait_until(lambda: bool(rounds_alone()), 180, alone_a_round, down={CO})
         alone = rounds_alone()
         assert alone[-1] < plan.rounds - 1, f"the co-trainer came back for no round: {alone}"
         devnet.start(CO)
         devnet.wait_ready([CO], timeout=90)
-        _wait(devnet.trainer_done, 240, "the end of training on both trainers", devnet)
+        devnet.wait_until(devnet.trainer_done, 240, "the end of training on both trainers")
 
         lead, co = _diloco(devnet, LEAD), _diloco(devnet, CO)
         assert lead["lead"] is True and co["lead"] is False
