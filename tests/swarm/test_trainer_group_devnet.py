@@ -20,7 +20,7 @@ from swarmnode.node.devnet.network import Devnet
 from swarmnode.node.devnet.plan import DevnetPlan
 from swarmnode.node.trainer import INBOX_FILE
 from swarmnode.node.validator import STORE_FILE
-from tests.swarm.test_devnet_run import _devnet_cli, _digests, _wait, _work
+from tests.swarm.test_devnet_run import _devnet_cli, _digests, _work
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -61,23 +61,23 @@ def test_a_killed_rank_restarts_the_group_and_nothing_is_lost(tmp_path: Path) ->
         def step() -> int:
             return int(_work(devnet, "trainer-1").get("step", 0))
 
-        _wait(lambda: step() >= 2, 300, "trainer step 2", devnet)
+        devnet.wait_until(lambda: step() >= 2, 300, "trainer step 2")
         victim = _rank_pid(devnet, 1)
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
-        _wait(lambda: _rank_pid(devnet, 1) not in (None, victim), 120, "the group's restart", devnet)
+        devnet.wait_until(lambda: _rank_pid(devnet, 1) not in (None, victim), 120, "the group's restart")
         try:
-            _wait(lambda: bool(_work(devnet, "trainer-1").get("done")), 400, "the end of training", devnet)
+            done = lambda: bool(_work(devnet, "trainer-1").get("done"))  # noqa: E731
+            devnet.wait_until(done, 400, "the end of training")
         except (TimeoutError, AssertionError) as exc:
             raise AssertionError(f"{exc}\n{_rank_stacks(devnet)}") from None
 
         trainer_db = devnet.nodes["trainer-1"].data_dir / INBOX_FILE
         validator_db = devnet.nodes["validator-1"].data_dir / "validator" / STORE_FILE
-        _wait(
+        devnet.wait_until(
             lambda: _digests(validator_db, "accepted") <= _digests(trainer_db, "rollouts"),
             60,
             "the trainer holding every accepted submission",
-            devnet,
         )
         trainer = _work(devnet, "trainer-1")
         assert trainer["step"] == STEPS and len(trainer["rewards"]) == STEPS
