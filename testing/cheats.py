@@ -47,7 +47,6 @@ from swarmnode.node.rl.rollouts import (
     GeneratedGroup,
     assigned_tasks,
     assignment_step,
-    build_submission,
     completion_rewards,
     generate_group,
     task_prompt_ids,
@@ -56,6 +55,7 @@ from swarmnode.node.rl.rollouts import (
 from swarmnode.node.rl.sampling import token_logprobs
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tokenizer import ChatTokenizer
+from swarmnode.node.worker.conduct import HONEST
 from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
 
 PERTURBED_MODEL = "perturbed-model"
@@ -236,7 +236,7 @@ class Cheat:
             return build_dishonest_submission(
                 self.name, engine, descriptor, dataset, dataset_ids, worker, version, root, counter
             )
-        return build_submission(engine, descriptor, dataset, dataset_ids, worker, version, root, counter)
+        return HONEST.build(engine, descriptor, dataset, dataset_ids, worker, version, root, counter)
 
 
 CHEATS = (PERTURBED_MODEL, TAMPERED_PROMPT, FORGED_REWARD, CODE_INJECTION, GREEDY)
