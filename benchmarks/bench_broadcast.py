@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.wan_bench import open_wan, probe_rtt, wan_tcp_fanout  # noqa: E402
 from swarmnode.node.dataplane.http_client import RECV_LOW_WATER  # noqa: E402
 from swarmnode.node.dataplane.sources import ScoringConfig  # noqa: E402
+from swarmnode.node.p2p.ports import free_port  # noqa: E402
 from swarmnode.node.wan import PROFILES, Wan, draw_links  # noqa: E402
 from swarmnode.testing.processes import RoleProcess, role_key, spawn, stop_all  # noqa: E402
 
@@ -63,12 +64,6 @@ MIB = 1 << 20
 RUN = "bench"
 WAN_PORT = 8000  # every WAN node has its own namespace, so every node serves on the same port
 GOAL_WAN_RATIO = 1.5  # issue #19: delivery within 1.5x bytes / bottleneck bandwidth
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _cpu_seconds(procs: list[RoleProcess]) -> float:
@@ -103,7 +98,7 @@ class Placement:
         return "127.0.0.1" if self.wan is None else self.wan.address(node)
 
     def port(self) -> int:
-        return _free_port() if self.wan is None else WAN_PORT
+        return free_port() if self.wan is None else WAN_PORT
 
     def spawn(self, node: str, name: str, role: str, args: list[str]) -> RoleProcess:
         where = ["--host", self.host(node)]
