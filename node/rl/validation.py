@@ -79,7 +79,13 @@ from swarmnode.node.rl.sampling import (
 from swarmnode.node.rl.tasks import GraderFault, Task, executes_completion
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
-from swarmnode.protocol.messages import Completion, RolloutSubmission, RunDescriptor, ValidatorPolicy
+from swarmnode.protocol.messages import (
+    Completion,
+    GrpoParams,
+    RolloutSubmission,
+    RunDescriptor,
+    ValidatorPolicy,
+)
 from swarmnode.protocol.runs import step_counter, step_version
 
 ADVANTAGE_TOLERANCE = 1e-4
@@ -158,21 +164,15 @@ def _finite(value: object) -> bool:
     return type(value) is float and math.isfinite(value)
 
 
-def check_completion_fields(completion: Completion, where: str, ctx: ValidationContext) -> None:
-    """One completion's fields against the run: tokens, EOS placement, logprob bytes, floats, seed, proofs."""
-    grpo, policy, vocab = ctx.descriptor.grpo, ctx.descriptor.policy, ctx.model.vocab_size
+def check_completion_shape(completion: Completion, where: str, grpo: GrpoParams, model: ModelInfo) -> None:
+    """What anything that reads a completion needs: a token count the run allows, ids in the vocabulary,
+    one finite float32 logprob per token, a finite reward and advantage (the trainer checks these too)."""
     tokens = completion.token_ids
     if not 1 <= len(tokens) <= grpo.max_new_tokens:
         raise _malformed(where, f"{len(tokens)} tokens, the run allows 1 to {grpo.max_new_tokens}")
-    bad = _first_outside(tokens, vocab)
+    bad = _first_outside(tokens, model.vocab_size)
     if bad is not None:
-        raise _malformed(where, f"token {bad} ({tokens[bad]!r}) outside the vocabulary of {vocab}")
-    eos = ctx.model.eos_token_ids
-    early = next((i for i, t in enumerate(tokens[:-1]) if t in eos), None)
-    if early is not None:
-        raise _malformed(where, f"EOS at position {early} before the last token")
-    if type(completion.ended_with_eos) is not bool or completion.ended_with_eos != (tokens[-1] in eos):
-        raise _malformed(where, "ended_with_eos disagrees with the last token")
+        raise _malformed(where, f"token {bad} ({tokens[bad]!r}) outside the vocabulary of {model.vocab_size}")
     logprobs = completion.logprobs
     if type(logprobs) is not bytes or len(logprobs) != LOGPROB_BYTES * len(tokens):
         raise _malformed(where, f"logprobs must be {LOGPROB_BYTES} x {len(tokens)} bytes")
@@ -180,6 +180,38 @@ def check_completion_fields(completion: Completion, where: str, ctx: ValidationC
         raise _malformed(where, "a logprob is not finite")
     if not _finite(completion.reward) or not _finite(completion.advantage):
         raise _malformed(where, "reward and advantage must be finite floats")
+
+
+def check_groups_shape(sub: RolloutSubmission, grpo: GrpoParams, model: ModelInfo) -> None:
+    """Every group's prompt and completions readable by the GRPO step: prompts non-empty and in the
+    vocabulary, `group_size` completions of sound shape, each fitting the model's context after its prompt."""
+    for gi, group in enumerate(sub.groups):
+        prompt = group.prompt_ids
+        if not prompt:
+            raise _malformed(f"group {gi}", "empty prompt")
+        bad = _first_outside(prompt, model.vocab_size)
+        if bad is not None:
+            raise _malformed(f"group {gi}", f"prompt token {bad} ({prompt[bad]!r}) outside the vocabulary")
+        if len(group.completions) != grpo.group_size:
+            raise _malformed(
+                f"group {gi}", f"{len(group.completions)} completions, the run asks for {grpo.group_size}"
+            )
+        for ci, completion in enumerate(group.completions):
+            where = f"group {gi} completion {ci}"
+            check_completion_shape(completion, where, grpo, model)
+            if len(prompt) + len(completion.token_ids) > model.max_positions:
+                raise _malformed(where, f"prompt and completion exceed {model.max_positions} positions")
+
+
+def check_completion_provenance(completion: Completion, where: str, ctx: ValidationContext) -> None:
+    """What only the worker's generation explains: EOS placement, the seed's range, one proof per chunk."""
+    policy, tokens = ctx.descriptor.policy, completion.token_ids
+    eos = ctx.model.eos_token_ids
+    early = next((i for i, t in enumerate(tokens[:-1]) if t in eos), None)
+    if early is not None:
+        raise _malformed(where, f"EOS at position {early} before the last token")
+    if type(completion.ended_with_eos) is not bool or completion.ended_with_eos != (tokens[-1] in eos):
+        raise _malformed(where, "ended_with_eos disagrees with the last token")
     if type(completion.seed) is not int or not 0 <= completion.seed < 2**SEED_BITS:
         raise _malformed(where, f"seed outside [0, 2^{SEED_BITS})")
     owed = chunk_count(len(tokens), policy.toploc_chunk)
@@ -200,27 +232,15 @@ def check_fields(sub: RolloutSubmission, ctx: ValidationContext) -> None:
     completion and field: the worker signed it, so it is slashable. A submission of another run is
     ignored 204: it is not this run's to judge.
     """
-    grpo, vocab = ctx.descriptor.grpo, ctx.model.vocab_size
+    grpo = ctx.descriptor.grpo
     if sub.run != ctx.descriptor.run:
         raise Ignore(Reason.WRONG_RUN, f"submission of run {sub.run!r}, not {ctx.descriptor.run!r}")
     if len(sub.groups) != grpo.prompts_per_step:
         raise _malformed("groups", f"{len(sub.groups)} groups, the run asks for {grpo.prompts_per_step}")
+    check_groups_shape(sub, grpo, ctx.model)
     for gi, group in enumerate(sub.groups):
-        prompt = group.prompt_ids
-        if not prompt:
-            raise _malformed(f"group {gi}", "empty prompt")
-        bad = _first_outside(prompt, vocab)
-        if bad is not None:
-            raise _malformed(f"group {gi}", f"prompt token {bad} ({prompt[bad]!r}) outside the vocabulary")
-        if len(group.completions) != grpo.group_size:
-            raise _malformed(
-                f"group {gi}", f"{len(group.completions)} completions, the run asks for {grpo.group_size}"
-            )
         for ci, completion in enumerate(group.completions):
-            where = f"group {gi} completion {ci}"
-            check_completion_fields(completion, where, ctx)
-            if len(prompt) + len(completion.token_ids) > ctx.model.max_positions:
-                raise _malformed(where, f"prompt and completion exceed {ctx.model.max_positions} positions")
+            check_completion_provenance(completion, f"group {gi} completion {ci}", ctx)
 
 
 def check_staleness(sub: RolloutSubmission, ctx: ValidationContext) -> None:

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from swarmnode.node.rl.model import ModelInfo
-from swarmnode.node.rl.rollouts import unpack_logprobs
 from swarmnode.node.rl.trainer import signal_groups
+from swarmnode.node.rl.validation import check_groups_shape
 from swarmnode.node.trainer.inbox import InboxEntry
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
@@ -34,34 +34,26 @@ def open_stored(data: bytes, cls: type, run: str) -> Opened:
 
 
 def check_trainable(sub: RolloutSubmission, grpo: GrpoParams, cfg: ModelInfo) -> None:
-    """Refuse a submission the GRPO step could not take (a buggy validator must not crash the trainer)."""
+    """Refuse a submission the GRPO step could not take (a buggy validator must not crash the trainer).
 
-    def refuse(detail: str) -> Reject:
-        return Reject(Reason.RULE_VIOLATION, detail)
-
+    The shape rules are the validator's own (`check_groups_shape`); here a violation is the validator's
+    fault for accepting it, so it is a rule violation, not the worker's malformed rollout.
+    """
     if not sub.groups:
-        raise refuse("submission has no groups")
+        raise Reject(Reason.RULE_VIOLATION, "submission has no groups")
+    try:
+        check_groups_shape(sub, grpo, cfg)
+    except Reject as malformed:
+        raise Reject(Reason.RULE_VIOLATION, f"accepted a malformed rollout: {malformed.detail}") from None
     # (r - mean) / std over a group of n is at most sqrt(n - 1) in magnitude (all but one reward equal)
     max_advantage = math.sqrt(max(grpo.group_size - 1, 0)) * (1 + ADVANTAGE_SLACK)
     for g, group in enumerate(sub.groups):
-        if len(group.completions) != grpo.group_size:
-            raise refuse(
-                f"group {g} has {len(group.completions)} completions, the run's size is {grpo.group_size}"
-            )
-        if not group.prompt_ids or any(not 0 <= t < cfg.vocab_size for t in group.prompt_ids):
-            raise refuse(f"group {g} has an empty prompt or a token outside the vocabulary")
         for c in group.completions:
-            n = len(c.token_ids)
-            if not 1 <= n <= grpo.max_new_tokens or len(group.prompt_ids) + n > cfg.max_positions:
-                raise refuse(f"group {g} has a completion of {n} tokens")
-            if any(not 0 <= t < cfg.vocab_size for t in c.token_ids):
-                raise refuse(f"group {g} has a completion token outside the vocabulary")
-            if len(c.logprobs) != 4 * n or not unpack_logprobs(c.logprobs).isfinite().all():
-                raise refuse(f"group {g} has logprobs that are not {n} finite float32 values")
-            if not (math.isfinite(c.reward) and math.isfinite(c.advantage)):
-                raise refuse(f"group {g} has a reward or advantage that is not finite")
             if abs(c.advantage) > max_advantage:
-                raise refuse(f"group {g} has an advantage {c.advantage} beyond ±{max_advantage:.4f}")
+                raise Reject(
+                    Reason.RULE_VIOLATION,
+                    f"group {g} has an advantage {c.advantage} beyond ±{max_advantage:.4f}",
+                )
 
 
 def check_checkpoint(sub: RolloutSubmission, roots: Mapping[int, bytes]) -> None:
