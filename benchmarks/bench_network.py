@@ -19,7 +19,7 @@ back-pressure). A last probe times provider lookups of every role key. The basel
 Phases run on a `Network`: loopback, then with `--wan PROFILE` the same phases on a WAN of that profile
 (`node.wan`, needs root; elsewhere the run exits 2 with the reason). There every node and every probe has its
 own namespace and link, so a probe's messages cross the emulated links like any node's, and the baseline is
-the TCP round trip between two nodes' namespaces (`node.wan.probe rtt`, one byte, p50). Its keys get the
+the TCP round trip between two nodes' namespaces (`swarmnode wan probe rtt`, one byte, p50). Its keys get the
 profile's name as prefix. Goals (issue #19): no loss and p99 < 250 ms at 100 msg/s on loopback; on the WAN no
 loss and p99 < 3 x the round trip (`<profile>_gossip_<rate>_p99_vs_3_rtt_ratio` < 1). Ends with one JSON line
 (snake_case keys; ratios end in `_ratio`).

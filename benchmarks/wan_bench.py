@@ -2,7 +2,7 @@
 
 `open_wan` turns `WanUnavailable` (no root, no `ip`) into exit status 2 with the reason on stderr, so a
 `--wan` run on a machine without namespaces says why instead of failing half way. `probe_rtt` runs
-`python -m swarmnode.node.wan.probe` in two nodes' namespaces: the TCP round trip the links give;
+`swarmnode wan probe` in two nodes' namespaces: the TCP round trip the links give;
 `wan_tcp_fanout` moves bytes from senders to receivers with plain TCP the way a broadcast moves them.
 Both use plain blocking sockets: they measure the WAN (links and emulator), which the benchmarks'
 figures are held against.
@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:
 
 from swarmnode.node.wan import Link, Wan, WanUnavailable, check_available, destroy_stale  # noqa: E402
 
+PROBE = [sys.executable, "-m", "swarmnode.node.cli", "wan", "probe"]  # `swarmnode wan probe`
 PROBE_PORT = 7999  # inside a node's namespace every port is free; the node roles use others
 PROBE_TIMEOUT_S = 300.0
 UNAVAILABLE_EXIT = 2
@@ -54,7 +55,7 @@ def _probe(wan: Wan, server: str, client: str, *command: str) -> dict[str, Any]:
     """Run one probe client command in `client`'s namespace against a probe server in `server`'s."""
     serving = wan.spawn(
         server,
-        [sys.executable, "-m", "swarmnode.node.wan.probe", "serve", str(PROBE_PORT)],
+        [*PROBE, "serve", str(PROBE_PORT)],
         stdout=subprocess.PIPE,
         cwd=str(ROOT),
     )
@@ -62,8 +63,7 @@ def _probe(wan: Wan, server: str, client: str, *command: str) -> dict[str, Any]:
         assert serving.stdout is not None
         if serving.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"the probe server in {server} did not start")
-        module = "swarmnode.node.wan.probe"
-        argv = [sys.executable, "-m", module, command[0], wan.address(server), str(PROBE_PORT)]
+        argv = [*PROBE, command[0], wan.address(server), str(PROBE_PORT)]
         client_process = wan.spawn(client, [*argv, *command[1:]], stdout=subprocess.PIPE, cwd=str(ROOT))
         out, _ = client_process.communicate(timeout=PROBE_TIMEOUT_S)
         if client_process.returncode != 0:

@@ -1,7 +1,7 @@
 """The compiled SwarmLedger contract: build it, load the committed artifact, check they agree.
 
 The artifact (ledger/contracts/SwarmLedger.json) is committed so a node never needs a compiler at run
-time; `python -m swarmnode.ledger.artifact` rebuilds it, and a test recompiles and demands identical bytes.
+time; `scripts/build_contract_artifact.py` rebuilds it, and a test recompiles and demands identical bytes.
 Vyper is pinned and the EVM version is explicit (also in the source pragma), so the output is
 reproducible: anyone can check that the deployed bytecode came from this source.
 """
@@ -9,7 +9,6 @@ reproducible: anyone can check that the deployed bytecode came from this source.
 from __future__ import annotations
 
 import json
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,3 @@ def write_artifact(path: Path = ARTIFACT) -> dict[str, Any]:
     path.write_text(json.dumps(artifact, indent=2, sort_keys=True) + "\n")
     return artifact
 
-
-if __name__ == "__main__":
-    built = write_artifact()
-    print(f"wrote {ARTIFACT} ({len(built['bytecode']) // 2 - 1} bytes of init code)", file=sys.stderr)

@@ -18,7 +18,7 @@ import time
 
 from swarmnode.node.wan import Wan, WanUnavailable, check_available, draw_links, pair_loss, pair_rtt_ms
 
-PROBE = [sys.executable, "-m", "swarmnode.node.wan.probe"]
+PROBE = [sys.executable, "-m", "swarmnode.node.cli", "wan", "probe"]
 PORT = "7000"
 
 

@@ -12,6 +12,7 @@
 - `model`   model init / show
 - `tasks`   tasks show / filter
 - `plan`    plan-memory: what a trainer group needs per device
+- `wan`     wan linkemu, wan probe: the processes the WAN harness (node.wan) runs inside namespaces
 - `inputs`  the model and task options shared by devnet, train --sync and calibrate
 - `password` the key password: SWARMNODE_PASSWORD taken out of the environment once per command, or a prompt
 

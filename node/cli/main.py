@@ -80,6 +80,10 @@ LAZY_COMMANDS = {
         "swarmnode.node.cli.tasks:tasks_group",
         "Inspect and filter task files (JSONL or Parquet: prompt, kind, answer or tests, target_length).",
     ),
+    "wan": (
+        "swarmnode.node.cli.wan:wan_group",
+        "The WAN harness's tools: the link emulator and a path measurement probe (run inside namespaces).",
+    ),
 }
 
 

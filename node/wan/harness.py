@@ -336,7 +336,9 @@ class Wan:
         argv = [
             sys.executable,
             "-m",
-            "swarmnode.node.wan.linkemu",
+            "swarmnode.node.cli",
+            "wan",
+            "linkemu",
             "--tun",
             TUN,
             "--config",

@@ -20,15 +20,14 @@ rarely, and netem-style reordering makes TCP retransmit spuriously and measure n
 
 The loop is one thread on epoll: read every waiting packet, decide, write every packet whose time has come,
 sleep until the next one is due. `DelayLine` is the decision part, pure (time and randomness are arguments),
-so it is tested without a TUN. Run as
-`python -m swarmnode.node.wan.linkemu --tun NAME --config FILE [--stats FILE]`
-inside the core namespace; it prints `ready` once the TUN is attached and writes its counters as JSON to
-the stats file every second and on SIGTERM.
+so it is tested without a TUN. The harness runs it as
+`swarmnode wan linkemu --tun NAME --config FILE [--stats FILE]` (node/cli/wan.py) inside the core
+namespace; it prints `ready` once the TUN is attached and writes its counters as JSON to the stats file
+every second and on SIGTERM.
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import heapq
 import json
@@ -38,7 +37,6 @@ import select
 import signal
 import socket
 import struct
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -238,6 +236,16 @@ class _Stop(Exception):
     pass
 
 
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGINT end `serve`: it writes the stats once more and returns."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise _Stop
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
 def _write_stats(path: Path | None, line: DelayLine, started: float) -> None:
     if path is None:
         return
@@ -249,7 +257,7 @@ def _write_stats(path: Path | None, line: DelayLine, started: float) -> None:
 
 
 def serve(fd: int, line: DelayLine, stats_path: Path | None = None) -> None:
-    """Forward packets through `line` until SIGTERM/SIGINT (raised here as `_Stop`)."""
+    """Forward packets through `line` until SIGTERM/SIGINT (`stop_on_signals`; raised here as `_Stop`)."""
     poller = select.epoll()
     poller.register(fd, select.EPOLLIN)
     started = time.monotonic()
@@ -281,32 +289,3 @@ def serve(fd: int, line: DelayLine, stats_path: Path | None = None) -> None:
     finally:
         _write_stats(stats_path, line, started)
         poller.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m swarmnode.node.wan.linkemu", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--tun", required=True)
-    parser.add_argument("--config", required=True, type=Path)
-    parser.add_argument("--stats", type=Path, default=None)
-    args = parser.parse_args(argv)
-    document = json.loads(args.config.read_text())
-    line = DelayLine(links_from_config(document), random.Random(int(document.get("seed", 0))))
-
-    def stop(signum: int, frame: object) -> None:
-        raise _Stop
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    fd = open_tun(args.tun)
-    print("ready", flush=True)
-    try:
-        serve(fd, line, args.stats)
-    finally:
-        os.close(fd)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,7 @@
 """Measure a WAN path with real traffic: TCP round trips, bulk TCP throughput, UDP loss.
 
-`python -m swarmnode.node.wan.probe serve PORT` runs inside one node's namespace (it prints `ready` once
-listening);
-the client commands run inside another and print one line of JSON:
+`swarmnode wan probe serve PORT` (node/cli/wan.py) runs inside one node's namespace (it prints `ready` once
+listening); the client commands run inside another and print one line of JSON:
 - `rtt HOST PORT COUNT`: COUNT one-byte TCP round trips on one connection (TCP_NODELAY), in ms;
 - `send HOST PORT BYTES`: bulk TCP; the server times first byte to last, so slow start and the closing
   round trip are not in the rate;
@@ -12,10 +11,8 @@ Plain blocking sockets and a thread per connection: it measures the network, not
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
-import sys
 import threading
 import time
 
@@ -125,24 +122,3 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
             raise ConnectionError(f"server closed after {len(data)} of {size} bytes")
         data += chunk
     return data
-
-
-def main(argv: list[str]) -> int:
-    command, *args = argv
-    if command == "serve":
-        serve(int(args[0]))
-        return 0
-    if command == "rtt":
-        result = rtt(args[0], int(args[1]), int(args[2]))
-    elif command == "send":
-        result = send(args[0], int(args[1]), int(args[2]))
-    elif command == "udp":
-        result = udp(args[0], int(args[1]), int(args[2]), float(args[3]))
-    else:
-        raise SystemExit(f"unknown probe command {command!r} (serve, rtt, send, udp)")
-    print(json.dumps(result), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

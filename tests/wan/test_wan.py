@@ -15,7 +15,7 @@ import pytest
 from swarmnode.node.wan import Link, Wan, WanUnavailable, check_available, destroy, destroy_stale
 from swarmnode.node.wan.netns import host_link_name, namespaces, run_ip
 
-PROBE = [sys.executable, "-m", "swarmnode.node.wan.probe"]
+PROBE = [sys.executable, "-m", "swarmnode.node.cli", "wan", "probe"]
 PORT = "7000"
 
 
