@@ -96,7 +96,7 @@ def job(args: argparse.Namespace) -> None:
     times = []
     if launched_rank() is None:
         from swarmnode.node.rl.engine import TransformersEngine
-        from swarmnode.node.rl.trainer import GrpoTrainer
+        from swarmnode.node.rl.learner import GrpoTrainer
 
         trainer = GrpoTrainer(TransformersEngine.from_folder(args.model), grpo)
         for _ in range(args.steps + 1):

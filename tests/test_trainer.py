@@ -12,11 +12,11 @@ import torch
 
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.grpo import group_advantages
+from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams, load_optimizer, optimizer_tensors
 from swarmnode.node.rl.model import ModelMismatch, load_weights
 from swarmnode.node.rl.rollouts import pack_logprobs
 from swarmnode.node.rl.run import devnet_grpo, devnet_optimizer
 from swarmnode.node.rl.tokenizer import load_tokenizer
-from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams, load_optimizer, optimizer_tensors
 from swarmnode.protocol.messages import Completion, RolloutGroup
 from tests.tinymodel import copy_folder, tiny_engine, tiny_folder
 

@@ -39,7 +39,7 @@ from swarmnode.node.diloco.plan import (
 )
 from swarmnode.node.diloco.pretraining import LmBatch, lm_loss, pretraining_batches
 from swarmnode.node.diloco.role import DilocoTrainer, DilocoWork
-from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork
+from swarmnode.node.diloco.rounds import DataInnerRound, DilocoTrainerWork
 from swarmnode.node.diloco.weights import FINAL_FILE
 from swarmnode.node.p2p.dht import DiscoverySettings
 from swarmnode.node.rl.model import ModelFolderError

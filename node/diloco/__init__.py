@@ -24,7 +24,7 @@ Design decisions:
 Parts:
 - `algorithm`  DiLoCo itself (K trainers, H local AdamW steps, one averaged Nesterov outer step), in process
                over `weights` (θ by name), `compression` (payloads) and `pretraining` (reference data)
-- `trainer`    one trainer's rounds over the swarm (pre-training): the round's control flow; its network
+- `rounds`     one trainer's rounds over the swarm (pre-training): the round's control flow; its network
                phases `collect` (contributions, votes, decided fetches) and `resync` (join, adopt, skip)
                over what they share (`exchange`); `participant` where θ and payloads live (one process or
                a trainer group); `holdings` what it holds and serves (`namespace` one store namespace),

@@ -1,6 +1,6 @@
 """What every phase of a DiLoCo trainer's rounds shares: its state, its requests to peers, its refusals.
 
-`DilocoTrainerWork` (node/diloco/trainer.py) plays the rounds; its network phases live beside it, each in
+`DilocoTrainerWork` (node/diloco/rounds.py) plays the rounds; its network phases live beside it, each in
 its own module, as bases of that one class: `collect` (collect contributions, gather votes, fetch what the
 decision names) and `resync` (join, adopt a newer outer state, skip a round). This base declares the
 trainer's state they read (the constructor is `DilocoTrainerWork`'s) and the few methods they all call: one

@@ -4,7 +4,7 @@ One process holds θ, the outer momentum and every payload whole (`WholeParticip
 group deals them over its ranks, which write and read the signed files themselves (`GroupParticipant`,
 node/diloco/sharded.py). Their bytes on the wire are the same kind (a group's payload splits into other
 files, so its Merkle root is its own), and both hold the same θ after each outer step. The round protocol
-that drives either is `node.diloco.trainer.DilocoTrainerWork`'s.
+that drives either is `node.diloco.rounds.DilocoTrainerWork`'s.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the others as `co_trainers`. Every trainer:
 - pulls ACCEPTED from every validator in good standing, verifies each item exactly as a lone trainer
   does (`node.trainer`), and keeps its share: `rollout_owner(digest, trainers)`, so each accepted
   rollout is trained on once across the run;
-- plays DiLoCo round r (`node.diloco.trainer.DilocoTrainerWork`): loads the outer weights θ_r, takes H
+- plays DiLoCo round r (`node.diloco.rounds.DilocoTrainerWork`): loads the outer weights θ_r, takes H
   GRPO inner steps, each on a batch of its share of versions [r - async_level, r] (inner step r·H + h
   marks the rows it used), and contributes θ_r − θ to the round's fp16 (or int8) all-reduce over HTTP;
 - after the outer step holds θ_{r+1}, publishes it as checkpoint version r+1 into its own store.
@@ -48,7 +48,7 @@ from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import GroupParticipant, Participant
 from swarmnode.node.diloco.plan import read_plan
 from swarmnode.node.diloco.role import trainer_endpoints
-from swarmnode.node.diloco.trainer import DilocoTrainerWork
+from swarmnode.node.diloco.rounds import DilocoTrainerWork
 from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.errors import RunMismatch
 from swarmnode.node.p2p.clock import wall_ms
@@ -56,8 +56,8 @@ from swarmnode.node.p2p.endpoints import MANIFEST
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.p2p.reqresp import RequestFailed
 from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams
 from swarmnode.node.rl.tasks import Task
-from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
 from swarmnode.node.roles.base import RoleNet, RoleService
 from swarmnode.node.roles.common import CHALLENGE_WINDOW_EPOCHS
 from swarmnode.node.trainer import (

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 import trio
 
-from swarmnode.node.diloco.trainer import DilocoTrainerWork
+from swarmnode.node.diloco.rounds import DilocoTrainerWork
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.roles.base import RoleNet, RoleService
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmnode.node.errors import RunMismatch
+from swarmnode.node.rl.learner import OptimizerParams
 from swarmnode.node.rl.model import ModelCommitment, ModelInfo, check_commitment, model_commitment
 from swarmnode.node.rl.tasks import GRADERS, Task, dataset_hash
 from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
 from swarmnode.node.rl.tokenizer import load_tokenizer
-from swarmnode.node.rl.trainer import OptimizerParams
 from swarmnode.protocol.messages import GrpoParams, RunDescriptor, ValidatorPolicy
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -80,7 +80,7 @@ def devnet_grpo(info: ModelInfo, max_new_tokens: int = DEVNET_MAX_NEW_TOKENS) ->
 
 
 def devnet_optimizer() -> OptimizerParams:
-    """The trainer's AdamW settings that go with `devnet_grpo` (see there, and `node.rl.trainer`)."""
+    """The trainer's AdamW settings that go with `devnet_grpo` (see there, and `node.rl.learner`)."""
     return OptimizerParams(betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0, warmup_steps=3)
 
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
+from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams, StepStats
 from swarmnode.node.rl.rollouts import build_submission, task_prompt_ids
 from swarmnode.node.rl.run import RunSetup, devnet_optimizer
 from swarmnode.node.rl.sampling import derive_seed
 from swarmnode.node.rl.tasks import GraderFault, Task, grade
-from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams, StepStats
 
 EVAL_RUN = "swarmnode-eval"
 EVAL_WORKER = b"held-out"

@@ -12,8 +12,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from swarmnode.node.rl.learner import signal_groups
 from swarmnode.node.rl.model import ModelInfo
-from swarmnode.node.rl.trainer import signal_groups
 from swarmnode.node.rl.validation import check_groups_shape
 from swarmnode.node.trainer.inbox import InboxEntry
 from swarmnode.protocol.codec import decode

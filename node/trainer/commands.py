@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import msgpack
 
-from swarmnode.node.rl.trainer import OptimizerParams
+from swarmnode.node.rl.learner import OptimizerParams
 from swarmnode.node.trainer.group import (
     GroupInfo,
     all_gather_bytes,

@@ -28,10 +28,7 @@ from swarmnode.node.dataplane.checkpoint import (
     pack_weights,
 )
 from swarmnode.node.dataplane.store import write_hashed
-from swarmnode.node.rl.model import ModelInfo, load_model
-from swarmnode.node.rl.sampling import token_logprobs
-from swarmnode.node.rl.tokenizer import load_tokenizer
-from swarmnode.node.rl.trainer import (
+from swarmnode.node.rl.learner import (
     OptimizerParams,
     StepStats,
     apply_update,
@@ -41,6 +38,9 @@ from swarmnode.node.rl.trainer import (
     signal_groups,
     skipped_step,
 )
+from swarmnode.node.rl.model import ModelInfo, load_model
+from swarmnode.node.rl.sampling import token_logprobs
+from swarmnode.node.rl.tokenizer import load_tokenizer
 from swarmnode.node.trainer.group import GroupInfo
 from swarmnode.protocol.messages import GrpoParams, RolloutGroup, ShardInfo
 

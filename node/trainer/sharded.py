@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from swarmnode.node.dataplane.store import ShardStore
+from swarmnode.node.rl.learner import OptimizerParams, StepStats, TrainerStateMismatch
 from swarmnode.node.rl.model import ModelInfo
-from swarmnode.node.rl.trainer import OptimizerParams, StepStats, TrainerStateMismatch
 from swarmnode.node.trainer.commands import Commands, optim_from
 from swarmnode.node.trainer.group import group_timeout_s, join_group, leave_group
 from swarmnode.node.trainer.rank import RankMemory, ShardedPolicy

@@ -26,10 +26,10 @@ from swarmnode.ledger import Ledger
 from swarmnode.ledger.types import RunInfo
 from swarmnode.node.config import NodeConfig
 from swarmnode.node.dataplane.roles import OriginNode
+from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams
 from swarmnode.node.rl.model import ModelInfo
 from swarmnode.node.rl.run import devnet_optimizer
 from swarmnode.node.rl.tasks import Task
-from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
 from swarmnode.node.roles.base import RoleNet
 from swarmnode.node.roles.common import CHALLENGE_WINDOW_EPOCHS, bounded_get, run_model_dir, run_tasks
 from swarmnode.node.trainer.inbox import RolloutInbox

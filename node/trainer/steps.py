@@ -22,7 +22,7 @@ from dataclasses import replace
 import trio
 
 from swarmnode.node.p2p.clock import wall_ms
-from swarmnode.node.rl.trainer import StepStats
+from swarmnode.node.rl.learner import StepStats
 from swarmnode.node.trainer.batch import BatchPlan, batch_limit, groups_of, plan_batch
 from swarmnode.node.trainer.disk import prune_saves
 from swarmnode.node.trainer.inbox import InboxRow, StepRecord

@@ -20,8 +20,8 @@ from swarmnode.node.dataplane.store import ShardStore
 from swarmnode.node.errors import RunMismatch
 from swarmnode.node.p2p.gossip import Delivery
 from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.learner import GrpoTrainer
 from swarmnode.node.rl.run import load_run_setup
-from swarmnode.node.rl.trainer import GrpoTrainer
 from swarmnode.node.roles.base import RoleNet
 from swarmnode.node.roles.common import set_threads
 from swarmnode.node.trainer.disk import load_or_create_descriptor, restore_published

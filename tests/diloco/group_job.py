@@ -32,11 +32,11 @@ from swarmnode.node.diloco.contribution_endpoints import DilocoService
 from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import GroupParticipant
 from swarmnode.node.diloco.plan import checkpoint_digest
+from swarmnode.node.diloco.rounds import DilocoTrainerWork
 from swarmnode.node.diloco.sharded import RANK_COMMANDS
-from swarmnode.node.diloco.trainer import DilocoTrainerWork
 from swarmnode.node.diloco.weights import load_trainable, trainable_state
 from swarmnode.node.rl.engine import TransformersEngine
-from swarmnode.node.rl.trainer import GrpoTrainer
+from swarmnode.node.rl.learner import GrpoTrainer
 from swarmnode.node.trainer.commands import serve_rank
 from swarmnode.node.trainer.group import exit_rank, launched_rank
 from swarmnode.node.trainer.sharded import ShardedGrpoTrainer

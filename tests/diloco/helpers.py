@@ -19,7 +19,7 @@ from swarmnode.node.diloco.holdings import Holdings
 from swarmnode.node.diloco.participant import params_of
 from swarmnode.node.diloco.plan import build_plan, fresh_model, sign_plan
 from swarmnode.node.diloco.pretraining import LmBatch, lm_loss, pretraining_batches
-from swarmnode.node.diloco.trainer import DataInnerRound, DilocoTrainerWork
+from swarmnode.node.diloco.rounds import DataInnerRound, DilocoTrainerWork
 from swarmnode.node.rl.model import ModelInfo
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
 from swarmnode.protocol.messages import DilocoRun

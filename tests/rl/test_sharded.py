@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from swarmnode.node.dataplane.checkpoint import WeightsFile, plan_model_files
 from swarmnode.node.dataplane.origin import model_folder_files
+from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams, TrainerStateMismatch
 from swarmnode.node.rl.model import state_dict_of
-from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams, TrainerStateMismatch
 from swarmnode.node.trainer.group import GROUP_TIMEOUT_ENV
 from swarmnode.node.trainer.rank import assign_files, dcp_dir, rank_share
 from swarmnode.node.trainer.sharded import newest_sharded_step

@@ -37,8 +37,8 @@ from swarmnode.node.diloco.rank_files import (
     stream_theta_digest,
 )
 from swarmnode.node.diloco.weights import load_trainable, trainable_state
+from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams
 from swarmnode.node.rl.model import load_model
-from swarmnode.node.rl.trainer import GrpoTrainer, OptimizerParams
 from swarmnode.protocol.codec import encode
 from swarmnode.protocol.messages import ShardInfo
 from tests.rl.test_sharded import folder_state

@@ -40,10 +40,10 @@ from swarmnode.node.p2p.endpoints import ACCEPTED
 from swarmnode.node.p2p.peers import PeerRecord
 from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.learner import signal_groups
 from swarmnode.node.rl.model import model_commitment, state_dict_of
 from swarmnode.node.rl.rollouts import build_submission
 from swarmnode.node.rl.run import devnet_dataset, devnet_grpo, devnet_run, run_commitment
-from swarmnode.node.rl.trainer import signal_groups
 from swarmnode.node.roles.base import RoleNet
 from swarmnode.node.runtime import NodeRuntime
 from swarmnode.node.trainer import (
