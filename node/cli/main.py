@@ -78,7 +78,7 @@ LAZY_COMMANDS = {
     ),
     "tasks": (
         "swarmnode.node.cli.tasks:tasks_group",
-        "Inspect and filter task files (JSONL or Parquet: prompt, kind, answer or tests, target_length).",
+        "Inspect and filter task files (JSONL, Parquet, or a family file of reasoning-gym families).",
     ),
     "wan": (
         "swarmnode.node.cli.wan:wan_group",

@@ -3,7 +3,8 @@
 `filter` is INTELLECT-2's offline data recipe (node.rl.tasks.filter): it measures each task's pass rate with
 the base model and keeps the tasks in between too easy and too hard; progress goes to stderr, the summary
 (and with `--json` one machine-readable document) to stdout. A bad task file or model folder exits with
-status 1 and the typed error on stderr.
+status 1 and the typed error on stderr. Both take a family file (`.toml`, node.rl.tasks.family_file) as a
+task file: its tasks are generated first.
 """
 
 from __future__ import annotations
@@ -50,7 +51,18 @@ def dataset_summary(tasks: Sequence[Task]) -> dict[str, Any]:
 
 @click.group("tasks")
 def tasks_group() -> None:
-    """Inspect and filter task files (JSONL or Parquet: prompt, kind, answer or tests, target_length)."""
+    """Inspect and filter task files (JSONL, Parquet, or a family file of reasoning-gym families).
+
+    A task file is JSONL or Parquet (prompt, kind, answer or tests, target_length), or a family file
+    (.toml) naming reasoning-gym families that every node generates the same way:
+
+    \b
+        seed = 7
+        [[family]]
+        name = "chain_sum"
+        count = 200
+        config = { min_terms = 2, max_terms = 3 }
+    """
 
 
 @tasks_group.command("show")
@@ -58,7 +70,8 @@ def tasks_group() -> None:
 @click.option("--head", default=5, show_default=True, type=click.IntRange(min=0), help="tasks to print")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
 def show_command(file: Path, head: int, as_json: bool) -> None:
-    """Count per kind, the dataset hash a RunDescriptor names, and the first tasks of FILE."""
+    """Count per kind, the dataset hash a RunDescriptor names, and the first tasks of FILE (a task file, or
+    a family file whose tasks it generates)."""
     tasks = _read(file)
     summary = dataset_summary(tasks)
     first: list[dict[str, Any]] = [
@@ -85,7 +98,8 @@ def show_command(file: Path, head: int, as_json: bool) -> None:
               type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="base model folder (Hugging Face)")
 @click.option("--tasks", "tasks_file", required=True,
-              type=click.Path(exists=True, dir_okay=False, path_type=Path), help="task file to filter")
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="task file (or family file) to filter")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="where the kept tasks go (.jsonl or .parquet)")
 @click.option("--samples", default=8, show_default=True, type=click.IntRange(min=1),

@@ -3,6 +3,9 @@
 Inside, the program sees:
 - `/usr` read-only (the system's libraries; `/bin`, `/lib`, `/lib64` link into it) and the node's Python
   install read-only at its own path (its parent directories exist, nothing else of them);
+- the caller's `read_only` host paths (a library's site-packages, for a grader that imports it) read-only
+  at `/ro/0`, `/ro/1`, ... in order: fixed places, so no host path can fall under `/work` or `/box`, and
+  the program's text does not depend on where the node is installed;
 - `/box/launcher.py` and `/box/main.py` read-only (copied from descriptors: no host path is shared);
 - `/work`, the only writable place: a fresh tmpfs of `scratch_bytes`, its working directory and HOME;
 - its own `/proc` (a new PID namespace: no other process is visible) and a minimal `/dev`;
@@ -12,11 +15,13 @@ Inside, the program sees:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 SCRATCH = "/work"
 LAUNCHER_PATH = "/box/launcher.py"
+READ_ONLY_ROOT = "/ro"
 PROGRAM_PATH = "/box/main.py"
 # PYTHONHASHSEED: the iteration order of a set of str, hence a program's output, is the same everywhere.
 ENVIRONMENT = (
@@ -46,6 +51,11 @@ def ancestors(path: str) -> list[str]:
     return [str(p) for p in reversed(parts) if str(p) != "/"]
 
 
+def read_only_path(index: int) -> str:
+    """Where the `index`-th of a run's `read_only` host paths appears inside the sandbox."""
+    return f"{READ_ONLY_ROOT}/{index}"
+
+
 def bwrap_argv(
     bwrap: str,
     python: str,
@@ -57,6 +67,7 @@ def bwrap_argv(
     sandbox_gid: int,
     scratch_bytes: int,
     launcher_args: list[str],
+    read_only: Sequence[str] = (),
 ) -> list[str]:
     """The whole command: bubblewrap's options, then the interpreter running the launcher."""
     argv = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup"]
@@ -72,6 +83,10 @@ def bwrap_argv(
         for parent in ancestors(python_prefix):
             argv += ["--perms", "0755", "--dir", parent]
         argv += ["--ro-bind", python_prefix, python_prefix]
+    if read_only:
+        argv += ["--perms", "0755", "--dir", READ_ONLY_ROOT]
+    for index, path in enumerate(read_only):
+        argv += ["--ro-bind", path, read_only_path(index)]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--size", str(scratch_bytes), "--perms", "1777", "--tmpfs", SCRATCH]
     for fd, path in ((fds.launcher, LAUNCHER_PATH), (fds.program, PROGRAM_PATH)):

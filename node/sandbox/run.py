@@ -21,6 +21,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -109,15 +110,18 @@ def classify(returncode: int | None, stderr: str, oom_killed: bool) -> Outcome:
     return Outcome.FAILED if returncode > 0 else Outcome.KILLED
 
 
-def run_python(source: str, stdin: str = "", limits: SandboxLimits = DEFAULT_LIMITS) -> RunResult:
-    """Run `source` as a Python program in the sandbox and report how it ended.
+def run_python(source: str, stdin: str = "", limits: SandboxLimits = DEFAULT_LIMITS,
+               read_only: Sequence[str] = ()) -> RunResult:
+    """Run `source` as a Python program in the sandbox and report how it ended. `read_only`: host paths it
+    also sees, read-only, at `read_only_path(0)`, `read_only_path(1)`, ... (not on `sys.path`: `-S`).
 
     SandboxUnavailable when this machine cannot run it safely (nothing runs then).
     """
-    return _run(host_sandbox(), source, stdin, limits)
+    return _run(host_sandbox(), source, stdin, limits, read_only)
 
 
-def _run(host: HostSandbox, source: str, stdin: str, limits: SandboxLimits) -> RunResult:
+def _run(host: HostSandbox, source: str, stdin: str, limits: SandboxLimits,
+         read_only: Sequence[str] = ()) -> RunResult:
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="swarmnode-sandbox-")))
         (work / "stdin").write_text(stdin)
@@ -137,7 +141,7 @@ def _run(host: HostSandbox, source: str, stdin: str, limits: SandboxLimits) -> R
                          str(limits.line_budget), str(ready_write)]
         argv = bwrap_argv(host.bwrap, host.python, host.python_prefix, passed, as_root=host.as_root,
                           sandbox_uid=host.uid, sandbox_gid=host.gid, scratch_bytes=limits.scratch_bytes,
-                          launcher_args=launcher_args)
+                          launcher_args=launcher_args, read_only=read_only)
         cgroup = None
         if host.cgroups is not None:
             cgroup = RunCgroup(host.cgroups, limits.aggregate_memory_bytes, limits.max_processes)

@@ -22,6 +22,9 @@ Decisions:
   a JSON record's size (the reader's block), then each row (`MAX_PROMPT_CHARS`, `MAX_TARGET_CHARS`) and the
   task count (`MAX_TASKS`). Rows are turned into Python objects one record batch at a time.
 - `.json` files are JSON lines too (as Hugging Face datasets write them), not one JSON array.
+- A `.toml` file is a family file (`family_file`): it names procedural families, and reading it generates
+  their tasks. Tasks of the `reasoning_gym` kind read from any file are regenerated here and must match
+  (`families.check_family_tasks`), so a node with another library version is refused before it joins.
 """
 
 from __future__ import annotations
@@ -37,7 +40,14 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from swarmnode.node.errors import OperatorError
+from swarmnode.node.rl.tasks import families
 from swarmnode.node.rl.tasks.core import MAX_TARGET_LENGTH, Task, task_to_json
+from swarmnode.node.rl.tasks.family_file import (
+    FAMILY_SUFFIX,
+    FamilyFileError,
+    generate_family_tasks,
+    read_family_file,
+)
 from swarmnode.node.rl.tasks.graders import GRADERS
 
 MAX_TASKS = 1_000_000  # rows in one file: INTELLECT-2's RL set has 285k
@@ -50,6 +60,7 @@ BATCH_ROWS = 4096  # rows turned into Python objects at a time
 JSON_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 TARGET_COLUMN = {"arithmetic": "answer", "math": "answer", "code": "tests"}  # besides `target`
+FAMILY_SUFFIXES = (FAMILY_SUFFIX,)  # a family file: tasks generated, not listed (`family_file`)
 TARGET_COLUMNS = ("answer", "tests", "target")
 COLUMNS = ("prompt", "kind", *TARGET_COLUMNS, "target_length", "task_id")
 
@@ -128,6 +139,8 @@ def check_task(task: Task, kinds: Collection[str]) -> None:
         raise ValueError("the target (answer or tests) is blank")
     if len(task.target) > MAX_TARGET_CHARS:
         raise ValueError(f"the target has {len(task.target)} characters, more than {MAX_TARGET_CHARS}")
+    if task.kind == families.KIND:
+        families.parse_target(task)  # its form only; reading also regenerates the tasks
 
 
 def check_tasks(path: str | os.PathLike[str], tasks: Iterable[Task], kinds: Collection[str]) -> list[Task]:
@@ -154,13 +167,23 @@ def check_tasks(path: str | os.PathLike[str], tasks: Iterable[Task], kinds: Coll
 # ---------------------------------------------------------------------------- reading
 
 
-def _suffix(path: Path) -> str:
-    """`.jsonl`, `.json` or `.parquet` (any case), the format of the file."""
+def _suffix(path: Path, allowed: tuple[str, ...] = JSON_SUFFIXES + PARQUET_SUFFIXES) -> str:
+    """`.jsonl`, `.json` or `.parquet` (any case; `.toml` for a family file where allowed), the format."""
     suffix = path.suffix.lower()
-    if suffix not in JSON_SUFFIXES + PARQUET_SUFFIXES:
-        known = ", ".join(JSON_SUFFIXES + PARQUET_SUFFIXES)
-        raise TaskFileError(path, f"not a task file: the name must end in {known}")
+    if suffix not in allowed:
+        raise TaskFileError(path, f"not a task file: the name must end in {', '.join(allowed)}")
     return suffix
+
+
+def _family_tasks(path: Path, kinds: Collection[str]) -> list[Task]:
+    """The tasks a family file generates (in the sandbox: a minute or more for thousands of tasks)."""
+    if families.KIND not in kinds:
+        raise TaskFileError(path, f"a family file makes {families.KIND} tasks, not taken here")
+    try:
+        seed, sources = read_family_file(path)
+        return check_tasks(path, generate_family_tasks(seed, sources), kinds)
+    except (FamilyFileError, families.FamilyTaskError) as exc:
+        raise TaskFileError(path, str(exc)) from None
 
 
 def _json_schema(tests: pa.DataType) -> pa.Schema:
@@ -221,9 +244,12 @@ def _rows(path: Path, batches: Iterator[pa.RecordBatch], kinds: Collection[str])
 
 
 def read_tasks(path: str | os.PathLike[str], kinds: Collection[str] = GRADERS.keys()) -> list[Task]:
-    """The tasks of a `.jsonl`/`.json` or `.parquet` file, in file order; TaskFileError if any row is bad."""
+    """The tasks of a `.jsonl`/`.json` or `.parquet` file, in file order, or those a `.toml` family file
+    generates; TaskFileError if any row is bad or a family task does not regenerate here."""
     path = Path(path)
-    suffix = _suffix(path)
+    suffix = _suffix(path, JSON_SUFFIXES + PARQUET_SUFFIXES + FAMILY_SUFFIXES)
+    if suffix in FAMILY_SUFFIXES:
+        return _family_tasks(path, kinds)
     size = 0
     try:
         size = path.stat().st_size
@@ -232,9 +258,14 @@ def read_tasks(path: str | os.PathLike[str], kinds: Collection[str] = GRADERS.ke
         if size == 0:
             raise TaskFileError(path, "empty file")
         batches = _json_batches(path) if suffix in JSON_SUFFIXES else _parquet_batches(path)
-        return check_tasks(path, _rows(path, batches, kinds), kinds)
+        tasks = check_tasks(path, _rows(path, batches, kinds), kinds)
     except (pa.ArrowException, OSError) as exc:
         raise _arrow_error(path, exc, one_block=size <= MAX_JSON_RECORD_BYTES) from None
+    try:
+        families.check_family_tasks(task for task in tasks if task.kind == families.KIND)
+    except families.FamilyTaskError as exc:
+        raise TaskFileError(path, str(exc)) from None
+    return tasks
 
 
 _ARROW_ROW = re.compile(r" in row (\d+)$")

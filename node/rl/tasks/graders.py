@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 
-from swarmnode.node.rl.tasks import arithmetic, code, math
+from swarmnode.node.rl.tasks import arithmetic, code, families, math
 from swarmnode.node.rl.tasks.core import Grade, Task
 from swarmnode.node.sandbox.run import check_sandbox
 
 GRADERS: Mapping[str, Callable[[Task, str], Grade]] = MappingProxyType(
-    {arithmetic.KIND: arithmetic.grade, math.KIND: math.grade, code.KIND: code.grade}
+    {
+        arithmetic.KIND: arithmetic.grade,
+        math.KIND: math.grade,
+        code.KIND: code.grade,
+        families.KIND: families.grade,
+    }
 )
 # Kinds whose grader only parses the completion's text (pure Python, nothing of the worker's runs). Every
 # other kind (today `code`) executes it, in the sandbox: a validator grades it only after the model checks,
@@ -32,6 +37,8 @@ def reference_completion(task: Task) -> str:
     (math: the answer boxed). For code it is the target, the task's tests, as before: no solution is known."""
     if task.kind == math.KIND:
         return math.reference_completion(task.target)
+    if task.kind == families.KIND:
+        return families.reference_completion(task)
     return task.target
 
 
