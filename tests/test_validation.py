@@ -369,9 +369,10 @@ def test_without_the_prefill_code_is_never_graded(program, code_setup, engine, m
     assert err.value.reason == Reason.BAD_ASSIGNMENT
 
 
-def test_only_code_executes_and_an_unknown_kind_counts_as_executing():
-    """The validator's allowlist of parsing kinds agrees with the graders' own list of executing kinds."""
-    assert {kind for kind in GRADERS if executes_completion(kind)} == {"code"}
+def test_code_and_families_execute_and_an_unknown_kind_counts_as_executing():
+    """The validator's allowlist of parsing kinds agrees with the graders' own list of executing kinds
+    (reasoning-gym scorers eval answers)."""
+    assert {kind for kind in GRADERS if executes_completion(kind)} == {"code", "reasoning_gym"}
     assert executes_completion("lean") and not executes_completion("math")
 
 

@@ -18,7 +18,7 @@ from swarmnode.node.rl.engine import Completion as EngineCompletion
 from swarmnode.node.rl.engine import InferenceEngine
 from swarmnode.node.rl.grpo import group_advantages, length_target_reward
 from swarmnode.node.rl.sampling import derive_seed
-from swarmnode.node.rl.tasks import Task, assign_tasks, grade, task_length_target
+from swarmnode.node.rl.tasks import Task, assign_tasks, grade_group, task_length_target
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.protocol.messages import Completion, RolloutGroup, RolloutSubmission, RunDescriptor
 from swarmnode.protocol.runs import assignment_step
@@ -46,10 +46,10 @@ def completion_rewards(task: Task, token_lists: Sequence[Sequence[int]], descrip
     (the task's own target length, else the run's)."""
     grpo = descriptor.grpo
     target = task_length_target(task, grpo)
+    grades = grade_group(task, [tokenizer.completion_text(tokens) for tokens in token_lists])
     return [
-        length_target_reward(grade(task, tokenizer.completion_text(tokens)).reward, len(tokens), target,
-                             grpo.length_penalty)
-        for tokens in token_lists
+        length_target_reward(g.reward, len(tokens), target, grpo.length_penalty)
+        for g, tokens in zip(grades, token_lists, strict=True)
     ]
 
 

@@ -21,7 +21,7 @@ from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams, StepStats
 from swarmnode.node.rl.rollouts import build_submission, task_prompt_ids
 from swarmnode.node.rl.run import RunSetup, devnet_optimizer
 from swarmnode.node.rl.sampling import derive_seed
-from swarmnode.node.rl.tasks import GraderFault, Task, grade
+from swarmnode.node.rl.tasks import GraderFault, Task, grade, grade_group
 
 EVAL_RUN = "swarmnode-eval"
 EVAL_WORKER = b"held-out"
@@ -59,11 +59,15 @@ def eval_reward(
         seeds = [derive_seed(run_id, worker, 0, task.task_id, i) for i in range(samples)]
         prompt = list(task_prompt_ids(task, engine.tokenizer))
         group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
-        for completion in group:
-            try:
-                total += grade(task, engine.tokenizer.completion_text(completion.tokens)).reward
-            except GraderFault:
-                pass
+        texts = [engine.tokenizer.completion_text(completion.tokens) for completion in group]
+        try:
+            total += sum(g.reward for g in grade_group(task, texts))
+        except GraderFault:  # one by one, a faulting completion counting as unsolved
+            for text in texts:
+                try:
+                    total += grade(task, text).reward
+                except GraderFault:
+                    pass
     return total / (len(tasks) * samples)
 
 

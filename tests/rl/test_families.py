@@ -31,6 +31,7 @@ from swarmnode.node.rl.tasks.families import (
     family_target,
     family_tasks,
     grade,
+    grade_group,
     parse_target,
     reference_completion,
 )
@@ -211,6 +212,24 @@ def test_partial_credit_is_the_familys_own(insertion: Task) -> None:
     answer = parse_target(insertion).answer or ""
     as_list = grade(insertion, f"<answer>{list(answer)!r}</answer>")  # the scorer's own 0.1 for a list
     assert as_list.reward == 0.1
+
+
+def test_a_group_is_scored_in_order_and_an_endless_answer_costs_only_itself(insertion: Task) -> None:
+    answer = parse_target(insertion).answer or ""
+    texts = [
+        f"<answer>{answer}</answer>",
+        "<answer>[x for x in iter(int, 1)]</answer>",  # spends its budget: 0, and a new run for the rest
+        f"<answer>{list(answer)!r}</answer>",
+        "no tags at all",
+        "<answer>(__import__('os')._exit(0))</answer>",  # ends the program: 0, and a new run for the rest
+        f"<answer>{answer}</answer>",
+    ]
+    grades = grade_group(insertion, texts, limits=QUICK)
+    assert [g.reward for g in grades] == [1.0, 0.0, 0.1, 0.0, 0.0, 1.0]
+    assert grades[1].reason == "the string_insertion scorer spent its budget of 200000 lines"
+    assert grades[4].reason == "the string_insertion scorer ended without a result (ok)"
+    assert grade_group(insertion, texts, limits=QUICK) == grades  # the same group, the same grades
+    assert grade_group(insertion, []) == []
 
 
 def test_a_scorer_that_raises_gives_0_naming_the_exception() -> None:

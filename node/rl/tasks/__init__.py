@@ -23,6 +23,7 @@ from swarmnode.node.rl.tasks.graders import (
     PARSING_KINDS,
     executes_completion,
     grade,
+    grade_group,
     require_sandbox_for,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "dataset_hash",
     "executes_completion",
     "grade",
+    "grade_group",
     "read_jsonl",
     "read_tasks",
     "require_sandbox_for",

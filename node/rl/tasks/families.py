@@ -28,6 +28,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -42,6 +43,7 @@ from swarmnode.node.errors import OperatorError
 from swarmnode.node.rl.tasks.core import Grade, GraderFault, Task
 from swarmnode.node.sandbox import Outcome, RunResult, SandboxLimits, run_python
 from swarmnode.node.sandbox.bwrap import read_only_path
+from swarmnode.node.sandbox.launcher import BUDGET_EXIT
 
 KIND = "reasoning_gym"
 LIBRARY = "reasoning-gym"  # the distribution's name (its module `reasoning_gym.__version__` lags it)
@@ -192,8 +194,8 @@ os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 def reply(body):
     out.write(nonce + " " + json.dumps(body, ensure_ascii=False) + "\n")
     out.flush()
-trace = sys.gettrace()
-sys.settrace(None)  # the import and the generation are ours: outside the line budget
+sys.settrace(None)  # the import and the generation are ours; each answer gets its own count (score)
+BUDGET_EXIT = request.pop("budget_exit")
 os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg", MPLCONFIGDIR="/work/mpl")
 sys.path[:0] = request["path"]
 import hashlib, random
@@ -221,20 +223,31 @@ def score():
     data = dataset()
     item = entry(data, request["index"])
     reply({"ready": [item["question"], item["answer"]]})
-    sys.settrace(trace)
-    try:
-        value = data.score_answer(request["answer"], item)
-    except MemoryError:
-        raise
-    except BaseException as exc:
+    budget = request["line_budget"]
+    for k, answer in request["answers"]:
+        lines = [0]
+        def count(frame, event, arg, k=k, lines=lines):
+            if event == "line":
+                lines[0] += 1
+                if lines[0] > budget:
+                    reply({"k": k, "budget": True})
+                    os._exit(BUDGET_EXIT)
+            return count
+        sys.settrace(count)
+        try:
+            value = data.score_answer(answer, item)
+        except MemoryError:
+            raise
+        except BaseException as exc:
+            sys.settrace(None)
+            reply({"k": k, "reward": 0.0, "reason": "the scorer raised " + type(exc).__name__})
+            continue
         sys.settrace(None)
-        reply({"reward": 0.0, "reason": "the scorer raised " + type(exc).__name__})
-        return
-    sys.settrace(None)
-    try:
-        reply({"reward": float(value)})
-    except Exception:
-        reply({"reward": 0.0, "reason": "the scorer returned a " + type(value).__name__ + ", not a number"})
+        try:
+            reply({"k": k, "reward": float(value)})
+        except Exception:
+            reply({"k": k, "reward": 0.0,
+                   "reason": "the scorer returned a " + type(value).__name__ + ", not a number"})
 try:
     generate() if request["mode"] == "generate" else score()
 except MemoryError:
@@ -263,7 +276,8 @@ def _sandboxed(request: Mapping[str, Any], limits: SandboxLimits) -> tuple[RunRe
     """Run `PROGRAM` on `request` in the sandbox: how it ended, and its replies."""
     paths = library_paths()
     nonce = secrets.token_hex(16)
-    body = {**request, "nonce": nonce, "path": [read_only_path(i) for i in range(len(paths))]}
+    body = {**request, "nonce": nonce, "budget_exit": BUDGET_EXIT,
+            "path": [read_only_path(i) for i in range(len(paths))]}
     result = run_python(PROGRAM, stdin=canonical(body), limits=limits, read_only=paths)
     return result, _replies(result.stdout, nonce)
 
@@ -376,22 +390,30 @@ def _reward(value: Any, family: str) -> Grade:
     return Grade(float(value), f"the {family} scorer gave {float(value)!r}")
 
 
-def grade(task: Task, completion: str, limits: SandboxLimits = SCORE_LIMITS) -> Grade:
-    """The family's own score of the completion's last `<answer>...</answer>`, computed in the sandbox.
+def group_limits(answers: int, limits: SandboxLimits = SCORE_LIMITS) -> SandboxLimits:
+    """One scoring run's safety net for `answers` answers: the one-answer limits plus room for each."""
+    return dataclasses.replace(limits, wall_time_s=limits.wall_time_s + 4.0 * answers,
+                               cpu_time_s=limits.cpu_time_s + 2 * answers)
 
-    Deterministic for a task and a text; GraderFault when the run stopped on a machine-dependent limit or
-    this node could not regenerate the entry (module docstring). FamilyTaskError: another library version.
-    """
-    entry = parse_target(task)
-    check_version(entry.version)
-    answer = extract_answer(completion)
+
+def _answer_grade(answer: str | None) -> Grade | None:
+    """The grade an answer gets without the scorer (none, or too long), else None."""
     if answer is None:
         return Grade(0.0, f"no {OPEN_TAG}...{CLOSE_TAG} in the completion")
     if len(answer) > MAX_ANSWER_CHARS:
         return Grade(0.0, f"the answer has {len(answer)} characters, more than {MAX_ANSWER_CHARS}")
+    return None
+
+
+def _score_run(task: Task, entry: FamilyEntry, answers: list[tuple[int, str]],
+               limits: SandboxLimits) -> tuple[dict[int, Grade], int | None]:
+    """One sandbox run scoring `answers` (position, answer) in order: the grades it gave, and the position
+    it stopped at (None: it scored them all). The answer it stopped at gets 0 (it spent its line budget or
+    ended the program); those after it are the caller's to score in a new run."""
     request = {"mode": "score", "family": entry.family, "config": dict(entry.config), "seed": entry.seed,
-               "size": entry.size, "index": entry.index, "answer": answer}
-    result, replies = _sandboxed(request, limits)
+               "size": entry.size, "index": entry.index, "answers": answers,
+               "line_budget": limits.line_budget}
+    result, replies = _sandboxed(request, group_limits(len(answers), limits))
     if result.outcome in MACHINE_BOUND:
         raise GraderFault(f"the {KIND} sandbox stopped on a machine-dependent limit ({result.outcome.value})")
     ready = replies[0].get("ready") if replies else None
@@ -401,10 +423,52 @@ def grade(task: Task, completion: str, limits: SandboxLimits = SCORE_LIMITS) -> 
     difference = _difference(entry, task, ready[0], ready[1])
     if difference is not None:
         raise GraderFault(difference)
-    if result.outcome is Outcome.BUDGET:
-        return Grade(0.0, f"the {entry.family} scorer spent its budget of {limits.line_budget} lines")
-    if len(replies) < 2 or "reward" not in replies[1]:
-        return Grade(0.0, f"the {entry.family} scorer ended without a result ({result.outcome.value})")
-    if "reason" in replies[1]:
-        return Grade(0.0, str(replies[1]["reason"])[:200])
-    return _reward(replies[1]["reward"], entry.family)
+    grades: dict[int, Grade] = {}
+    for (k, _), body in zip(answers, replies[1:], strict=False):
+        if body.get("k") != k:
+            break  # not the program's reply for this answer: what follows is not trusted
+        if body.get("budget") is True:
+            return {**grades, k: Grade(0.0, f"the {entry.family} scorer spent its budget of "
+                                            f"{limits.line_budget} lines")}, k
+        if "reason" in body:
+            grades[k] = Grade(0.0, str(body["reason"])[:200])
+        else:
+            grades[k] = _reward(body.get("reward"), entry.family)
+    if len(grades) == len(answers):
+        return grades, None
+    stopped = answers[len(grades)][0]
+    grades[stopped] = Grade(0.0, f"the {entry.family} scorer ended without a result ({result.outcome.value})")
+    return grades, stopped
+
+
+def grade_group(task: Task, completions: Sequence[str], limits: SandboxLimits = SCORE_LIMITS) -> list[Grade]:
+    """The family's own scores of a group's completions (their last `<answer>...</answer>`), in order.
+
+    One sandbox run for the group (the library imports once, about 1 s), each answer under its own line
+    budget; an answer that spends it or ends the program gets 0 and the answers after it are scored in a
+    new run. Deterministic for a task and a list of texts (workers and validators grade the same group);
+    GraderFault when a run stopped on a machine-dependent limit or the entry did not regenerate here.
+    FamilyTaskError: another library version.
+    """
+    entry = parse_target(task)
+    check_version(entry.version)
+    grades: dict[int, Grade] = {}
+    pending: list[tuple[int, str]] = []
+    for position, completion in enumerate(completions):
+        answer = extract_answer(completion)
+        known = _answer_grade(answer)
+        if known is not None:
+            grades[position] = known
+        else:
+            assert answer is not None
+            pending.append((position, answer))
+    while pending:
+        scored, stopped = _score_run(task, entry, pending, limits)
+        grades.update(scored)
+        pending = [] if stopped is None else [(k, a) for k, a in pending if k > stopped]
+    return [grades[position] for position in range(len(completions))]
+
+
+def grade(task: Task, completion: str, limits: SandboxLimits = SCORE_LIMITS) -> Grade:
+    """The family's own score of one completion: a group of one (`grade_group`)."""
+    return grade_group(task, [completion], limits)[0]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 from swarmnode.node.rl.tasks import arithmetic, code, families, math
@@ -51,6 +51,18 @@ def grade(task: Task, completion: str) -> Grade:
     if grader is None:
         raise ValueError(f"no grader for task kind {task.kind!r}")
     return grader(task, completion)
+
+
+def grade_group(task: Task, completions: Sequence[str]) -> list[Grade]:
+    """Rewards of one group's completions for `task`, in order: what workers and validators compute.
+
+    A family task's group is scored in one sandbox run (its library imports once: about 1 s), so the
+    group, not the completion, is the unit a reward is defined on (spec/rollouts.md); every other kind
+    grades each completion alone.
+    """
+    if task.kind == families.KIND:
+        return families.grade_group(task, completions)
+    return [grade(task, completion) for completion in completions]
 
 
 def require_sandbox_for(tasks: Iterable[Task]) -> None:
