@@ -21,18 +21,23 @@ from swarmnode.node.rl.tasks.family_file import (
 )
 from tests.tinymodel import tiny_folder
 
-GOOD = """
-seed = 7
+
+def family_document(seed: int, chain_sums: int, arithmetics: int) -> str:
+    return f"""
+seed = {seed}
 
 [[family]]
 name = "chain_sum"
-count = 20
-config = { min_terms = 2, max_terms = 3 }
+count = {chain_sums}
+config = {{ min_terms = 2, max_terms = 3 }}
 
 [[family]]
 name = "basic_arithmetic"
-count = 5
+count = {arithmetics}
 """
+
+
+GOOD = family_document(7, 20, 5)
 
 
 def test_a_family_file_gives_its_seed_and_families_in_order(tmp_path: Path) -> None:
@@ -82,18 +87,7 @@ def test_an_oversized_or_garbled_family_file_is_refused(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- through read_tasks and the CLI
 
-SMALL = """
-seed = 11
-
-[[family]]
-name = "chain_sum"
-count = 3
-config = { min_terms = 2, max_terms = 3 }
-
-[[family]]
-name = "basic_arithmetic"
-count = 2
-"""
+SMALL = family_document(11, 3, 2)
 
 
 @pytest.fixture(scope="module")
