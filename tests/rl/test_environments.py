@@ -95,7 +95,7 @@ def with_span(transcript: Transcript, index: int, text: str) -> Transcript:
 
 
 def test_registry_names_every_builtin_with_a_version():
-    assert set(ENVIRONMENTS) == {"arithmetic", "math", "code", "calculator", "guess"}
+    assert set(ENVIRONMENTS) == {"arithmetic", "math", "code", "reasoning_gym", "calculator", "guess"}
     for name, env in ENVIRONMENTS.items():
         assert env.name == name and env.version == "1"
         assert 1 <= env.bounds.max_turns <= MAX_TURNS
