@@ -11,6 +11,7 @@ import os
 import socket
 import stat
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -218,7 +219,7 @@ for pid in pids:
     assert sandbox_processes() == []
 
 
-def test_disk_bomb_is_bounded_and_leaves_nothing(tmp_path):
+def test_disk_bomb_is_bounded_and_leaves_nothing(tmp_path, monkeypatch):
     limits = SandboxLimits(wall_time_s=20.0, scratch_bytes=8 * 2**20, file_size_bytes=4 * 2**20)
     program = """
 import os
@@ -235,11 +236,14 @@ for child in range(4):
     os.wait()
 print(sum(os.path.getsize(f"/work/{n}") for n in os.listdir("/work")))
 """
+    staging = tmp_path / "staging"  # this run's own: other sandbox runs on the machine stage in /tmp
+    staging.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(staging))
     free_before = os.statvfs("/tmp").f_bavail
     result = run(program, limits)
     assert result.outcome is Outcome.OK, result.stderr
     assert int(result.stdout) <= limits.scratch_bytes
-    assert not any(Path("/tmp").glob("swarmnode-sandbox-*"))  # the parent's staging directory is gone
+    assert not any(staging.iterdir())  # the parent's staging directory is gone
     assert os.statvfs("/tmp").f_bavail >= free_before - 256  # a few blocks of noise at most
 
 
