@@ -274,18 +274,18 @@ def test_logprobs_are_checked_after_the_proofs(honest, setup, engine):
 def _recorded(monkeypatch, events: list[str]) -> None:
     """Record, in `events`, each model-checks pass and each group graded by the validator (both still run:
     these are spies on the real functions, not stand-ins)."""
-    check_model_outputs, completion_rewards = validation.check_model_outputs, validation.completion_rewards
+    check_model_outputs, submission_rewards = validation.check_model_outputs, validation.submission_rewards
 
     def model_checks(*args, **kwargs):
         events.append("model checks")
         return check_model_outputs(*args, **kwargs)
 
-    def graded(task, *args, **kwargs):
-        events.append(f"graded {task.kind}")
-        return completion_rewards(task, *args, **kwargs)
+    def graded(groups, *args, **kwargs):
+        events.extend(f"graded {task.kind}" for task, _ in groups)
+        return submission_rewards(groups, *args, **kwargs)
 
     monkeypatch.setattr(validation, "check_model_outputs", model_checks)
-    monkeypatch.setattr(validation, "completion_rewards", graded)
+    monkeypatch.setattr(validation, "submission_rewards", graded)
 
 
 def test_rewards_are_recomputed_only_after_the_model_checks(honest, setup, engine, monkeypatch):
@@ -304,11 +304,11 @@ def test_a_grader_fault_after_the_model_checks_is_a_judge_fault(honest, setup, e
     events: list[str] = []
     _recorded(monkeypatch, events)
 
-    def fault(task, *args, **kwargs):
+    def fault(groups, *args, **kwargs):
         events.append("grader fault")
         raise GraderFault("the code sandbox stopped on a machine-dependent limit (timeout)")
 
-    monkeypatch.setattr(validation, "completion_rewards", fault)
+    monkeypatch.setattr(validation, "submission_rewards", fault)
     outcome = judge_total(honest, WORKER, context(setup, engine), lambda version: engine)
     assert isinstance(outcome, Ignore) and outcome.reason == Reason.JUDGE_FAULT
     assert outcome.detail.startswith("GraderFault: ") and isinstance(outcome.__cause__, GraderFault)

@@ -18,7 +18,7 @@ from swarmnode.node.rl.engine import Completion as EngineCompletion
 from swarmnode.node.rl.engine import InferenceEngine
 from swarmnode.node.rl.grpo import group_advantages, length_target_reward
 from swarmnode.node.rl.sampling import derive_seed
-from swarmnode.node.rl.tasks import Task, assign_tasks, grade_group, task_length_target
+from swarmnode.node.rl.tasks import Task, assign_tasks, grade_groups, task_length_target
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.protocol.messages import Completion, RolloutGroup, RolloutSubmission, RunDescriptor
 from swarmnode.protocol.runs import assignment_step
@@ -40,17 +40,27 @@ def unpack_logprobs(data: bytes) -> torch.Tensor:
     return torch.tensor(struct.unpack(f"<{len(data) // 4}f", data), dtype=torch.float32)
 
 
+def submission_rewards(groups: Sequence[tuple[Task, Sequence[Sequence[int]]]], descriptor: RunDescriptor,
+                       tokenizer: ChatTokenizer) -> list[list[float]]:
+    """Task reward of each completion's text (up to its first EOS) of a submission's groups, with the
+    optional length-target term (the task's own target length, else the run's). Graded together
+    (`grade_groups`): a family task's reward is defined on the submission."""
+    grpo = descriptor.grpo
+    texts = [[tokenizer.completion_text(tokens) for tokens in token_lists] for _, token_lists in groups]
+    grades = grade_groups([(task, group_texts) for (task, _), group_texts in zip(groups, texts, strict=True)])
+    return [
+        [
+            length_target_reward(g.reward, len(tokens), task_length_target(task, grpo), grpo.length_penalty)
+            for g, tokens in zip(group_grades, token_lists, strict=True)
+        ]
+        for group_grades, (task, token_lists) in zip(grades, groups, strict=True)
+    ]
+
+
 def completion_rewards(task: Task, token_lists: Sequence[Sequence[int]], descriptor: RunDescriptor,
                        tokenizer: ChatTokenizer) -> list[float]:
-    """Task reward of each completion's text (up to its first EOS), with the optional length-target term
-    (the task's own target length, else the run's)."""
-    grpo = descriptor.grpo
-    target = task_length_target(task, grpo)
-    grades = grade_group(task, [tokenizer.completion_text(tokens) for tokens in token_lists])
-    return [
-        length_target_reward(g.reward, len(tokens), target, grpo.length_penalty)
-        for g, tokens in zip(grades, token_lists, strict=True)
-    ]
+    """`submission_rewards` of one group."""
+    return submission_rewards([(task, token_lists)], descriptor, tokenizer)[0]
 
 
 def task_prompt_ids(task: Task, tokenizer: ChatTokenizer) -> tuple[int, ...]:
@@ -133,9 +143,11 @@ def build_submission(engine: InferenceEngine, descriptor: RunDescriptor, dataset
     starts = [0]
     for g in generated:
         starts.append(starts[-1] + len(g.completions))
+    rewards = submission_rewards([(g.task, [c.tokens for c in g.completions]) for g in generated], descriptor,
+                                 engine.tokenizer)
     groups = tuple(
-        to_wire_group(g, descriptor, engine.tokenizer, proofs=proofs[a:b])
-        for g, a, b in zip(generated, starts[:-1], starts[1:], strict=True)
+        to_wire_group(g, descriptor, engine.tokenizer, rewards=r, proofs=proofs[a:b])
+        for g, r, a, b in zip(generated, rewards, starts[:-1], starts[1:], strict=True)
     )
     return RolloutSubmission(descriptor.run, step, checkpoint_version, checkpoint_root, groups)
 

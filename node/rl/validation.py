@@ -64,7 +64,7 @@ from swarmnode.crypto.toploc import (
 from swarmnode.node.rl.engine import InferenceEngine, Prefill
 from swarmnode.node.rl.grpo import group_advantages
 from swarmnode.node.rl.model import ModelInfo
-from swarmnode.node.rl.rollouts import assigned_tasks, completion_rewards, task_prompt_ids, unpack_logprobs
+from swarmnode.node.rl.rollouts import assigned_tasks, submission_rewards, task_prompt_ids, unpack_logprobs
 from swarmnode.node.rl.sampling import (
     SEED_BITS,
     SamplingCheck,
@@ -297,13 +297,12 @@ def check_rewards(sub: RolloutSubmission, ctx: ValidationContext) -> None:
     passed (or, unsampled, on parsing kinds only). The 603 detail names the group and the first differing
     completion, never a value: a verdict is public, and what a grader computed stays in this node.
     """
-    for gi, group in enumerate(sub.groups):
-        rewards = completion_rewards(
-            ctx.dataset[group.task_id],
-            [c.token_ids for c in group.completions],
-            ctx.descriptor,
-            ctx.tokenizer,
-        )
+    recomputed = submission_rewards(
+        [(ctx.dataset[group.task_id], [c.token_ids for c in group.completions]) for group in sub.groups],
+        ctx.descriptor,
+        ctx.tokenizer,
+    )
+    for gi, (group, rewards) in enumerate(zip(sub.groups, recomputed, strict=True)):
         claimed = [c.reward for c in group.completions]
         ci = next((i for i, (c, r) in enumerate(zip(claimed, rewards, strict=True)) if c != r), None)
         if ci is not None:

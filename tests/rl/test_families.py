@@ -32,6 +32,7 @@ from swarmnode.node.rl.tasks.families import (
     family_tasks,
     grade,
     grade_group,
+    grade_groups,
     parse_target,
     reference_completion,
 )
@@ -230,6 +231,18 @@ def test_a_group_is_scored_in_order_and_an_endless_answer_costs_only_itself(inse
     assert grades[4].reason == "the string_insertion scorer ended without a result (ok)"
     assert grade_group(insertion, texts, limits=QUICK) == grades  # the same group, the same grades
     assert grade_group(insertion, []) == []
+
+
+def test_a_submissions_groups_are_scored_together_and_in_order(chain: list[Task]) -> None:
+    right = [f"<answer>{parse_target(task).answer}</answer>" for task in chain[:3]]
+    groups = [
+        (chain[0], [right[0], "<answer>[x for x in iter(int, 1)]</answer>", right[0]]),  # chain_sum parses
+        (chain[1], ["no tags", right[1]]),
+        (chain[2], [right[2], right[0]]),  # chain[0]'s answer to chain[2]: scored against chain[2]'s entry
+    ]
+    grades = grade_groups(groups, limits=QUICK)
+    assert [[g.reward for g in group] for group in grades] == [[1.0, 0.0, 1.0], [0.0, 1.0], [1.0, 0.0]]
+    assert [grade_group(task, texts, limits=QUICK) for task, texts in groups] == grades
 
 
 def test_a_scorer_that_raises_gives_0_naming_the_exception() -> None:

@@ -24,6 +24,7 @@ from swarmnode.node.rl.tasks.graders import (
     executes_completion,
     grade,
     grade_group,
+    grade_groups,
     require_sandbox_for,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "executes_completion",
     "grade",
     "grade_group",
+    "grade_groups",
     "read_jsonl",
     "read_tasks",
     "require_sandbox_for",

@@ -221,10 +221,13 @@ def generate():
     reply({"entries": [[e["question"], e["answer"]] for e in (entry(data, i) for i in request["indices"])]})
 def score():
     data = dataset()
-    item = entry(data, request["index"])
-    reply({"ready": [item["question"], item["answer"]]})
+    items = {}
+    for index in sorted({index for _, index, _ in request["answers"]}):
+        items[index] = entry(data, index)
+    reply({"ready": [[index, item["question"], item["answer"]] for index, item in items.items()]})
     budget = request["line_budget"]
-    for k, answer in request["answers"]:
+    for k, index, answer in request["answers"]:
+        item = items[index]
         lines = [0]
         def count(frame, event, arg, k=k, lines=lines):
             if event == "line":
@@ -405,26 +408,32 @@ def _answer_grade(answer: str | None) -> Grade | None:
     return None
 
 
-def _score_run(task: Task, entry: FamilyEntry, answers: list[tuple[int, str]],
-               limits: SandboxLimits) -> tuple[dict[int, Grade], int | None]:
-    """One sandbox run scoring `answers` (position, answer) in order: the grades it gave, and the position
-    it stopped at (None: it scored them all). The answer it stopped at gets 0 (it spent its line budget or
-    ended the program); those after it are the caller's to score in a new run."""
-    request = {"mode": "score", "family": entry.family, "config": dict(entry.config), "seed": entry.seed,
-               "size": entry.size, "index": entry.index, "answers": answers,
-               "line_budget": limits.line_budget}
+Answer = tuple[int, FamilyEntry, Task, str]  # (position in the flattened submission, entry, task, answer)
+
+
+def _score_run(answers: Sequence[Answer], limits: SandboxLimits) -> tuple[dict[int, Grade], int | None]:
+    """One sandbox run scoring `answers` of one dataset source in order: the grades it gave, and the
+    position it stopped at (None: it scored them all). The answer it stopped at gets 0 (it spent its line
+    budget or ended the program); those after it are the caller's to score in a new run."""
+    first = answers[0][1]
+    request = {"mode": "score", "family": first.family, "config": dict(first.config), "seed": first.seed,
+               "size": first.size, "line_budget": limits.line_budget,
+               "answers": [[k, entry.index, answer] for k, entry, _, answer in answers]}
     result, replies = _sandboxed(request, group_limits(len(answers), limits))
     if result.outcome in MACHINE_BOUND:
         raise GraderFault(f"the {KIND} sandbox stopped on a machine-dependent limit ({result.outcome.value})")
     ready = replies[0].get("ready") if replies else None
-    if not isinstance(ready, list) or len(ready) != 2:
+    if not isinstance(ready, list):
         problem = replies[0].get("problem") if replies else f"{result.outcome.value}{_last_line(result)}"
-        raise GraderFault(f"{entry.family} entry {entry.index} did not regenerate: {problem}")
-    difference = _difference(entry, task, ready[0], ready[1])
-    if difference is not None:
-        raise GraderFault(difference)
+        raise GraderFault(f"{first.family} entries did not regenerate: {problem}")
+    regenerated = {row[0]: row[1:] for row in ready if isinstance(row, list) and len(row) == 3}
+    for _, entry, task, _ in answers:
+        question, answer = regenerated.get(entry.index, (None, None))
+        difference = _difference(entry, task, question, answer) if question is not None else "missing"
+        if difference is not None:
+            raise GraderFault(f"{first.family} entry {entry.index} did not regenerate: {difference}")
     grades: dict[int, Grade] = {}
-    for (k, _), body in zip(answers, replies[1:], strict=False):
+    for (k, entry, _, _), body in zip(answers, replies[1:], strict=False):
         if body.get("k") != k:
             break  # not the program's reply for this answer: what follows is not trusted
         if body.get("budget") is True:
@@ -436,39 +445,56 @@ def _score_run(task: Task, entry: FamilyEntry, answers: list[tuple[int, str]],
             grades[k] = _reward(body.get("reward"), entry.family)
     if len(grades) == len(answers):
         return grades, None
-    stopped = answers[len(grades)][0]
+    stopped, entry = answers[len(grades)][0], answers[len(grades)][1]
     grades[stopped] = Grade(0.0, f"the {entry.family} scorer ended without a result ({result.outcome.value})")
     return grades, stopped
 
 
-def grade_group(task: Task, completions: Sequence[str], limits: SandboxLimits = SCORE_LIMITS) -> list[Grade]:
-    """The family's own scores of a group's completions (their last `<answer>...</answer>`), in order.
+def grade_groups(groups: Sequence[tuple[Task, Sequence[str]]],
+                 limits: SandboxLimits = SCORE_LIMITS) -> list[list[Grade]]:
+    """The family's own scores of every completion (its last `<answer>...</answer>`) of a submission's
+    groups, in order.
 
-    One sandbox run for the group (the library imports once, about 1 s), each answer under its own line
-    budget; an answer that spends it or ends the program gets 0 and the answers after it are scored in a
-    new run. Deterministic for a task and a list of texts (workers and validators grade the same group);
-    GraderFault when a run stopped on a machine-dependent limit or the entry did not regenerate here.
+    The answers of one dataset source (family, config, seed, size) are scored in one sandbox run, in
+    submission order (the library imports once: about 1 s), each under its own line budget; an answer
+    that spends it or ends the program gets 0 and the answers after it are scored in a new run.
+    Deterministic for a list of (task, texts) (workers and validators grade a submission whole);
+    GraderFault when a run stopped on a machine-dependent limit or an entry did not regenerate here.
     FamilyTaskError: another library version.
     """
-    entry = parse_target(task)
-    check_version(entry.version)
     grades: dict[int, Grade] = {}
-    pending: list[tuple[int, str]] = []
-    for position, completion in enumerate(completions):
-        answer = extract_answer(completion)
-        known = _answer_grade(answer)
-        if known is not None:
-            grades[position] = known
-        else:
-            assert answer is not None
-            pending.append((position, answer))
-    while pending:
-        scored, stopped = _score_run(task, entry, pending, limits)
-        grades.update(scored)
-        pending = [] if stopped is None else [(k, a) for k, a in pending if k > stopped]
-    return [grades[position] for position in range(len(completions))]
+    by_source: dict[tuple[str, str, int, int], list[Answer]] = {}
+    position = 0
+    for task, completions in groups:
+        entry = parse_target(task)
+        check_version(entry.version)
+        for completion in completions:
+            answer = extract_answer(completion)
+            known = _answer_grade(answer)
+            if known is not None:
+                grades[position] = known
+            else:
+                assert answer is not None
+                by_source.setdefault(entry.source, []).append((position, entry, task, answer))
+            position += 1
+    for pending in by_source.values():
+        while pending:
+            scored, stopped = _score_run(pending, limits)
+            grades.update(scored)
+            pending = [] if stopped is None else [a for a in pending if a[0] > stopped]
+    flat = [grades[k] for k in range(position)]
+    out, start = [], 0
+    for _, completions in groups:
+        out.append(flat[start:start + len(completions)])
+        start += len(completions)
+    return out
+
+
+def grade_group(task: Task, completions: Sequence[str], limits: SandboxLimits = SCORE_LIMITS) -> list[Grade]:
+    """`grade_groups` of one group."""
+    return grade_groups([(task, completions)], limits)[0]
 
 
 def grade(task: Task, completion: str, limits: SandboxLimits = SCORE_LIMITS) -> Grade:
-    """The family's own score of one completion: a group of one (`grade_group`)."""
-    return grade_group(task, [completion], limits)[0]
+    """The family's own score of one completion: a group of one (`grade_groups`)."""
+    return grade_groups([(task, [completion])], limits)[0][0]

@@ -53,16 +53,22 @@ def grade(task: Task, completion: str) -> Grade:
     return grader(task, completion)
 
 
-def grade_group(task: Task, completions: Sequence[str]) -> list[Grade]:
-    """Rewards of one group's completions for `task`, in order: what workers and validators compute.
+def grade_groups(groups: Sequence[tuple[Task, Sequence[str]]]) -> list[list[Grade]]:
+    """Rewards of a submission's groups (task, completion texts), in order: what workers and validators
+    compute. Family tasks are scored together, one sandbox run per dataset source (the library imports
+    once), so the submission, not the completion, is the unit their rewards are defined on
+    (spec/rollouts.md); every other kind grades each completion alone."""
+    family = [i for i, (task, _) in enumerate(groups) if task.kind == families.KIND]
+    scored = dict(zip(family, families.grade_groups([groups[i] for i in family]), strict=True))
+    return [
+        scored[i] if i in scored else [grade(task, text) for text in texts]
+        for i, (task, texts) in enumerate(groups)
+    ]
 
-    A family task's group is scored in one sandbox run (its library imports once: about 1 s), so the
-    group, not the completion, is the unit a reward is defined on (spec/rollouts.md); every other kind
-    grades each completion alone.
-    """
-    if task.kind == families.KIND:
-        return families.grade_group(task, completions)
-    return [grade(task, completion) for completion in completions]
+
+def grade_group(task: Task, completions: Sequence[str]) -> list[Grade]:
+    """`grade_groups` of one group."""
+    return grade_groups([(task, completions)])[0]
 
 
 def require_sandbox_for(tasks: Iterable[Task]) -> None:
