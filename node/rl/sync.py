@@ -21,7 +21,7 @@ from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams, StepStats
 from swarmnode.node.rl.rollouts import build_submission, task_prompt_ids
 from swarmnode.node.rl.run import RunSetup, devnet_optimizer
 from swarmnode.node.rl.sampling import derive_seed
-from swarmnode.node.rl.tasks import GraderFault, Task, grade, grade_group
+from swarmnode.node.rl.tasks import GraderFault, Task, grade, grade_groups
 
 EVAL_RUN = "swarmnode-eval"
 EVAL_WORKER = b"held-out"
@@ -54,15 +54,17 @@ def eval_reward(
     """
     if not tasks or samples < 1:
         raise ValueError("need at least one task and one sample")
-    total = 0.0
+    groups = []
     for task in tasks:
         seeds = [derive_seed(run_id, worker, 0, task.task_id, i) for i in range(samples)]
         prompt = list(task_prompt_ids(task, engine.tokenizer))
         group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
-        texts = [engine.tokenizer.completion_text(completion.tokens) for completion in group]
-        try:
-            total += sum(g.reward for g in grade_group(task, texts))
-        except GraderFault:  # one by one, a faulting completion counting as unsolved
+        groups.append((task, [engine.tokenizer.completion_text(completion.tokens) for completion in group]))
+    try:  # together: a family's library imports once for all of them
+        total = sum(g.reward for grades in grade_groups(groups) for g in grades)
+    except GraderFault:  # one by one, a faulting completion counting as unsolved
+        total = 0.0
+        for task, texts in groups:
             for text in texts:
                 try:
                     total += grade(task, text).reward
