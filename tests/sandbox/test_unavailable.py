@@ -48,3 +48,16 @@ def test_the_cli_says_what_to_install_before_any_work(tmp_path, command):
     assert result.returncode == 1
     assert result.stderr.startswith("Error: code tasks need the sandbox: bubblewrap (bwrap) is not installed")
     assert "Traceback" not in result.stderr and not (tmp_path / "kept.jsonl").exists()
+
+
+def test_a_family_file_without_the_sandbox_is_one_line_naming_the_fix(tmp_path):
+    (tmp_path / "families.toml").write_text('seed = 1\n[[family]]\nname = "chain_sum"\ncount = 2\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "swarmnode.node.cli.main", "tasks", "show", "families.toml"],
+        cwd=tmp_path, env={**os.environ, "PATH": NO_BWRAP_PATH}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        "Error: families.toml: family tasks are generated in the sandbox: bubblewrap (bwrap) is not installed"
+    ), result.stderr
+    assert "Traceback" not in result.stderr

@@ -49,6 +49,7 @@ from swarmnode.node.rl.tasks.family_file import (
     read_family_file,
 )
 from swarmnode.node.rl.tasks.graders import GRADERS
+from swarmnode.node.sandbox import SandboxUnavailable
 
 MAX_TASKS = 1_000_000  # rows in one file: INTELLECT-2's RL set has 285k
 MAX_PROMPT_CHARS = 32_768  # a prompt: long competition problems are a few thousand
@@ -184,6 +185,8 @@ def _family_tasks(path: Path, kinds: Collection[str]) -> list[Task]:
         return check_tasks(path, generate_family_tasks(seed, sources), kinds)
     except (FamilyFileError, families.FamilyTaskError) as exc:
         raise TaskFileError(path, str(exc)) from None
+    except SandboxUnavailable as exc:
+        raise TaskFileError(path, f"family tasks are generated in the sandbox: {exc}") from None
 
 
 def _json_schema(tests: pa.DataType) -> pa.Schema:
@@ -265,6 +268,8 @@ def read_tasks(path: str | os.PathLike[str], kinds: Collection[str] = GRADERS.ke
         families.check_family_tasks(task for task in tasks if task.kind == families.KIND)
     except families.FamilyTaskError as exc:
         raise TaskFileError(path, str(exc)) from None
+    except SandboxUnavailable as exc:
+        raise TaskFileError(path, f"family tasks are regenerated in the sandbox: {exc}") from None
     return tasks
 
 
