@@ -75,6 +75,7 @@ def test_tasks_carry_their_source_and_regenerate_identically(chain: list[Task]) 
     assert family_tasks("chain_sum", CHAIN_CONFIG, 8, 6) != chain
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_one_entry_regenerates_alone(chain: list[Task]) -> None:
     check_family_task(chain[5])  # a sandbox run generating index 5 only: no state from entries 0 ... 4
 
@@ -105,6 +106,7 @@ def test_a_changed_answer_is_refused_naming_it(chain: list[Task]) -> None:
         check_family_task(with_entry(chain[2], answer="-1"))
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_a_changed_question_is_refused_naming_it(chain: list[Task]) -> None:
     edited = Task(KIND, chain[2].prompt.replace("=", "= 1 +", 1), chain[2].target)
     with pytest.raises(FamilyTaskError, match="the regenerated question is not the task's prompt"):
@@ -120,6 +122,7 @@ def test_another_library_version_is_refused_with_the_fix(chain: list[Task]) -> N
         grade(other, "<answer>1</answer>")
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_an_unknown_family_is_refused(chain: list[Task]) -> None:
     with pytest.raises(FamilyTaskError, match=f"reasoning-gym {VERSION} has no family 'chain_summ'"):
         check_family_task(with_entry(chain[0], family="chain_summ"))
@@ -127,6 +130,7 @@ def test_an_unknown_family_is_refused(chain: list[Task]) -> None:
         family_tasks("nope", {}, 1, 1)
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_a_config_the_family_does_not_take_is_refused() -> None:
     with pytest.raises(FamilyTaskError, match="chain_sum .seed 1. cannot generate its tasks: TypeError"):
         family_tasks("chain_sum", {"max_termz": 3}, 1, 1)
@@ -191,6 +195,7 @@ def test_no_answer_or_an_oversized_one_scores_0_without_a_sandbox_run(chain: lis
     assert grade(chain[0], completion, limits=no_time) == Grade(0.0, reason)
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_garbage_in_the_tags_scores_0(chain: list[Task]) -> None:
     assert grade(chain[0], "<answer>\x00 ¯\\_(ツ)_/¯ </answer>").reward == 0.0
 
@@ -204,17 +209,20 @@ def test_an_evaluated_answer_cannot_report_a_reward(insertion: Task) -> None:
     assert exited.reward == 0.0 and exited.reason == "the string_insertion scorer ended without a result (ok)"
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_an_endless_answer_is_stopped_by_the_line_budget(insertion: Task) -> None:
     spent = grade(insertion, "<answer>[x for x in iter(int, 1)]</answer>", limits=QUICK)
     assert spent == Grade(0.0, "the string_insertion scorer spent its budget of 200000 lines")
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_partial_credit_is_the_familys_own(insertion: Task) -> None:
     answer = parse_target(insertion).answer or ""
     as_list = grade(insertion, f"<answer>{list(answer)!r}</answer>")  # the scorer's own 0.1 for a list
     assert as_list.reward == 0.1
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_a_group_is_scored_in_order_and_an_endless_answer_costs_only_itself(insertion: Task) -> None:
     answer = parse_target(insertion).answer or ""
     texts = [
@@ -233,6 +241,7 @@ def test_a_group_is_scored_in_order_and_an_endless_answer_costs_only_itself(inse
     assert grade_group(insertion, []) == []
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_a_submissions_groups_are_scored_together_and_in_order(chain: list[Task]) -> None:
     right = [f"<answer>{parse_target(task).answer}</answer>" for task in chain[:3]]
     groups = [
@@ -245,6 +254,7 @@ def test_a_submissions_groups_are_scored_together_and_in_order(chain: list[Task]
     assert [grade_group(task, texts, limits=QUICK) for task, texts in groups] == grades
 
 
+@pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check
 def test_a_scorer_that_raises_gives_0_naming_the_exception() -> None:
     task = family_tasks("prime_factorization", {}, 1, 1)[0]  # its scorer raises ValueError on "x"
     assert grade(task, "<answer>x</answer>") == Grade(0.0, "the scorer raised ValueError")

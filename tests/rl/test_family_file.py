@@ -97,6 +97,7 @@ def family_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow  # sandbox runs
 def test_a_family_file_reads_as_a_task_file_and_regenerates_the_same(family_path: Path) -> None:
     tasks = read_tasks(family_path)
     assert [t.kind for t in tasks] == [families.KIND] * 5
@@ -138,6 +139,7 @@ def test_tasks_show_and_filter_work_on_a_family_file(family_path: Path, tmp_path
     assert "no task kept" in filtered.output
 
 
+@pytest.mark.slow  # sandbox runs
 def test_a_family_file_naming_an_unknown_family_is_refused_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "unknown.toml"
     path.write_text('seed = 1\n[[family]]\nname = "no_such_family"\ncount = 2\n')
