@@ -21,7 +21,8 @@ from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams, StepStats
 from swarmnode.node.rl.rollouts import build_submission, task_prompt_ids
 from swarmnode.node.rl.run import RunSetup, devnet_optimizer
 from swarmnode.node.rl.sampling import derive_seed
-from swarmnode.node.rl.tasks import GraderFault, Task, grade, grade_groups
+from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks.graders import measured_rewards
 
 EVAL_RUN = "swarmnode-eval"
 EVAL_WORKER = b"held-out"
@@ -60,16 +61,7 @@ def eval_reward(
         prompt = list(task_prompt_ids(task, engine.tokenizer))
         group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
         groups.append((task, [engine.tokenizer.completion_text(completion.tokens) for completion in group]))
-    try:  # together: a family's library imports once for all of them
-        total = sum(g.reward for grades in grade_groups(groups) for g in grades)
-    except GraderFault:  # one by one, a faulting completion counting as unsolved
-        total = 0.0
-        for task, texts in groups:
-            for text in texts:
-                try:
-                    total += grade(task, text).reward
-                except GraderFault:
-                    pass
+    total = sum(sum(rewards) for rewards in measured_rewards(groups))  # a faulting completion counts 0
     return total / (len(tasks) * samples)
 
 

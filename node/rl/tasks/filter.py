@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 
 from swarmnode.node.rl.engine import InferenceEngine
 from swarmnode.node.rl.sampling import derive_seed
-from swarmnode.node.rl.tasks.core import GraderFault, Task
-from swarmnode.node.rl.tasks.graders import grade, grade_group
+from swarmnode.node.rl.tasks.core import Task
+from swarmnode.node.rl.tasks.graders import measured_rewards
 
 FILTER_RUN = "swarmnode-filter"  # the run name seeds are derived under (no real run has it)
 FILTER_WORKER = b"pass-rate"
@@ -39,23 +39,8 @@ def task_pass_rate(engine: InferenceEngine, task: Task, *, samples: int, max_new
         return 0.0
     seeds = [derive_seed(FILTER_RUN, FILTER_WORKER, seed, task.task_id, i) for i in range(samples)]
     group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
-    return _pass_count(task, [engine.tokenizer.completion_text(c.tokens) for c in group]) / samples
-
-
-def _pass_count(task: Task, texts: Sequence[str]) -> int:
-    """Completions whose reward passes; graded as a group, and one by one where the group faults (a
-    completion the grader faults on is not a pass)."""
-    try:
-        return sum(g.reward > PASS_REWARD for g in grade_group(task, texts))
-    except GraderFault:
-        return sum(_passes(task, text) for text in texts)
-
-
-def _passes(task: Task, text: str) -> bool:
-    try:
-        return grade(task, text).reward > PASS_REWARD
-    except GraderFault:
-        return False
+    texts = [engine.tokenizer.completion_text(c.tokens) for c in group]
+    return sum(r > PASS_REWARD for r in measured_rewards([(task, texts)])[0]) / samples
 
 
 def pass_rates(engine: InferenceEngine, tasks: Sequence[Task], *, samples: int, max_new_tokens: int,

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 from swarmnode.node.rl.tasks import arithmetic, code, families, math
-from swarmnode.node.rl.tasks.core import Grade, Task
+from swarmnode.node.rl.tasks.core import Grade, GraderFault, Task
 from swarmnode.node.sandbox.run import check_sandbox
 
 GRADERS: Mapping[str, Callable[[Task, str], Grade]] = MappingProxyType(
@@ -69,6 +69,22 @@ def grade_groups(groups: Sequence[tuple[Task, Sequence[str]]]) -> list[list[Grad
 def grade_group(task: Task, completions: Sequence[str]) -> list[Grade]:
     """`grade_groups` of one group."""
     return grade_groups([(task, completions)])[0]
+
+
+def measured_rewards(groups: Sequence[tuple[Task, Sequence[str]]]) -> list[list[float]]:
+    """Rewards for a local measurement (the pass-rate filter, held-out evaluation), not a verdict anyone
+    recomputes: graded together, and where that faults, one by one with a faulting completion at 0."""
+    try:
+        return [[g.reward for g in grades] for grades in grade_groups(groups)]
+    except GraderFault:
+        return [[_reward_or_zero(task, text) for text in texts] for task, texts in groups]
+
+
+def _reward_or_zero(task: Task, text: str) -> float:
+    try:
+        return grade(task, text).reward
+    except GraderFault:
+        return 0.0
 
 
 def require_sandbox_for(tasks: Iterable[Task]) -> None:
