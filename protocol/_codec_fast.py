@@ -26,6 +26,12 @@ through msgpack (one call, stopped at the first nested container like the refere
 packing it again. The message must end exactly at the end of the buffer, which stands in for the
 reference's framing pass: positions only grow, so a read cut short by the end of the buffer leaves the
 walk past the end, and that is declined.
+
+Omittable fields (`OmitWhenDefault`): the encoder adds one to the map only when it is off its default. The
+reader matches the header of a map that leaves them all out as a constant, like any other class's; another
+header is read for the number of omittable fields present, each is taken if its key comes next (declining
+one written at its default), and a key none of them takes declines. A class without omittable fields gets
+the same code as before they existed.
 """
 
 from __future__ import annotations
@@ -153,6 +159,32 @@ def _namespace() -> dict[str, Any]:
     return {"Slow": Slow, "countOf": countOf, "array": array, "isfinite": math.isfinite}
 
 
+def _plain(value: Any) -> Any:
+    """A msgpack-ready value with every array a list: so two values compare as the wire sees them."""
+    if type(value) is list or type(value) is tuple:
+        return [_plain(v) for v in value]
+    if type(value) is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _omit_lines(spec: FieldSpec, v: str, tag: str, ns: dict[str, Any]) -> list[str]:
+    """Source lines that add the checked omittable field in `v` to the map `w` unless it holds its default
+    as the wire sees it (the reference's `_omitted`): a list or tuple and its items alike."""
+    put = f"w[{spec.name!r}] = {v}"
+    if spec.kind == "tuple" and spec.default == ():
+        return [f"if {v}: {put}"]  # the common case, cheapest: any non-empty array is written
+    if spec.kind not in ("tuple", "message"):
+        ns[f"D{tag}"] = spec.default
+        return [f"if {v} != D{tag}: {put}"]
+    try:
+        ns[f"D{tag}"] = _plain(_item_encoder(spec)(spec.default))
+    except DECLINED:  # a default its own field refuses: the reference decides every message of the class
+        return ["raise Slow"]
+    ns["plain"] = _plain
+    return [f"if plain({v}) != D{tag}: {put}"]
+
+
 @cache_per_class
 def encoder(cls: type) -> Encoder:
     """The generated function from a message of exactly `cls` to its checked msgpack-ready field map."""
@@ -162,8 +194,15 @@ def encoder(cls: type) -> Encoder:
     for i, spec in enumerate(specs):
         lines.append(f"    v{i} = m.{spec.name}")
         lines += _indent(_check_lines(spec, f"v{i}", str(i), ns))
-    fields = ", ".join(f"{spec.name!r}: v{i}" for i, spec in enumerate(specs))
-    lines.append(f"    return {{{fields}}}")
+    fields = ", ".join(f"{spec.name!r}: v{i}" for i, spec in enumerate(specs) if not spec.omittable)
+    if not any(spec.omittable for spec in specs):
+        lines.append(f"    return {{{fields}}}")
+    else:
+        lines.append(f"    w = {{{fields}}}")
+        for i, spec in enumerate(specs):
+            if spec.omittable:
+                lines += _indent(_omit_lines(spec, f"v{i}", str(i), ns))
+        lines.append("    return w")
     fn: Encoder = _compile("encode", cls.__name__, lines, ns)
     return fn
 
@@ -180,6 +219,7 @@ def fast_encode(message: Any) -> bytes:
 # the length needs is not canonical.
 _STR_HEADS = {0xD9: (1, 32), 0xDA: (2, 256), 0xDB: (4, 65536)}
 _ARRAY_HEADS = {0xDC: (2, 16), 0xDD: (4, 65536)}
+_MAP_HEADS = {0xDE: (2, 16), 0xDF: (4, 65536)}
 _UINT_HEADS = {0xCC: (1, 0x80), 0xCD: (2, 0x100), 0xCE: (4, 0x10000), 0xCF: (8, 1 << 32)}
 _F64 = struct.Struct(">d")
 WALKED_ITEMS = 16  # a tuple of scalars up to this long is read item by item, past it by one msgpack call
@@ -202,6 +242,14 @@ def _long_uint(data: bytes, p: int) -> tuple[int, int]:
 
 def _long_array_length(data: bytes, p: int) -> tuple[int, int]:
     return _long_length(data, p, _ARRAY_HEADS)
+
+
+def _map_length(data: bytes, p: int) -> tuple[int, int]:
+    """(declared size, where the first key starts) of a map header in its shortest form."""
+    first = data[p]
+    if 0x80 <= first <= 0x8F:
+        return first - 0x80, p + 1
+    return _long_length(data, p, _MAP_HEADS)
 
 
 def _map_header(n: int) -> bytes:
@@ -436,7 +484,7 @@ def _read_lines(spec: FieldSpec, v: str, tag: str, ns: dict[str, Any]) -> tuple[
 def _decode_namespace() -> dict[str, Any]:
     return {
         **_namespace(), "f64": _F64.unpack_from, "long_uint": _long_uint,
-        "long_array_length": _long_array_length,
+        "long_array_length": _long_array_length, "map_length": _map_length,
     }
 
 
@@ -455,6 +503,48 @@ def _declined(data: bytes, p: int, cur: Cursor) -> tuple[Any, int]:
     raise Slow
 
 
+def _keys_left_lines(required: int, total: int) -> list[str]:
+    """Read the header of a map that may leave out its omittable fields: `left` is the number of omittable
+    fields it holds; a count outside what the schema allows, or a longer header than it needs, declines."""
+    if total < 16:  # only a fixmap is canonical: any other type byte gives a count out of range
+        return [f"left = data[p] - {0x80 + required}", f"if not 0 <= left <= {total - required}: raise Slow",
+                "p += 1"]
+    return ["left, p = map_length(data, p)", f"left -= {required}",
+            f"if not 0 <= left <= {total - required}: raise Slow"]
+
+
+def _first_key_lines(prefix: bytes, key: bytes, required: int, total: int, ns: dict[str, Any]) -> list[str]:
+    """Match the map header and first key of a class with omittable fields: as one constant where the map
+    leaves them all out (the common case, as cheap as a class without them), else read the header."""
+    ns["K0"], ns["KEY0"] = prefix, key
+    return [
+        "if data.startswith(K0, p):",
+        "    left = 0",
+        f"    p += {len(prefix)}",
+        "else:",
+        *_indent(_keys_left_lines(required, total)),
+        "    if not data.startswith(KEY0, p): raise Slow",
+        f"    p += {len(key)}",
+    ]
+
+
+def _omittable_lines(spec: FieldSpec, i: int, ns: dict[str, Any]) -> list[str]:
+    """Read omittable field i into `v{i}` if its key comes next, else take its default; one written with its
+    default value declines (the reference names it NON_CANONICAL)."""
+    fixed, value_lines = _read_lines(spec, f"v{i}", str(i), ns)
+    key = msgpack.packb(spec.name) + fixed
+    ns[f"K{i}"], ns[f"D{i}"] = key, spec.default
+    return [
+        f"if left and data.startswith(K{i}, p):",
+        f"    p += {len(key)}",
+        *_indent(value_lines),
+        f"    if v{i} == D{i}: raise Slow",
+        "    left -= 1",
+        "else:",
+        f"    v{i} = D{i}",
+    ]
+
+
 @cache_per_class
 def reader(cls: type) -> Reader:
     """The generated reader of a message of `cls` at position p: (the message, where it ends)."""
@@ -464,14 +554,29 @@ def reader(cls: type) -> Reader:
     ns = _decode_namespace()
     ns["cls"] = cls
     lines = ["def fn(data, p, cur):"]
-    prefix = _map_header(len(specs))  # the bytes every message of cls starts with, up to its first value
+    required = sum(not spec.omittable for spec in specs)
+    # The bytes every message of cls starts with, up to its first value; with omittable fields, those of a
+    # message that leaves them all out.
+    prefix = _map_header(required)
+    if required == 0 < len(specs):  # no key to match the header with: it is read
+        lines += _indent(_keys_left_lines(0, len(specs)))
+        prefix = b""
     for i, spec in enumerate(specs):
+        if spec.omittable:
+            lines += _indent(_omittable_lines(spec, i, ns))
+            continue
         fixed, value_lines = _read_lines(spec, f"v{i}", str(i), ns)
-        prefix += msgpack.packb(spec.name) + fixed
+        key = msgpack.packb(spec.name) + fixed
+        prefix += key
         ns[f"K{i}"] = prefix
-        lines += [f"    if not data.startswith(K{i}, p): raise Slow", f"    p += {len(prefix)}"]
+        if i == 0 and required < len(specs):
+            lines += _indent(_first_key_lines(prefix, key, required, len(specs), ns))
+        else:
+            lines += [f"    if not data.startswith(K{i}, p): raise Slow", f"    p += {len(prefix)}"]
         lines += _indent(value_lines)
         prefix = b""
+    if required < len(specs):
+        lines.append("    if left: raise Slow")  # a key the omittable fields did not take
     if not specs:
         ns["K"] = prefix
         lines += ["    if not data.startswith(K, p): raise Slow", f"    p += {len(prefix)}"]

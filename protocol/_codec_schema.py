@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import re
 import typing
 from collections.abc import Callable
@@ -48,6 +49,12 @@ class Pattern:
     regex: str
 
 
+@dataclass(frozen=True)
+class OmitWhenDefault:
+    """The field is written only when its value differs from its default, and such fields are trailing: how a
+    field is added to a message without changing the bytes of any message that leaves it at its default."""
+
+
 class Message(Protocol):
     """What every wire message class provides."""
 
@@ -71,6 +78,8 @@ class FieldSpec:
     pattern: re.Pattern[str] | None = None
     item: FieldSpec | None = None
     message_cls: type | None = None
+    omittable: bool = False  # OmitWhenDefault: left out of the map while it holds `default`
+    default: Any = None  # the dataclass field's default, for an omittable field
 
 
 def _spec_for(name: str, hint: Any) -> FieldSpec:
@@ -114,11 +123,26 @@ def cache_per_class(fn: Callable[[type], _T]) -> Callable[[type], _T]:
 
 @cache_per_class
 def schema(cls: type) -> tuple[FieldSpec, ...]:
-    """The field specs of a message class, in wire order (declaration order)."""
+    """The field specs of a message class, in wire order (declaration order); omittable fields last."""
     if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
         raise TypeError(f"{cls.__name__} is not a frozen dataclass")
     hints = typing.get_type_hints(cls, include_extras=True)
-    return tuple(_spec_for(f.name, hints[f.name]) for f in dataclasses.fields(cls))
+    specs = tuple(_field_spec(cls, f, hints[f.name]) for f in dataclasses.fields(cls))
+    for before, after in itertools.pairwise(specs):
+        if before.omittable and not after.omittable:
+            raise TypeError(f"{cls.__name__}.{after.name}: follows an omittable field (they are trailing)")
+    return specs
+
+
+def _field_spec(cls: type, field: dataclasses.Field[Any], hint: Any) -> FieldSpec:
+    """A field's spec; one marked `OmitWhenDefault` carries its default, which decides when it is written."""
+    spec = _spec_for(field.name, hint)
+    metadata = typing.get_args(hint)[1:] if typing.get_origin(hint) is typing.Annotated else ()
+    if not any(isinstance(m, OmitWhenDefault) for m in metadata):
+        return spec
+    if field.default is dataclasses.MISSING:  # a default_factory too: a decoder needs the one default value
+        raise TypeError(f"{cls.__name__}.{field.name}: an omittable field needs a plain default")
+    return dataclasses.replace(spec, omittable=True, default=field.default)
 
 
 

@@ -8,7 +8,10 @@ alternative spelling (long integer forms, str8 for short strings, float32, dupli
 
 Field constraints are declared with `typing.Annotated`: `Size(n)` (exact length), `MaxLen(n)`
 (bytes, str or tuple), `Range(lo, hi)` (int), `Pattern(regex)` (str). Defaults: ints are u64, str and
-bytes at most `DEFAULT_MAX_LEN`, tuples at most `DEFAULT_MAX_ITEMS`.
+bytes at most `DEFAULT_MAX_LEN`, tuples at most `DEFAULT_MAX_ITEMS`. `OmitWhenDefault()` marks a trailing
+field with a default that is written only when it differs from that default, so that a field can be added
+to a message without changing the bytes of the messages that leave it at its default; a map that writes it
+with its default value is not canonical.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from typing import Any
+from typing import Any, NoReturn
 
 import msgpack
 
@@ -31,6 +34,7 @@ from swarmnode.protocol._codec_schema import FieldSpec as FieldSpec
 from swarmnode.protocol._codec_schema import M as M
 from swarmnode.protocol._codec_schema import MaxLen as MaxLen
 from swarmnode.protocol._codec_schema import Message as Message
+from swarmnode.protocol._codec_schema import OmitWhenDefault as OmitWhenDefault
 from swarmnode.protocol._codec_schema import Pattern as Pattern
 from swarmnode.protocol._codec_schema import Range as Range
 from swarmnode.protocol._codec_schema import Size as Size
@@ -50,9 +54,16 @@ def _to_wire(spec: FieldSpec, value: Any) -> Any:
     return value
 
 
+def _omitted(spec: FieldSpec, value: Any) -> bool:
+    """Whether a field is left out of its map: omittable and at its default as the wire sees it (a list
+    and a tuple of the same items are one array, so both are left out)."""
+    return spec.omittable and _to_wire(spec, value) == _to_wire(spec, spec.default)
+
+
 def to_wire(message: Any) -> dict[str, Any]:
-    """The plain msgpack-ready map of a message, keys in wire order."""
-    return {spec.name: _to_wire(spec, getattr(message, spec.name)) for spec in schema(type(message))}
+    """The plain msgpack-ready map of a message, keys in wire order; omitted fields are left out."""
+    fields = ((spec, getattr(message, spec.name)) for spec in schema(type(message)))
+    return {spec.name: _to_wire(spec, v) for spec, v in fields if not _omitted(spec, v)}
 
 
 def encode(message: Any) -> bytes:
@@ -217,6 +228,17 @@ class _FlatGuard:
         raise _Nested  # maps are only ever read field by field, never built by msgpack
 
 
+def _next_field(specs: tuple[FieldSpec, ...], j: int, key: str) -> int | None:
+    """The index of the field `key` names if it may come next, from `specs[j]` on: omittable fields
+    (trailing) may be absent, so the key may skip them; None if the key leaves the schema's order."""
+    for k in range(j, len(specs)):
+        if specs[k].name == key:
+            return k
+        if not specs[k].omittable:
+            return None
+    return None
+
+
 class _Reader:
     """Walks one buffer in wire order under a message schema, refusing each fault before allocating."""
 
@@ -271,14 +293,18 @@ class _Reader:
         self._canonical(pos, where, self.unpacker.tell() - pos == _canonical_header_size("map", n))
         specs = schema(cls)
         values: dict[str, Any] = {}
+        j = 0  # the next field the map may hold
         for i in range(n):
             key = self._key(where)
-            if i < len(specs) and key == specs[i].name:
-                values[key] = self.value(specs[i], f"{where}.{key}")
-            else:
-                self._key_fault(specs, where, [s.name for s in specs[:i]] + [key], n - i - 1)
-        if n < len(specs):
-            missing = ", ".join(s.name for s in specs[n:])
+            k = _next_field(specs, j, key)
+            if k is None:
+                self._key_fault(specs, where, [*values, key], n - i - 1)
+            spec, j = specs[k], k + 1
+            values[key] = self.value(spec, f"{where}.{key}")
+            if spec.omittable and values[key] == spec.default:
+                raise _malformed(Reason.NON_CANONICAL, f"{where}.{key}", "holds its default: omit it")
+        missing = ", ".join(s.name for s in specs[j:] if not s.omittable)
+        if missing:
             raise _malformed(Reason.MISSING_FIELD, where, f"missing field(s) {missing}")
         return cls(**values)
 
@@ -295,9 +321,12 @@ class _Reader:
         self._canonical(pos, where, self.unpacker.tell() - pos == _canonical_header_size("str", n) + n)
         return key  # type: ignore[no-any-return]
 
-    def _key_fault(self, specs: tuple[FieldSpec, ...], where: str, keys: list[str], remaining: int) -> None:
+    def _key_fault(
+        self, specs: tuple[FieldSpec, ...], where: str, keys: list[str], remaining: int
+    ) -> NoReturn:
         """Name what is wrong with a map whose keys left the schema's order; reads at most one key more than
-        the schema has fields, skipping values unbuilt. Precedence: unknown, duplicate, missing, order."""
+        the schema has fields, skipping values unbuilt. Precedence: unknown, duplicate, missing (an omittable
+        field is never missing), order."""
         names = [s.name for s in specs]
         while True:
             if keys[-1] not in names:
@@ -309,7 +338,7 @@ class _Reader:
             remaining -= 1
         if len(set(keys)) != len(keys):
             raise _malformed(Reason.NON_CANONICAL, where, "duplicate field")
-        missing = [n for n in names if n not in keys]
+        missing = [s.name for s in specs if s.name not in keys and not s.omittable]
         if missing:
             raise _malformed(Reason.MISSING_FIELD, where, f"missing field(s) {', '.join(missing)}")
         raise _malformed(Reason.FIELD_ORDER, where, f"fields out of order: {keys}")
@@ -408,7 +437,8 @@ def registry(*classes: type) -> types.MappingProxyType[str, type]:
 
 
 def to_json(message: Any) -> dict[str, Any]:
-    """A JSON-ready view of a message (bytes as 0x-hex), for conformance vectors and `--json` output."""
+    """A JSON-ready view of a message (bytes as 0x-hex), for conformance vectors and `--json` output; omitted
+    fields are left out, as on the wire."""
 
     def convert(value: Any) -> Any:
         if isinstance(value, bytes):
@@ -419,4 +449,5 @@ def to_json(message: Any) -> dict[str, Any]:
             return to_json(value)
         return value
 
-    return {spec.name: convert(getattr(message, spec.name)) for spec in schema(type(message))}
+    fields = ((spec, getattr(message, spec.name)) for spec in schema(type(message)))
+    return {spec.name: convert(v) for spec, v in fields if not _omitted(spec, v)}

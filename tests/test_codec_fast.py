@@ -1,6 +1,7 @@
 """The codec's fast path and the reference it stands for give the same bytes, the same messages and the same
-errors (type, reason and message) on every registered type: generated messages at their bounds, messages with
-one hostile field at any depth, non-canonical spellings of valid messages and mutated bytes."""
+errors (type, reason and message) on every registered type and on the omittable-field classes of
+tests/test_codec_omitted.py: generated messages at their bounds, messages with one hostile field at any depth,
+non-canonical spellings of valid messages, omitted fields written at their default and mutated bytes."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ from swarmnode.protocol.codec import (
 from swarmnode.protocol.envelope import Envelope
 from swarmnode.protocol.errors import Reason
 from swarmnode.protocol.messages import MESSAGE_TYPES
+from tests.test_codec_omitted import OMITTING
 
-CLASSES = [*MESSAGE_TYPES.values(), Envelope]
+CLASSES = [*MESSAGE_TYPES.values(), Envelope, *OMITTING]
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BIG_EDGE = 1 << 17  # bytes fields up to this cap are also drawn at their cap exactly
 INT_EDGES = (0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63, 2**64 - 1)
@@ -74,8 +76,13 @@ def _value(spec: FieldSpec, at_cap: bool = True) -> st.SearchStrategy[Any]:
     return few | item.map(lambda v: (v,) * cap)  # at MaxLen: one value repeated, cheap to draw
 
 
+def _field(spec: FieldSpec) -> st.SearchStrategy[Any]:
+    """Valid values of a field; an omittable one often at its default, so that it is left out."""
+    return st.just(spec.default) | _value(spec) if spec.omittable else _value(spec)
+
+
 def message_of(cls: type) -> st.SearchStrategy[Any]:
-    return st.tuples(*(_value(spec) for spec in schema(cls))).map(lambda values: cls(*values))
+    return st.tuples(*(_field(spec) for spec in schema(cls))).map(lambda values: cls(*values))
 
 
 def _outcome(fn: Any, *args: Any) -> tuple[Any, ...]:
@@ -231,6 +238,39 @@ def test_non_canonical_spelling_gets_the_reference_error(data: st.DataObject) ->
     assert _outcome(decode, cls, spelled) == _outcome(reference_decode, cls, spelled)
     if spelled == reference_encode(message):
         assert decode(cls, spelled) == message
+
+
+def _defaults_written(message: Any, draw: Any) -> tuple[dict[str, Any], bool]:
+    """The message's wire map with some of its omitted fields written at their default, at any depth, and
+    whether any was: each one so written makes the map non-canonical."""
+    kept = to_wire(message).keys()
+    wire, written = {}, False
+    for spec in schema(type(message)):
+        value, deeper = getattr(message, spec.name), False
+        if spec.kind == "message":
+            value, deeper = _defaults_written(value, draw)
+        elif spec.kind == "tuple" and spec.item is not None and spec.item.kind == "message":
+            pairs = [_defaults_written(item, draw) for item in value]
+            value, deeper = [w for w, _ in pairs], any(d for _, d in pairs)
+        if spec.name in kept or draw(st.booleans()):
+            wire[spec.name] = value
+            written |= deeper or spec.name not in kept
+    return wire, written
+
+
+@given(data=st.data())
+@SETTINGS
+def test_an_omitted_field_written_at_its_default_gets_the_reference_error(data: st.DataObject) -> None:
+    cls = data.draw(st.sampled_from(CLASSES))
+    message = data.draw(message_of(cls))
+    wire, written = _defaults_written(message, data.draw)
+    encoded = msgpack.packb(wire, use_bin_type=True)
+    outcome = _outcome(decode, cls, encoded)
+    assert outcome == _outcome(reference_decode, cls, encoded)
+    if written and len(encoded) <= cls.MAX_SIZE:
+        assert outcome[0] == "raised" and "holds its default: omit it" in outcome[2]
+    elif not written:
+        assert encoded == reference_encode(message)
 
 
 @given(data=st.data())
