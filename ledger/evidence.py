@@ -21,7 +21,8 @@ from swarmnode.protocol.messages import RolloutSubmission
 
 # Rejections whose verdict anyone holding the checkpoint and the run descriptor can recompute. A malformed
 # rollout (a field outside what the run allows, e.g. a token id beyond the vocabulary) is read off the
-# signed submission and the descriptor alone.
+# signed submission and the descriptor alone; a fabricated environment turn off those and the environment's
+# code the descriptor names (a replay: spec/environments.md).
 SLASHABLE_REASONS = frozenset(
     {
         Reason.BAD_ASSIGNMENT,
@@ -30,6 +31,7 @@ SLASHABLE_REASONS = frozenset(
         Reason.BAD_PROOF,
         Reason.BAD_SAMPLING,
         Reason.MALFORMED_ROLLOUT,
+        Reason.FABRICATED_ENV_TURN,
     }
 )
 

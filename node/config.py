@@ -62,10 +62,14 @@ class LivenessSettings:
     max_strikes: int = 3
 
 
-CHEATS = ("", "perturbed-model", "tampered-prompt", "forged-reward", "code-injection", "greedy")
+CHEATS = ("", "perturbed-model", "tampered-prompt", "forged-reward", "code-injection", "fabricated-env-turn",
+          "greedy")
 # What `devnet --cheat` plants and its report requires slashed; `greedy` breaks no rule a validator checks
 # (a role abuse that fair judging bounds: tests/swarm/test_role_abuse_devnet.py), so it is not one of them.
 DEVNET_CHEATS = tuple(c for c in CHEATS if c and c != "greedy")
+# The built-in multi-turn environments (`node.rl.environments.registry`; a test holds the two equal), named
+# here so that the CLI offers them without importing the environments.
+ENVIRONMENT_CHOICES = ("calculator", "guess")
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,9 @@ class WorkSettings:
     tasks: str = ""
     engine: str = "auto"  # auto (vLLM when CUDA and the vllm extra are present, else transformers)
     max_new_tokens: int = 6  # trainer, when it creates its run: the longest completion (GRPO max_new_tokens)
+    # Trainer, when it creates its run: a built-in environment its episodes play (spec/environments.md);
+    # "": single-turn, each task graded by its kind's grader. In a multi-turn run max_new_tokens is per turn.
+    environment: str = ""
     # The run on the ledger (spec/ledger.md): the lead trainer registers it with the validators it trusts
     # (0x addresses; only they may credit or slash in it) and the epochs a slash waits, voidable, before
     # it takes stake. Validators commit their accepted credits as one batch every credit_interval_s (a real

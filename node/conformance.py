@@ -55,8 +55,9 @@ SUITES: tuple[Suite, ...] = (
         {**WIRE_HANDLERS, **TOPLOC_HANDLERS},
         "identity, Merkle trees, codec, envelope, TOPLOC proofs (wire.md, toploc.md)",
     ),
-    Suite("rollouts", "rollouts", ("tests.rl.cases_rollouts",), ROLLOUT_HANDLERS,
-          "tasks, assignment, seeds, sampling, rewards, verdicts (rollouts.md, validation.md)"),
+    Suite("rollouts", "rollouts", ("tests.rl.cases_rollouts", "tests.rl.cases_episodes"), ROLLOUT_HANDLERS,
+          "tasks, assignment, seeds, sampling, rewards, verdicts, multi-turn episodes (rollouts.md, "
+          "validation.md, environments.md)"),
     Suite("diloco", "diloco", ("tests.diloco.cases_diloco",), DILOCO_HANDLERS,
           "DiLoCo rounds between trainers (diloco.md)"),
     Suite("shards", "shards", ("tests.dataplane.cases_shards",), SHARD_HANDLERS,

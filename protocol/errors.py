@@ -51,6 +51,7 @@ class Reason(IntEnum):
     BAD_HASH = 608
     MALFORMED_ROLLOUT = 609  # a field outside what the run allows (vocabulary, lengths, byte sizes, ranges)
     ASSIGNMENT_REUSED = 610  # a second, different submission for one (run, worker, step) assignment
+    FABRICATED_ENV_TURN = 611  # an environment turn the environment, replayed, does not say
     # 7xx: ledger operations refused by the state machine (spec/ledger.md)
     UNKNOWN_NODE = 701
     ALREADY_REGISTERED = 702

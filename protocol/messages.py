@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from swarmnode.protocol.codec import MaxLen, Pattern, Range, Size, registry  # noqa: F401
+from swarmnode.protocol.codec import MaxLen, OmitWhenDefault, Pattern, Range, Size, registry  # noqa: F401
 from swarmnode.protocol.ledger_messages import (  # noqa: F401 - the run's counter bounds are re-exported
     DEFAULT_MAX_SUBMISSIONS_PER_VERSION,
     MAX_SUBMISSIONS_PER_VERSION_LIMIT,
@@ -63,6 +63,31 @@ class ValidatorPolicy:
     slash_gwei: int
 
 
+# Protocol maxima of an environment's episode bounds (spec/environments.md, Bounds): what a validator may
+# have to replay for one completion, whatever a run sets.
+MAX_ENV_TURNS = 64  # model turns per episode
+MAX_ENV_TURN_BYTES = 16 * KIB  # UTF-8 bytes of one environment turn
+MAX_TRANSCRIPT_BYTES = 256 * KIB  # UTF-8 bytes of all turns of an episode
+MAX_COMPLETION_TOKENS = 1 << 16  # tokens of a completion, model and environment spans together
+
+
+@dataclass(frozen=True)
+class EnvironmentTerms:
+    """The environment a multi-turn run plays its episodes in, and its bounds (spec/environments.md).
+
+    `name` and `version` pick the environment's code; a node without that version refuses the run, naming
+    it. Each model turn gets at most `GrpoParams.max_new_tokens` tokens and a whole completion (model and
+    environment spans) at most `max_completion_tokens`.
+    """
+
+    name: Annotated[str, Pattern(r"[a-z0-9_.-]{1,64}")]
+    version: Annotated[str, Pattern(r"[A-Za-z0-9_.+-]{1,32}")]
+    max_turns: Annotated[int, Range(1, MAX_ENV_TURNS)]
+    max_env_bytes: Annotated[int, Range(1, MAX_ENV_TURN_BYTES)]
+    max_total_bytes: Annotated[int, Range(1, MAX_TRANSCRIPT_BYTES)]
+    max_completion_tokens: Annotated[int, Range(1, MAX_COMPLETION_TOKENS)]
+
+
 @dataclass(frozen=True)
 class FileDigest:
     """A named file of a run's model folder and the sha256 of its bytes."""
@@ -106,6 +131,8 @@ class RunDescriptor:
     max_submissions_per_version: Annotated[
         int, Range(1, MAX_SUBMISSIONS_PER_VERSION_LIMIT)
     ] = DEFAULT_MAX_SUBMISSIONS_PER_VERSION
+    # Empty: single-turn (the task kind's grader); written only when set, so single-turn runs' bytes stand.
+    environment: Annotated[tuple[EnvironmentTerms, ...], MaxLen(1), OmitWhenDefault()] = ()
 
 
 # --- weights -------------------------------------------------------------------------------------
@@ -179,16 +206,30 @@ class ShardHave:
 # --- rollouts ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Completion:
-    """One sampled completion with what a validator needs to re-check it."""
+class EnvSpan:
+    """Where an environment turn sits in a completion's tokens: `length` tokens from index `start`."""
 
-    token_ids: Annotated[tuple[int, ...], MaxLen(1 << 16)]
-    logprobs: Annotated[bytes, MaxLen(4 << 16)]  # float32 little-endian, one per token
+    start: Annotated[int, Range(1, MAX_COMPLETION_TOKENS)]
+    length: Annotated[int, Range(1, MAX_COMPLETION_TOKENS)]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion with what a validator needs to re-check it.
+
+    In a multi-turn run `token_ids` is the whole episode after the prompt and `env_spans` (in order) mark
+    the environment's turns; every other token is the model's. The environment's tokens are not sampled:
+    their logprobs are 0.0, TOPLOC proofs cover the model's tokens only (spec/environments.md).
+    """
+
+    token_ids: Annotated[tuple[int, ...], MaxLen(MAX_COMPLETION_TOKENS)]
+    logprobs: Annotated[bytes, MaxLen(4 * MAX_COMPLETION_TOKENS)]  # float32 little-endian, one per token
     reward: float
     advantage: float
     seed: int
     ended_with_eos: bool
     proofs: Annotated[tuple[Annotated[bytes, MaxLen(2 + 2 * 4096)], ...], MaxLen(1 << 11)]
+    env_spans: Annotated[tuple[EnvSpan, ...], MaxLen(MAX_ENV_TURNS - 1), OmitWhenDefault()] = ()
 
 
 @dataclass(frozen=True)

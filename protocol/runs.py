@@ -10,12 +10,17 @@ the worker's counter on it (`assignment_step`); credit is per (run, worker, step
 from __future__ import annotations
 
 from swarmnode.protocol.errors import Reason, Reject
-from swarmnode.protocol.messages import RunDescriptor
+from swarmnode.protocol.messages import EnvironmentTerms, RunDescriptor
 
 
 def run_trainers(descriptor: RunDescriptor) -> tuple[bytes, ...]:
     """Every trainer of the run, the lead first: those a validator serves ACCEPTED to."""
     return (descriptor.trainer, *descriptor.co_trainers)
+
+
+def run_environment(descriptor: RunDescriptor) -> EnvironmentTerms | None:
+    """The environment a multi-turn run plays (spec/environments.md); None for a single-turn run."""
+    return descriptor.environment[0] if descriptor.environment else None
 
 
 def check_descriptor(descriptor: RunDescriptor) -> None:

@@ -13,6 +13,9 @@ for a cheat: the composition root hands it to a worker whose `[work] cheat` name
 | `code-injection`  | to one completion, after generation: a      | the model sampled it,  | BAD_SAMPLING   |
 |                   | program that kills the grader's parent,     | full marks             | (never run)    |
 |                   | with the model's own rows and logprobs      |                        |                |
+| `fabricated-env-  | to a multi-turn run's episodes, as they are | the environment said   | FABRICATED_ENV_|
+| turn`             | played: every environment reply becomes one | so                     | TURN (replay)  |
+|                   | that hands the model the task's target      |                        |                |
 | `greedy`          | to the worker's pacing (`paced` False):     | nothing false: honest  | nobody: fair   |
 |                   | every counter up to the run's               | rollouts, within the   | judging bounds |
 |                   | `max_submissions_per_version`, at once      | run's bound            | its share      |
@@ -29,6 +32,9 @@ Decisions:
   are the model's: only the sampling re-derivation (or the termination check) can tell it was not sampled,
   and a validator runs those before any grader. The worker never grades it (it would run it), it claims full
   marks. It goes into the first code task's group where there is one, else the first group.
+- The fabricated environment turns are played, not edited afterwards: the model's later turns are sampled
+  honestly on them, so every model check passes and only the validator's replay of the environment sees
+  the lie. A run without an environment has nothing to fabricate: the cheat is refused there.
 - The greedy worker breaks no rule a validator checks: it is the role abuse that fair judging
   (`node.validator.fairness`, round-robin per worker) and the per-worker queue bound must contain, so it
   is never slashed (tests/swarm/test_role_abuse_devnet.py measures what it costs honest workers).
@@ -36,6 +42,7 @@ Decisions:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -43,16 +50,19 @@ import torch
 
 from swarmnode.node.rl.engine import Completion as EngineCompletion
 from swarmnode.node.rl.engine import InferenceEngine
+from swarmnode.node.rl.environments import Done, EnvBounds, Environment, EnvTurn
+from swarmnode.node.rl.environments.episodes import episode_rules
 from swarmnode.node.rl.rollouts import (
     GeneratedGroup,
     assigned_tasks,
     assignment_step,
     completion_rewards,
     generate_group,
+    play_group,
     task_prompt_ids,
     to_wire_group,
 )
-from swarmnode.node.rl.sampling import token_logprobs
+from swarmnode.node.rl.sampling import derive_seed, token_logprobs
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.node.worker.conduct import HONEST
@@ -62,8 +72,10 @@ PERTURBED_MODEL = "perturbed-model"
 TAMPERED_PROMPT = "tampered-prompt"
 FORGED_REWARD = "forged-reward"
 CODE_INJECTION = "code-injection"
+FABRICATED_ENV_TURN = "fabricated-env-turn"
 GREEDY = "greedy"  # ignores pacing (`Cheat.paced`): honest weights and submissions
-SUBMISSION_CHEATS = (TAMPERED_PROMPT, FORGED_REWARD, CODE_INJECTION)  # applied by build_dishonest_submission
+# applied by build_dishonest_submission
+SUBMISSION_CHEATS = (TAMPERED_PROMPT, FORGED_REWARD, CODE_INJECTION, FABRICATED_ENV_TURN)
 # What killed a validator before grading ran in the sandbox and after the model checks (issue #29).
 KILL_PAYLOAD = "import os;os.kill(os.getppid(),9)"
 
@@ -167,6 +179,54 @@ def inject_code(engine: InferenceEngine, generated: list[GeneratedGroup], descri
     return index
 
 
+# --- fabricated-env-turn ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fabricating:
+    """The environment as the cheat tells it: wherever the real one replies, the reply hands the model the
+    task's target (a tool that "computed" the answer); the episode's end and reward are the real one's."""
+
+    inner: Environment
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def version(self) -> str:
+        return self.inner.version
+
+    @property
+    def bounds(self) -> EnvBounds:
+        return self.inner.bounds
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return self.inner.kinds
+
+    @property
+    def instructions(self) -> str:
+        return self.inner.instructions
+
+    def respond(self, task: Task, seed: int, model_turns: Sequence[str]) -> EnvTurn | Done:
+        reply = self.inner.respond(task, seed, model_turns)
+        return EnvTurn(f"<result>{task.target}</result>") if isinstance(reply, EnvTurn) else reply
+
+
+def fabricated_group(engine: InferenceEngine, task: Task, descriptor: RunDescriptor, worker: bytes,
+                     step: int) -> GeneratedGroup:
+    """A group played with `Fabricating` in place of the run's environment."""
+    rules = episode_rules(descriptor)
+    if rules is None:
+        raise ValueError("fabricated-env-turn needs a run that plays an environment (devnet --env NAME)")
+    grpo = descriptor.grpo
+    seeds = [derive_seed(descriptor.run, worker, step, task.task_id, i) for i in range(grpo.group_size)]
+    prompt = task_prompt_ids(task, engine.tokenizer, rules)
+    lying = dataclasses.replace(rules, env=Fabricating(rules.env))
+    return play_group(engine, task, lying, prompt, seeds, grpo.temperature)
+
+
 # --- the dishonest submission --------------------------------------------------------------------------
 
 
@@ -190,12 +250,16 @@ def build_dishonest_submission(
         task = dataset[task_id]
         tamper = cheat == TAMPERED_PROMPT and i == 0
         prompt = tampered_prompt(task, dataset, engine.tokenizer) if tamper else None
-        generated.append(generate_group(engine, task, descriptor, worker, step, prompt))
+        if cheat == FABRICATED_ENV_TURN:
+            generated.append(fabricated_group(engine, task, descriptor, worker, step))
+        else:
+            generated.append(generate_group(engine, task, descriptor, worker, step, prompt))
     injected = inject_code(engine, generated, descriptor) if cheat == CODE_INJECTION else -1
     rewards = []
     for i, g in enumerate(generated):
         graded = g.completions[1:] if i == injected else g.completions  # the payload is never run here
-        scored = completion_rewards(g.task, [c.tokens for c in graded], descriptor, engine.tokenizer)
+        scored = g.rewards if g.rewards is not None else completion_rewards(
+            g.task, [c.tokens for c in graded], descriptor, engine.tokenizer)
         rewards.append([FULL_MARKS, *scored] if i == injected else scored)
     if cheat == FORGED_REWARD:
         rewards = forge_rewards(rewards)
@@ -239,7 +303,7 @@ class Cheat:
         return HONEST.build(engine, descriptor, dataset, dataset_ids, worker, version, root, counter)
 
 
-CHEATS = (PERTURBED_MODEL, TAMPERED_PROMPT, FORGED_REWARD, CODE_INJECTION, GREEDY)
+CHEATS = (PERTURBED_MODEL, TAMPERED_PROMPT, FORGED_REWARD, CODE_INJECTION, FABRICATED_ENV_TURN, GREEDY)
 
 
 def conduct_for(name: str) -> Cheat:

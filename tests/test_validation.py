@@ -548,7 +548,7 @@ def test_batched_token_scores_equal_the_per_completion_checks(honest, engine, te
     """Check 6's batched logprobs, P(EOS) and sampling are exactly the per-completion functions' values,
     including a completion whose tokens are off the sampler."""
     from swarmnode.node.rl.sampling import check_sampling, eos_probabilities, token_logprobs
-    from swarmnode.node.rl.validation import _token_scores
+    from swarmnode.node.rl.validation import _token_scores, sampled_tokens
 
     flat = [(g.prompt_ids, c) for g in honest.groups for c in g.completions]
     off = dataclasses.replace(flat[1][1], token_ids=tuple((t + 1) % 50 for t in flat[1][1].token_ids))
@@ -556,7 +556,8 @@ def test_batched_token_scores_equal_the_per_completion_checks(honest, engine, te
     pairs = [(list(p), list(c.token_ids)) for (p, _), c in zip(flat, completions, strict=True)]
     prefills = engine.prefill_batch(pairs)
     eos = engine.info.eos_token_ids
-    scores = _token_scores(completions, prefills, temperature, 1e-3, eos)
+    sampled = [sampled_tokens(c, None, 1 << 16) for c in completions]
+    scores = _token_scores(sampled, prefills, temperature, 1e-3, eos)
     lengths = [len(c.token_ids) for c in completions]
     for c, pre, logp, p_eos, sampling in zip(completions, prefills, scores.logprobs.split(lengths),
                                              scores.last_eos_probs, scores.sampling, strict=True):

@@ -33,6 +33,7 @@ MAX_VERSIONS_PER_EPOCH: constant(uint256) = 3600  # protocol/ledger_messages.py:
 PAGE: constant(uint256) = 32
 BAD_PROOF: constant(uint16) = 605
 MALFORMED_ROLLOUT: constant(uint16) = 609
+FABRICATED_ENV_TURN: constant(uint16) = 611
 # the secp256k1 group order n; a signature's s must be at most n // 2 (no malleable twin)
 SECP256K1_N: constant(uint256) = 115792089237316195423570985008687907852837564279074904382605163141518161494337
 SECP256K1_HALF_N: constant(uint256) = SECP256K1_N // 2
@@ -814,7 +815,8 @@ def slash(run: String[64], worker: address, amount_gwei: uint256, failing_chunks
     self._check_run_validator(key, msg.sender)
     assert self._role(self.status_word[worker]) != 0, "unknown_node"
     assert amount_gwei >= 1 and amount_gwei <= SLASH_AMOUNT, "invalid_amount"
-    assert (reason_code >= 602 and reason_code <= 606) or reason_code == MALFORMED_ROLLOUT, "invalid_evidence"
+    assert (reason_code >= 602 and reason_code <= 606) or reason_code == MALFORMED_ROLLOUT or \
+        reason_code == FABRICATED_ENV_TURN, "invalid_evidence"
     for i: uint256 in range(1, MAX_CHUNKS):
         if i >= len(failing_chunks):
             break

@@ -21,7 +21,7 @@ import trio
 from rich.console import Console
 
 from swarmnode.node.cli.inputs import eval_tasks_option, load_run_inputs, run_model_options
-from swarmnode.node.config import DEVNET_CHEATS
+from swarmnode.node.config import DEVNET_CHEATS, ENVIRONMENT_CHOICES
 from swarmnode.node.devnet.live import run_devnet, status_table
 from swarmnode.node.devnet.network import Devnet
 from swarmnode.node.devnet.plan import DevnetPlan, default_folder
@@ -80,6 +80,15 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     multiple=True,
     help="One more dishonest worker of this kind (repeatable), after the --cheaters ones; code-injection "
     "needs code tasks and --max-new-tokens 32.",
+)
+@click.option(
+    "--env",
+    "environment",
+    type=click.Choice(ENVIRONMENT_CHOICES),
+    help="Multi-turn episodes in a built-in environment (spec/environments.md): calculator (arithmetic "
+    "with a <calc> tool; the prompt needs a model of more than 128 positions) or guess (guess-the-number; "
+    "without --tasks the devnet writes its games). --max-new-tokens is then per model turn; the cheat "
+    "fabricated-env-turn needs it.",
 )
 @click.option(
     "--ledger",
@@ -164,6 +173,7 @@ def devnet_command(
     outer_momentum: float,
     cheaters: int,
     cheat_kinds: tuple[str, ...],
+    environment: str | None,
     ledger_kind: str,
     summary_path: Path | None,
     threads: int,
@@ -195,6 +205,12 @@ def devnet_command(
     """
     cheats = tuple(CHEAT_ORDER[i % len(CHEAT_ORDER)] for i in range(cheaters)) + cheat_kinds
     cheaters = len(cheats)
+    if environment and not steps:
+        raise click.UsageError("--env is for a training run: add --steps N")
+    if "fabricated-env-turn" in cheats and not environment:
+        raise click.UsageError("--cheat fabricated-env-turn needs --env: a single-turn run has no "
+                               "environment turn to fabricate")
+    folder = out or default_folder()
     plan = DevnetPlan(
         trainers,
         relays,
@@ -215,6 +231,7 @@ def devnet_command(
         eval_tasks=str(eval_tasks.resolve()) if eval_tasks else "",
         engine=engine,
         max_new_tokens=max_new_tokens,
+        environment=environment or "",
         trainer_nproc=trainer_nproc,
         wan=wan_profile or "",
         home_workers=home_workers,
@@ -233,7 +250,7 @@ def devnet_command(
         raise click.UsageError("--model, --tasks and --eval-tasks are for a training run: add --steps N")
     if steps and (model or tasks or eval_tasks):  # the same clean errors as `train`, before any node starts
         load_run_inputs(model, tasks, eval_tasks)
-    devnet = Devnet(plan, out or default_folder())
+    devnet = Devnet(plan, folder)
     console = Console()
     if not console.is_terminal:
         console = Console(width=150)  # logs and CI: the tables are wider than the 80-column default
@@ -315,6 +332,7 @@ def _report(devnet: Devnet, run_summary: dict[str, Any], console: Console, path:
         final_checkpoint,
         held_out_rewards,
         ledger_facts,
+        stored_rules,
         write_json,
     )
 
@@ -324,8 +342,9 @@ def _report(devnet: Devnet, run_summary: dict[str, Any], console: Console, path:
     final = final_checkpoint(trainer.data_dir, devnet.plan.run)
     plan = devnet.plan
     eval_tasks = eval_tasks_of(plan.tasks, plan.eval_tasks)
+    rules = stored_rules(trainer.data_dir) if plan.environment else None
     base_reward, final_reward = held_out_rewards(
-        final[1] if final is not None else None, plan.model, eval_tasks, plan.max_new_tokens
+        final[1] if final is not None else None, plan.model, eval_tasks, plan.max_new_tokens, rules
     )
     facts = ledger_facts(devnet.ledger)
     stakes_before = {

@@ -19,7 +19,14 @@ from typing import Any
 import click
 
 from swarmnode.node.cli.inputs import require_sandbox
-from swarmnode.node.rl.tasks import Task, TaskFileError, dataset_hash, read_tasks, write_tasks
+from swarmnode.node.rl.tasks import (
+    ENVIRONMENT_KINDS,
+    Task,
+    TaskFileError,
+    dataset_hash,
+    read_tasks,
+    write_tasks,
+)
 from swarmnode.node.rl.tasks.files import JSON_SUFFIXES, PARQUET_SUFFIXES
 
 PROGRESS_LINES = 100  # at most this many progress lines per filter run (plus the last)
@@ -133,6 +140,10 @@ def filter_command(model_dir: Path, tasks_file: Path, out: Path, samples: int, m
     if out.suffix.lower() not in TASK_SUFFIXES:
         raise click.BadParameter(f"--out must end in {', '.join(TASK_SUFFIXES)}")
     tasks = _read(tasks_file)
+    played = sorted({t.kind for t in tasks} & ENVIRONMENT_KINDS)
+    if played:
+        raise click.ClickException(f"{tasks_file}: tasks of kind {', '.join(played)} are played in an "
+                                   "environment, not graded alone: the filter measures single-turn tasks")
     require_sandbox(tasks)
     from swarmnode.node.rl.engine import TransformersEngine
     from swarmnode.node.rl.model import ModelFolderError

@@ -31,7 +31,7 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.keystore import PASSWORD_ENV, save_keystore
 from swarmnode.node.config import NodeConfig, render_config
 from swarmnode.node.devnet.plan import LOOPBACK, DevnetNode, DevnetPlan
-from swarmnode.node.devnet.rl import STAKED_ROLES, DevnetLedger
+from swarmnode.node.devnet.rl import STAKED_ROLES, DevnetLedger, write_games
 from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.wan import Wan, destroy_stale, draw_links
 
@@ -69,6 +69,8 @@ class Devnet:
             [self.identities[n.name] for n in self.nodes.values() if n.role == "validator"],
             model=self.plan.model,
             max_new_tokens=self.plan.max_new_tokens,
+            tasks=self.plan.tasks,
+            environment=self.plan.environment,
         )
 
     def prepare(self) -> list[DevnetNode]:
@@ -79,6 +81,10 @@ class Devnet:
         if self.plan.wan:
             self.open_wan()  # first: where namespaces cannot be made, nothing is left behind
         self.folder.mkdir(parents=True)
+        if self.plan.environment == "guess" and not self.plan.tasks:  # the additions are no games
+            train, held_out = write_games(self.folder)
+            held = self.plan.eval_tasks or str(held_out)
+            self.plan = dataclasses.replace(self.plan, tasks=str(train), eval_tasks=held)
         if self.wan is not None:
             (self.folder / "wan.json").write_text(json.dumps(self.wan_facts(), indent=1))
         identities = {}

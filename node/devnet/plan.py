@@ -55,6 +55,7 @@ class DevnetPlan:
     eval_tasks: str = ""
     engine: str = "auto"
     max_new_tokens: int = 6
+    environment: str = ""  # a built-in environment the run's episodes play ("": single-turn)
     trainer_nproc: int = 1  # ranks of each trainer's FSDP2 group
     wan: str = ""  # a node.wan profile name: every node in its own namespace on a WAN of that kind
     home_workers: int = 0  # with `wan`: the first K workers are behind NAT (the home profile)
@@ -100,6 +101,7 @@ class DevnetPlan:
                 "min_batch_groups": self.min_batch_groups,
                 "no_signal_after_s": self.no_signal_after_s,
                 "max_new_tokens": self.max_new_tokens,
+                "environment": self.environment,
                 "nproc": self.trainer_nproc,
             }
             if self.trainers > 1:

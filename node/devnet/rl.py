@@ -18,13 +18,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.ledger import Ledger
 from swarmnode.ledger.types import SLASH_FINAL, SLASH_PENDING, SLASH_VOIDED, Params, RunInfo
 from swarmnode.node.rl.tasks import Task
 from swarmnode.protocol.ledger_messages import MAX_RUN_VALIDATORS, ComputeSpec
+
+if TYPE_CHECKING:  # the episode rules import torch: only when a report measures
+    from swarmnode.node.rl.environments.episodes import EpisodeRules
 
 DEVNET_STAKE_GWEI = 2 * 10**9  # twice the devnet's minimum: one slash leaves a node eligible, three eject it
 DEVNET_PARAMS = Params(
@@ -118,19 +121,35 @@ class DevnetLedger:
         *,
         model: str = "",
         max_new_tokens: int | None = None,
+        tasks: str = "",
+        environment: str = "",
     ) -> RunInfo:
         """The lead trainer's key registers the run with (the first 16 of) the devnet's validators and the
         bounds of the run the trainer will describe: the devnet's GRPO recipe for `model` (a folder, ""
-        for the built-in one) and the parameters its weights files hold."""
-        from swarmnode.node.rl.run import DEVNET_MAX_NEW_TOKENS, DEVNET_MODEL, devnet_grpo
+        for the built-in one), the parameters its weights files hold and, in a multi-turn run, the longest
+        episode of `environment` on `tasks` (a file, "" for the devnet's additions)."""
+        from swarmnode.node.rl.run import (
+            DEVNET_MAX_NEW_TOKENS,
+            DEVNET_MODEL,
+            devnet_dataset,
+            devnet_grpo,
+            environment_for,
+        )
+        from swarmnode.node.rl.tasks.files import read_tasks
         from swarmnode.node.rl.tokenizer import load_tokenizer
         from swarmnode.node.roles.common import ensure_run, run_registration
 
         folder = Path(model) if model else DEVNET_MODEL
         tokens = DEVNET_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
-        grpo = devnet_grpo(load_tokenizer(folder)[1], tokens)
+        tokenizer, info = load_tokenizer(folder)
+        grpo = devnet_grpo(info, tokens)
+        terms = None
+        if environment:
+            dataset = read_tasks(Path(tasks)) if tasks else devnet_dataset()
+            terms = environment_for(environment, dataset, tokenizer, info, grpo.max_new_tokens)
         members = [v.address for v in validators][:MAX_RUN_VALIDATORS]
-        op = run_registration(run, grpo, members, model_parameters(folder), DEVNET_CHALLENGE_WINDOW_EPOCHS)
+        op = run_registration(run, grpo, members, model_parameters(folder), DEVNET_CHALLENGE_WINDOW_EPOCHS,
+                              environment=terms)
         ledger = self.open()
         try:
             return ensure_run(ledger, owner, op)
@@ -244,6 +263,38 @@ def final_checkpoint(trainer_data: Path, run: str) -> tuple[int, dict[str, Any]]
     return version, load_checkpoint(store.complete_dir(version), manifest)
 
 
+# The devnet's games (`devnet --env guess`): ranges of at most 16 integers, found in 4 guesses by halving,
+# so that a run on the tiny model's 128 positions can win within its turns.
+GAMES, EVAL_GAMES, GAMES_MAX_LOW, GAMES_MAX_SIZE = 512, 128, 20, 16
+
+
+def write_games(folder: Path) -> tuple[Path, Path]:
+    """Write the devnet's guess-the-number games and held-out games (other seeds) into `folder`."""
+    from swarmnode.node.rl.environments.game import generate_tasks
+    from swarmnode.node.rl.tasks.files import write_tasks
+
+    folder.mkdir(parents=True, exist_ok=True)
+    train = generate_tasks(GAMES, seed=1, max_low=GAMES_MAX_LOW, max_size=GAMES_MAX_SIZE)
+    held_out = generate_tasks(EVAL_GAMES, seed=2, max_low=GAMES_MAX_LOW, max_size=GAMES_MAX_SIZE)
+    return write_tasks(unique(train), folder / "games.jsonl"), write_tasks(unique(held_out),
+                                                                           folder / "games-eval.jsonl")
+
+
+def unique(tasks: Sequence[Task]) -> list[Task]:
+    """`tasks` without repeats (a dataset's ids are distinct), first occurrence kept."""
+    return list({task.task_id: task for task in tasks}.values())
+
+
+def stored_rules(trainer_dir: Path) -> EpisodeRules | None:
+    """The episode rules of the run the trainer described (None for a single-turn run)."""
+    from swarmnode.node.rl.environments.episodes import episode_rules
+    from swarmnode.node.trainer.limits import DESCRIPTOR_FILE
+    from swarmnode.protocol.codec import decode
+    from swarmnode.protocol.messages import RunDescriptor
+
+    return episode_rules(decode(RunDescriptor, (trainer_dir / DESCRIPTOR_FILE).read_bytes()))
+
+
 def eval_tasks_of(tasks: str, eval_tasks: str) -> list[Task]:
     """The tasks the report measures on: `eval_tasks`, else the first 128 of `tasks` (not held out),
     else the devnet's held-out additions."""
@@ -258,10 +309,11 @@ def eval_tasks_of(tasks: str, eval_tasks: str) -> list[Task]:
 
 
 def held_out_rewards(
-    final_state: dict[str, Any] | None, model: str, tasks: Sequence[Task], max_new_tokens: int
+    final_state: dict[str, Any] | None, model: str, tasks: Sequence[Task], max_new_tokens: int,
+    rules: EpisodeRules | None = None,
 ) -> tuple[float, float | None]:
     """Mean reward of the base model (`model`: a folder, "" for the devnet's) and of `final_state` on
-    `tasks` (same tasks, same seeds both times)."""
+    `tasks` (same tasks, same seeds both times); episodes of the run's environment under `rules`."""
     from swarmnode.node.rl.engine import TransformersEngine
     from swarmnode.node.rl.run import DEVNET_MODEL, devnet_grpo
     from swarmnode.node.rl.sync import eval_reward
@@ -276,6 +328,7 @@ def held_out_rewards(
             samples=EVAL_SAMPLES,
             max_new_tokens=grpo.max_new_tokens,
             temperature=grpo.temperature,
+            rules=rules,
         )
 
     base = measure()

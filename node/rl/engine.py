@@ -39,6 +39,7 @@ from transformers import PreTrainedModel
 from swarmnode.node.rl.model import ModelInfo, load_model, load_weights
 from swarmnode.node.rl.sampling import sample_tokens, token_logprobs
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
+from swarmnode.protocol.messages import EnvSpan
 
 WeightsSource = Mapping[str, torch.Tensor] | str | os.PathLike[str]
 
@@ -60,6 +61,7 @@ class Completion:
     hidden_rows: torch.Tensor
     seed: int
     ended_with_eos: bool
+    env_spans: tuple[EnvSpan, ...] = ()  # an episode's environment turns (then hidden_rows are the model's)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ class InferenceEngine(Protocol):
     def tokenizer(self) -> ChatTokenizer: ...
 
     def generate_group(
-        self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int, temperature: float
+        self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int,
+        temperature: float, first_position: int = 0,
     ) -> list[Completion]: ...
 
     def prefill(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Prefill: ...
@@ -160,9 +163,13 @@ class TransformersEngine:
     # ------------------------------------------------------------------ worker
 
     def generate_group(
-        self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int, temperature: float
+        self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int,
+        temperature: float, first_position: int = 0,
     ) -> list[Completion]:
-        """n completions of one prompt, one seed each, batched with a KV cache; stops when all hit EOS."""
+        """n completions of one prompt, one seed each, batched with a KV cache; stops when all hit EOS.
+
+        The sampler's noise for the p-th new token is that of completion position `first_position + p`: a
+        later turn of an episode passes the turns so far in `prompt_ids` and their length here."""
         check_group_request(self._info, prompt_ids, n, seeds, max_new_tokens)
         ids = torch.tensor([list(prompt_ids)] * n, dtype=torch.int64, device=self.device)
         rows, toks, logps = [], [], []
@@ -172,7 +179,7 @@ class TransformersEngine:
             for pos in range(max_new_tokens):
                 hidden = out.last_hidden_state[:, -1]
                 logits = self.model.lm_head(hidden).float()
-                tok = sample_tokens(logits, seeds, pos, temperature)
+                tok = sample_tokens(logits, seeds, first_position + pos, temperature)
                 rows.append(hidden.float())
                 toks.append(tok)
                 logps.append(token_logprobs(logits, tok, temperature))

@@ -36,6 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from swarmnode.node.errors import OperatorError
 from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.environments.episodes import model_mask
 from swarmnode.node.rl.grpo import GrpoLoss, grpo_loss, has_signal
 from swarmnode.node.rl.model import ModelInfo, save_weights, state_dict_of
 from swarmnode.node.rl.rollouts import unpack_logprobs
@@ -87,13 +88,15 @@ def mean_reward(groups: Sequence[RolloutGroup]) -> float:
 class CompletionBatch:
     """A step's completions flattened: what the loss needs besides the fresh logprobs.
 
-    `claimed` are the sampler's logprobs (validator-checked), the loss's old policy.
+    `claimed` are the sampler's logprobs (validator-checked), the loss's old policy. `sampled` marks the
+    tokens the model sampled: a multi-turn completion's environment tokens are outside the loss.
     """
 
     prompts: list[list[int]]
     completions: list[list[int]]
     claimed: list[torch.Tensor]
     advantages: torch.Tensor
+    sampled: list[torch.Tensor]
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -105,6 +108,7 @@ class CompletionBatch:
             [self.completions[i] for i in indices],
             [self.claimed[i] for i in indices],
             self.advantages[list(indices)],
+            [self.sampled[i] for i in indices],
         )
 
 
@@ -114,6 +118,7 @@ def completion_batch(groups: Sequence[RolloutGroup]) -> CompletionBatch:
         [list(c.token_ids) for g in groups for c in g.completions],
         [unpack_logprobs(c.logprobs) for g in groups for c in g.completions],
         torch.tensor([c.advantage for g in groups for c in g.completions]),
+        [model_mask(len(c.token_ids), c.env_spans) for g in groups for c in g.completions],
     )
 
 
@@ -124,6 +129,9 @@ def batch_loss(
     old = torch.zeros_like(current)
     for i, claimed in enumerate(batch.claimed):
         old[i, : claimed.numel()] = claimed.to(old.device)
+    mask = mask.clone()
+    for i, sampled in enumerate(batch.sampled):
+        mask[i, : sampled.numel()] &= sampled.to(mask.device)
     return grpo_loss(
         current,
         old,

@@ -16,6 +16,7 @@ import torch
 from swarmnode.crypto.toploc import build_proofs_batch
 from swarmnode.node.rl.engine import Completion as EngineCompletion
 from swarmnode.node.rl.engine import InferenceEngine
+from swarmnode.node.rl.environments.episodes import EpisodeRules, ModelTurn, TurnSampler, episode_rules, play
 from swarmnode.node.rl.grpo import group_advantages, length_target_reward
 from swarmnode.node.rl.sampling import derive_seed
 from swarmnode.node.rl.tasks import Task, assign_tasks, grade_groups, task_length_target
@@ -63,9 +64,13 @@ def completion_rewards(task: Task, token_lists: Sequence[Sequence[int]], descrip
     return submission_rewards([(task, token_lists)], descriptor, tokenizer)[0]
 
 
-def task_prompt_ids(task: Task, tokenizer: ChatTokenizer) -> tuple[int, ...]:
-    """The run's prompt tokens for a task: its chat through the model's template (spec/rollouts.md)."""
-    return tuple(tokenizer.encode_prompt(task.prompt, task.target_length))
+def task_prompt_ids(task: Task, tokenizer: ChatTokenizer,
+                    rules: EpisodeRules | None = None) -> tuple[int, ...]:
+    """The run's prompt tokens for a task: its chat through the model's template (spec/rollouts.md); in a
+    multi-turn run the environment's instructions come first (spec/environments.md)."""
+    instructions = rules.env.instructions if rules is not None else ""
+    prompt = f"{instructions}\n\n{task.prompt}" if instructions else task.prompt
+    return tuple(tokenizer.encode_prompt(prompt, task.target_length))
 
 
 @dataclass(frozen=True)
@@ -75,17 +80,40 @@ class GeneratedGroup:
     task: Task
     prompt_ids: tuple[int, ...]
     completions: list[EngineCompletion]
+    rewards: list[float] | None = None  # a multi-turn group's: each episode's reward, as it was played
 
 
 def generate_group(engine: InferenceEngine, task: Task, descriptor: RunDescriptor, worker: bytes, step: int,
                    prompt_ids: Sequence[int] | None = None) -> GeneratedGroup:
     """G completions of one task with the seeds the run prescribes for this worker's assignment `step`."""
     grpo = descriptor.grpo
-    prompt = tuple(prompt_ids) if prompt_ids is not None else task_prompt_ids(task, engine.tokenizer)
+    rules = episode_rules(descriptor)
+    prompt = tuple(prompt_ids) if prompt_ids is not None else task_prompt_ids(task, engine.tokenizer, rules)
     seeds = [derive_seed(descriptor.run, worker, step, task.task_id, i) for i in range(grpo.group_size)]
+    if rules is not None:
+        return play_group(engine, task, rules, prompt, seeds, grpo.temperature)
     completions = engine.generate_group(list(prompt), grpo.group_size, seeds, grpo.max_new_tokens,
                                         grpo.temperature)
     return GeneratedGroup(task, prompt, completions)
+
+
+def play_group(engine: InferenceEngine, task: Task, rules: EpisodeRules, prompt: Sequence[int],
+               seeds: Sequence[int], temperature: float) -> GeneratedGroup:
+    """A multi-turn group: one episode per seed, each model turn sampled where the completion stands."""
+
+    def sampler(seed: int) -> TurnSampler:
+        def sample_turn(so_far: Sequence[int], budget: int) -> ModelTurn:
+            [turn] = engine.generate_group([*prompt, *so_far], 1, [seed], budget, temperature, len(so_far))
+            return ModelTurn(turn.tokens, turn.logprobs, turn.hidden_rows, turn.ended_with_eos)
+        return sample_turn
+
+    played = [play(rules, task, seed, engine.tokenizer, sampler(seed)) for seed in seeds]
+    completions = [
+        EngineCompletion(p.tokens, p.logprobs(), p.hidden_rows(), seed, p.turns[-1].ended_with_eos,
+                         p.env_spans)
+        for p, seed in zip(played, seeds, strict=True)
+    ]
+    return GeneratedGroup(task, tuple(prompt), completions, [p.reward for p in played])
 
 
 def completion_proofs(completions: Sequence[EngineCompletion],
@@ -104,8 +132,8 @@ def to_wire_group(generated: GeneratedGroup, descriptor: RunDescriptor, tokenize
     `proofs` (one list per completion) are the group's when the caller built a whole submission's at once.
     """
     tokens = [c.tokens for c in generated.completions]
-    rewards = list(rewards) if rewards is not None else completion_rewards(generated.task, tokens, descriptor,
-                                                                           tokenizer)
+    if rewards is None:
+        rewards = generated.rewards or completion_rewards(generated.task, tokens, descriptor, tokenizer)
     advantages = group_advantages(torch.tensor(rewards)).tolist()
     if proofs is None:
         proofs = completion_proofs(generated.completions, descriptor)
@@ -120,6 +148,7 @@ def to_wire_group(generated: GeneratedGroup, descriptor: RunDescriptor, tokenize
             seed=c.seed,
             ended_with_eos=c.ended_with_eos,
             proofs=tuple(p),
+            env_spans=c.env_spans,
         )
         for c, r, a, p in zip(generated.completions, rewards, advantages, proofs, strict=True)
     )
@@ -143,8 +172,9 @@ def build_submission(engine: InferenceEngine, descriptor: RunDescriptor, dataset
     starts = [0]
     for g in generated:
         starts.append(starts[-1] + len(g.completions))
-    rewards = submission_rewards([(g.task, [c.tokens for c in g.completions]) for g in generated], descriptor,
-                                 engine.tokenizer)
+    played = [g.rewards for g in generated if g.rewards is not None]  # a multi-turn run's, as played
+    rewards = played if descriptor.environment else submission_rewards(
+        [(g.task, [c.tokens for c in g.completions]) for g in generated], descriptor, engine.tokenizer)
     groups = tuple(
         to_wire_group(g, descriptor, engine.tokenizer, rewards=r, proofs=proofs[a:b])
         for g, r, a, b in zip(generated, rewards, starts[:-1], starts[1:], strict=True)
@@ -156,7 +186,7 @@ def generate_groups(engine: InferenceEngine, tasks: Sequence[Task], descriptor: 
                     step: int) -> list[GeneratedGroup]:
     """`generate_group` for every task of an assignment; in one batch where the engine can (vLLM)."""
     batched = getattr(engine, "generate_groups", None)
-    if batched is None:
+    if batched is None or descriptor.environment:  # episodes go turn by turn, each completion its own way
         return [generate_group(engine, task, descriptor, worker, step) for task in tasks]
     grpo = descriptor.grpo
     prompts = [task_prompt_ids(task, engine.tokenizer) for task in tasks]

@@ -13,12 +13,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmnode.node.errors import RunMismatch
+from swarmnode.node.rl.environments.episodes import (
+    UnknownEnvironment,
+    builtin_terms,
+    episode_rules,
+    rules_from_terms,
+)
 from swarmnode.node.rl.learner import OptimizerParams
 from swarmnode.node.rl.model import ModelCommitment, ModelInfo, check_commitment, model_commitment
+from swarmnode.node.rl.rollouts import task_prompt_ids
 from swarmnode.node.rl.tasks import GRADERS, Task, dataset_hash
 from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
-from swarmnode.node.rl.tokenizer import load_tokenizer
-from swarmnode.protocol.messages import GrpoParams, RunDescriptor, ValidatorPolicy
+from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
+from swarmnode.protocol.messages import (
+    MAX_COMPLETION_TOKENS,
+    EnvironmentTerms,
+    GrpoParams,
+    RunDescriptor,
+    ValidatorPolicy,
+)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEVNET_MODEL = ASSETS / "devnet-model"
@@ -154,8 +167,10 @@ def describe_run(
     policy: ValidatorPolicy,
     created_ms: int,
     async_level: int = 2,
+    environment: EnvironmentTerms | None = None,
 ) -> RunDescriptor:
-    """The descriptor a trainer signs for a model folder's digests and a dataset."""
+    """The descriptor a trainer signs for a model folder's digests and a dataset; a multi-turn run names
+    its `environment` (spec/environments.md)."""
     return RunDescriptor(
         run=run,
         trainer=trainer,
@@ -168,6 +183,7 @@ def describe_run(
         async_level=async_level,
         policy=policy,
         created_ms=created_ms,
+        environment=(environment,) if environment is not None else (),
     )
 
 
@@ -193,9 +209,15 @@ def load_run_setup(descriptor: RunDescriptor, model_dir: Path, tasks: Sequence[T
             f"run {run} names dataset {descriptor.dataset_hash.hex()[:16]}..., not this "
             f"node's tasks ({len(tasks)} tasks, {dataset_hash(tasks).hex()[:16]}...)"
         )
-    unknown = sorted({t.kind for t in tasks} - set(GRADERS))
+    try:
+        rules = episode_rules(descriptor)
+    except UnknownEnvironment as exc:
+        raise RunMismatch(f"run {run}: {exc}") from None
+    playable = set(rules.env.kinds) if rules is not None else set(GRADERS)
+    unknown = sorted({t.kind for t in tasks} - playable)
     if unknown:
-        raise RunMismatch(f"run {run} has tasks of kind(s) {', '.join(unknown)} that no grader here knows")
+        which = "no grader here knows" if rules is None else f"environment {rules.env.name!r} does not play"
+        raise RunMismatch(f"run {run} has tasks of kind(s) {', '.join(unknown)} that {which}")
     return RunSetup(descriptor, list(tasks))
 
 
@@ -208,11 +230,17 @@ def devnet_run(
     tasks: Sequence[Task] | None = None,
     info: ModelInfo | None = None,
     max_new_tokens: int = DEVNET_MAX_NEW_TOKENS,
+    environment: str = "",
 ) -> RunSetup:
-    """The devnet's run on a model folder (its built-in one by default) and tasks (generated additions)."""
+    """The devnet's run on a model folder (its built-in one by default) and tasks (generated additions);
+    a multi-turn run when `environment` names a built-in one."""
     tasks = list(tasks) if tasks is not None else devnet_dataset()
     if grpo is None:
         grpo = devnet_grpo(info or load_tokenizer(model_dir)[1], max_new_tokens)
+    terms = None
+    if environment:
+        tokenizer, model_info = load_tokenizer(model_dir)
+        terms = environment_for(environment, tasks, tokenizer, model_info, grpo.max_new_tokens)
     descriptor = describe_run(
         run=DEVNET_RUN,
         trainer=trainer,
@@ -221,5 +249,27 @@ def devnet_run(
         grpo=grpo,
         policy=policy or devnet_policy(),
         created_ms=created_ms,
+        environment=terms,
     )
     return RunSetup(descriptor, tasks)
+
+
+def environment_for(name: str, tasks: Sequence[Task], tokenizer: ChatTokenizer, info: ModelInfo,
+                    max_turn_tokens: int) -> EnvironmentTerms:
+    """The terms of a run playing the built-in environment `name` on `tasks`: its default bounds, and every
+    episode fitting the model's context after the longest prompt (RunMismatch when not even one turn of
+    `max_turn_tokens` does, or the tasks are not the environment's kinds)."""
+    try:
+        rules = rules_from_terms(builtin_terms(name, MAX_COMPLETION_TOKENS), max_turn_tokens)
+    except UnknownEnvironment as exc:
+        raise RunMismatch(str(exc)) from None
+    foreign = sorted({t.kind for t in tasks} - set(rules.env.kinds))
+    if foreign:
+        raise RunMismatch(f"environment {name!r} plays tasks of kind {', '.join(rules.env.kinds)}, "
+                          f"not {', '.join(foreign)}")
+    longest = max(len(task_prompt_ids(t, tokenizer, rules)) for t in tasks)
+    room = min(info.max_positions - longest, MAX_COMPLETION_TOKENS)
+    if room < max_turn_tokens:
+        raise RunMismatch(f"the longest prompt with {name!r}'s instructions takes {longest} of the model's "
+                          f"{info.max_positions} positions: no room for a turn of {max_turn_tokens} tokens")
+    return builtin_terms(name, room)

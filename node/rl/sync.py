@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
+from swarmnode.node.rl.environments.episodes import EpisodeRules, episode_rules
 from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams, StepStats
-from swarmnode.node.rl.rollouts import build_submission, task_prompt_ids
+from swarmnode.node.rl.rollouts import build_submission, play_group, task_prompt_ids
 from swarmnode.node.rl.run import RunSetup, devnet_optimizer
 from swarmnode.node.rl.sampling import derive_seed
 from swarmnode.node.rl.tasks import Task
@@ -46,22 +47,27 @@ def eval_reward(
     temperature: float,
     run_id: str = EVAL_RUN,
     worker: bytes = EVAL_WORKER,
+    rules: EpisodeRules | None = None,
 ) -> float:
     """Mean reward of `samples` completions per task, with seeds fixed by (run_id, worker, task, index)
-    alone (step 0), so two measurements differ only by the weights.
+    alone (step 0), so two measurements differ only by the weights. With `rules` (a multi-turn run) each
+    completion is an episode of the run's environment, and its reward the episode's.
 
     A completion the grader faults on (a machine-dependent limit, GraderFault) counts as unsolved: this is
     a local measurement, not a verdict anyone recomputes.
     """
     if not tasks or samples < 1:
         raise ValueError("need at least one task and one sample")
-    groups = []
+    groups, played = [], 0.0
     for task in tasks:
         seeds = [derive_seed(run_id, worker, 0, task.task_id, i) for i in range(samples)]
-        prompt = list(task_prompt_ids(task, engine.tokenizer))
+        prompt = list(task_prompt_ids(task, engine.tokenizer, rules))
+        if rules is not None:
+            played += sum(play_group(engine, task, rules, prompt, seeds, temperature).rewards or ())
+            continue
         group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
         groups.append((task, [engine.tokenizer.completion_text(completion.tokens) for completion in group]))
-    total = sum(sum(rewards) for rewards in measured_rewards(groups))  # a faulting completion counts 0
+    total = played + sum(sum(rewards) for rewards in measured_rewards(groups))  # a faulting one counts 0
     return total / (len(tasks) * samples)
 
 
@@ -106,6 +112,7 @@ def run_sync(
                 samples=eval_samples,
                 max_new_tokens=grpo.max_new_tokens,
                 temperature=grpo.temperature,
+                rules=episode_rules(descriptor),
             )
             eval_s = time.perf_counter() - trained
         record = SyncStep(stats, generated - started, trained - generated, reward, eval_s)

@@ -62,6 +62,15 @@ from swarmnode.crypto.toploc import (
     verify_proofs_batch,
 )
 from swarmnode.node.rl.engine import InferenceEngine, Prefill
+from swarmnode.node.rl.environments.episodes import (
+    EpisodeRules,
+    episode_rules,
+    model_mask,
+    model_ranges,
+    replay_tokens,
+    span_layout_fault,
+)
+from swarmnode.node.rl.environments.replay import FabricatedTurn, MalformedTranscript
 from swarmnode.node.rl.grpo import group_advantages
 from swarmnode.node.rl.model import ModelInfo
 from swarmnode.node.rl.rollouts import assigned_tasks, submission_rewards, task_prompt_ids, unpack_logprobs
@@ -81,12 +90,13 @@ from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
 from swarmnode.protocol.messages import (
     Completion,
+    EnvironmentTerms,
     GrpoParams,
     RolloutSubmission,
     RunDescriptor,
     ValidatorPolicy,
 )
-from swarmnode.protocol.runs import step_counter, step_version
+from swarmnode.protocol.runs import run_environment, step_counter, step_version
 
 ADVANTAGE_TOLERANCE = 1e-4
 LOGPROB_TOLERANCE = 1e-3
@@ -103,7 +113,8 @@ def grades_by_execution(sub: RolloutSubmission, dataset: Mapping[bytes, Task]) -
     graded, and an id outside the dataset fails there.
     """
     tasks = (dataset.get(g.task_id) for g in sub.groups)
-    return any(task is not None and executes_completion(task.kind) for task in tasks)
+    multi_turn = any(c.env_spans for g in sub.groups for c in g.completions)  # the replay runs environments
+    return multi_turn or any(task is not None and executes_completion(task.kind) for task in tasks)
 
 
 @dataclass(frozen=True)
@@ -164,25 +175,47 @@ def _finite(value: object) -> bool:
     return type(value) is float and math.isfinite(value)
 
 
-def check_completion_shape(completion: Completion, where: str, grpo: GrpoParams, model: ModelInfo) -> None:
+def check_completion_shape(completion: Completion, where: str, grpo: GrpoParams, model: ModelInfo,
+                           terms: EnvironmentTerms | None = None) -> None:
     """What anything that reads a completion needs: a token count the run allows, ids in the vocabulary,
-    one finite float32 logprob per token, a finite reward and advantage (the trainer checks these too)."""
+    one finite float32 logprob per token, a finite reward and advantage (the trainer checks these too);
+    in a multi-turn run (`terms`), environment spans placed between model turns with logprobs 0.0."""
     tokens = completion.token_ids
-    if not 1 <= len(tokens) <= grpo.max_new_tokens:
-        raise _malformed(where, f"{len(tokens)} tokens, the run allows 1 to {grpo.max_new_tokens}")
+    most = terms.max_completion_tokens if terms is not None else grpo.max_new_tokens
+    if not 1 <= len(tokens) <= most:
+        raise _malformed(where, f"{len(tokens)} tokens, the run allows 1 to {most}")
     bad = _first_outside(tokens, model.vocab_size)
     if bad is not None:
         raise _malformed(where, f"token {bad} ({tokens[bad]!r}) outside the vocabulary of {model.vocab_size}")
     logprobs = completion.logprobs
     if type(logprobs) is not bytes or len(logprobs) != LOGPROB_BYTES * len(tokens):
         raise _malformed(where, f"logprobs must be {LOGPROB_BYTES} x {len(tokens)} bytes")
-    if not all(math.isfinite(x) for x in struct.unpack(f"<{len(tokens)}f", logprobs)):
+    values = struct.unpack(f"<{len(tokens)}f", logprobs)
+    if not all(math.isfinite(x) for x in values):
         raise _malformed(where, "a logprob is not finite")
     if not _finite(completion.reward) or not _finite(completion.advantage):
         raise _malformed(where, "reward and advantage must be finite floats")
+    check_env_spans(completion, values, where, terms)
 
 
-def check_groups_shape(sub: RolloutSubmission, grpo: GrpoParams, model: ModelInfo) -> None:
+def check_env_spans(completion: Completion, logprobs: Sequence[float], where: str,
+                    terms: EnvironmentTerms | None) -> None:
+    """Environment spans only in a multi-turn run, each between model turns, within the run's turns, over
+    tokens whose logprobs are 0.0 (nobody sampled them)."""
+    spans = completion.env_spans
+    if not spans:
+        return
+    if terms is None:
+        raise _malformed(where, "environment spans in a single-turn run")
+    fault = span_layout_fault(len(completion.token_ids), spans, terms.max_turns)
+    if fault is not None:
+        raise _malformed(where, fault)
+    if any(logprobs[i] != 0.0 for span in spans for i in range(span.start, span.start + span.length)):
+        raise _malformed(where, "an environment token's logprob is not 0.0")
+
+
+def check_groups_shape(sub: RolloutSubmission, grpo: GrpoParams, model: ModelInfo,
+                       terms: EnvironmentTerms | None = None) -> None:
     """Every group's prompt and completions readable by the GRPO step: prompts non-empty and in the
     vocabulary, `group_size` completions of sound shape, each fitting the model's context after its prompt."""
     for gi, group in enumerate(sub.groups):
@@ -198,7 +231,7 @@ def check_groups_shape(sub: RolloutSubmission, grpo: GrpoParams, model: ModelInf
             )
         for ci, completion in enumerate(group.completions):
             where = f"group {gi} completion {ci}"
-            check_completion_shape(completion, where, grpo, model)
+            check_completion_shape(completion, where, grpo, model, terms)
             if len(prompt) + len(completion.token_ids) > model.max_positions:
                 raise _malformed(where, f"prompt and completion exceed {model.max_positions} positions")
 
@@ -207,16 +240,19 @@ def check_completion_provenance(completion: Completion, where: str, ctx: Validat
     """What only the worker's generation explains: EOS placement, the seed's range, one proof per chunk."""
     policy, tokens = ctx.descriptor.policy, completion.token_ids
     eos = ctx.model.eos_token_ids
-    early = next((i for i, t in enumerate(tokens[:-1]) if t in eos), None)
+    ranges = model_ranges(len(tokens), completion.env_spans)
+    turn_ends = {end - 1 for _, end in ranges}
+    early = next((i for a, b in ranges for i in range(a, b) if tokens[i] in eos and i not in turn_ends), None)
     if early is not None:
-        raise _malformed(where, f"EOS at position {early} before the last token")
+        raise _malformed(where, f"EOS at position {early} before the end of the model's turn")
     if type(completion.ended_with_eos) is not bool or completion.ended_with_eos != (tokens[-1] in eos):
         raise _malformed(where, "ended_with_eos disagrees with the last token")
     if type(completion.seed) is not int or not 0 <= completion.seed < 2**SEED_BITS:
         raise _malformed(where, f"seed outside [0, 2^{SEED_BITS})")
-    owed = chunk_count(len(tokens), policy.toploc_chunk)
+    sampled = sum(b - a for a, b in ranges)  # proofs cover the model's tokens only
+    owed = chunk_count(sampled, policy.toploc_chunk)
     if len(completion.proofs) != owed:
-        raise _malformed(where, f"{len(completion.proofs)} proofs, {len(tokens)} tokens owe {owed}")
+        raise _malformed(where, f"{len(completion.proofs)} proofs, {sampled} model tokens owe {owed}")
     size = proof_size(policy.toploc_k)
     for pi, proof in enumerate(completion.proofs):
         if type(proof) is not bytes or len(proof) != size:
@@ -237,7 +273,7 @@ def check_fields(sub: RolloutSubmission, ctx: ValidationContext) -> None:
         raise Ignore(Reason.WRONG_RUN, f"submission of run {sub.run!r}, not {ctx.descriptor.run!r}")
     if len(sub.groups) != grpo.prompts_per_step:
         raise _malformed("groups", f"{len(sub.groups)} groups, the run asks for {grpo.prompts_per_step}")
-    check_groups_shape(sub, grpo, ctx.model)
+    check_groups_shape(sub, grpo, ctx.model, run_environment(ctx.descriptor))
     for gi, group in enumerate(sub.groups):
         for ci, completion in enumerate(group.completions):
             check_completion_provenance(completion, f"group {gi} completion {ci}", ctx)
@@ -275,13 +311,14 @@ def check_assignment(sub: RolloutSubmission, worker: bytes, ctx: ValidationConte
     assignment's. The seeds hash the step in, so completions made for another assignment fail here."""
     descriptor = ctx.descriptor
     check_step(sub, descriptor)
+    rules = episode_rules(descriptor)
     expected = assigned_tasks(descriptor, ctx.dataset_ids, worker, sub.step)
     claimed = [g.task_id for g in sub.groups]
     if claimed != expected:
         raise Reject(Reason.BAD_ASSIGNMENT, "task ids differ from the deterministic assignment")
     for gi, group in enumerate(sub.groups):
         task = ctx.dataset[group.task_id]
-        if tuple(group.prompt_ids) != task_prompt_ids(task, ctx.tokenizer):
+        if tuple(group.prompt_ids) != task_prompt_ids(task, ctx.tokenizer, rules):
             raise Reject(Reason.BAD_ASSIGNMENT, f"group {gi}: prompt tokens differ from the task's prompt")
         for ci, completion in enumerate(group.completions):
             if completion.seed != derive_seed(descriptor.run, worker, sub.step, group.task_id, ci):
@@ -297,11 +334,15 @@ def check_rewards(sub: RolloutSubmission, ctx: ValidationContext) -> None:
     passed (or, unsampled, on parsing kinds only). The 603 detail names the group and the first differing
     completion, never a value: a verdict is public, and what a grader computed stays in this node.
     """
-    recomputed = submission_rewards(
-        [(ctx.dataset[group.task_id], [c.token_ids for c in group.completions]) for group in sub.groups],
-        ctx.descriptor,
-        ctx.tokenizer,
-    )
+    rules = episode_rules(ctx.descriptor)
+    if rules is not None:
+        recomputed = replayed_rewards(sub, ctx, rules)
+    else:
+        recomputed = submission_rewards(
+            [(ctx.dataset[group.task_id], [c.token_ids for c in group.completions]) for group in sub.groups],
+            ctx.descriptor,
+            ctx.tokenizer,
+        )
     for gi, (group, rewards) in enumerate(zip(sub.groups, recomputed, strict=True)):
         claimed = [c.reward for c in group.completions]
         ci = next((i for i, (c, r) in enumerate(zip(claimed, rewards, strict=True)) if c != r), None)
@@ -314,6 +355,30 @@ def check_rewards(sub: RolloutSubmission, ctx: ValidationContext) -> None:
         if not bool(close.all()):
             ci = int(torch.nonzero(~close)[0])
             raise Reject(Reason.BAD_REWARD, f"group {gi} completion {ci}: {ADVANTAGE_DIFFERS}")
+
+
+def replayed_rewards(sub: RolloutSubmission, ctx: ValidationContext,
+                     rules: EpisodeRules) -> list[list[float]]:
+    """Each completion's reward by replaying the environment on its model turns (spec/environments.md,
+    Replay): an environment span the environment does not say is 611 FABRICATED_ENV_TURN, a transcript in
+    another shape than the episode's 609. The detail names the span, not what the environment said."""
+    rewards = []
+    for gi, group in enumerate(sub.groups):
+        task = ctx.dataset[group.task_id]
+        row = []
+        for ci, c in enumerate(group.completions):
+            where = f"group {gi} completion {ci}"
+            try:
+                replayed = replay_tokens(rules, task, c.seed, ctx.tokenizer, c.token_ids, c.env_spans,
+                                         ctx.model.eos_token_ids)
+            except FabricatedTurn as exc:
+                raise Reject(Reason.FABRICATED_ENV_TURN,
+                             f"{where}: span {exc.index} is not what the environment says") from None
+            except MalformedTranscript as exc:
+                raise _malformed(where, f"span {exc.index}: {exc.problem}") from None
+            row.append(replayed.reward)
+        rewards.append(row)
+    return rewards
 
 
 def failing_chunks(checks: Sequence[ChunkCheck], bounds: CalibratedPolicy) -> tuple[int, ...]:
@@ -367,8 +432,45 @@ def check_proofs(
 
 
 @dataclass(frozen=True)
+class _Sampled:
+    """What the model checks read of one completion: the tokens the model sampled (all of them in a
+    single-turn run, the model spans' in a multi-turn one), their positions in the completion (the
+    sampler's noise index), their claimed logprobs (packed float32), and the last model turn with its token
+    budget (what termination reads)."""
+
+    tokens: list[int]
+    positions: list[int]
+    seed: int
+    claimed_logprobs: bytes
+    last_turn: Sequence[int]
+    last_budget: int
+
+
+def sampled_tokens(completion: Completion, rules: EpisodeRules | None, max_new_tokens: int) -> _Sampled:
+    tokens = list(completion.token_ids)
+    if rules is None or not completion.env_spans:
+        budget = max_new_tokens if rules is None else rules.turn_budget(0)
+        everything = list(range(len(tokens)))
+        return _Sampled(tokens, everything, completion.seed, completion.logprobs, tokens, budget)
+    ranges = model_ranges(len(tokens), completion.env_spans)
+    positions = [i for a, b in ranges for i in range(a, b)]
+    claimed = b"".join(completion.logprobs[LOGPROB_BYTES * i : LOGPROB_BYTES * (i + 1)] for i in positions)
+    last_start, last_end = ranges[-1]
+    return _Sampled([tokens[i] for i in positions], positions, completion.seed, claimed,
+                    tokens[last_start:last_end], rules.turn_budget(last_start))
+
+
+def model_rows(prefill: Prefill, completion: Completion) -> Prefill:
+    """The prefill at the model's positions only (a multi-turn completion's environment rows dropped)."""
+    if not completion.env_spans:
+        return prefill
+    mask = model_mask(len(completion.token_ids), completion.env_spans)
+    return Prefill(hidden_rows=prefill.hidden_rows[mask], logits=prefill.logits[mask])
+
+
+@dataclass(frozen=True)
 class _TokenScores:
-    """What checks 6b-6d read from the validator's logits, for every generated token of a submission at
+    """What checks 6b-6d read from the validator's logits, for every sampled token of a submission at
     once (packed: completion after completion), from one pass over the stacked logits."""
 
     logprobs: torch.Tensor  # (N,) under softmax(logits / temperature), as `token_logprobs`
@@ -377,7 +479,7 @@ class _TokenScores:
 
 
 def _token_scores(
-    completions: Sequence[Completion], prefills: Sequence[Prefill], temperature: float, tolerance: float,
+    sampled: Sequence[_Sampled], prefills: Sequence[Prefill], temperature: float, tolerance: float,
     eos_token_ids: Sequence[int],
 ) -> _TokenScores:
     """`token_logprobs`, the P(EOS) `check_termination` reads and `check_sampling` of every completion,
@@ -386,16 +488,17 @@ def _token_scores(
     Each is row-wise over the logits, so stacking the completions changes no value; the sampling check
     is `check_sampling`'s: the seeded Gumbel noise of each (seed, position), the gap between the best
     perturbed score and the claimed token's, a mismatch where it exceeds the tolerance. P(EOS) is taken
-    only at each completion's last position, the one value termination reads.
+    only at each completion's last position, the one value termination reads. Mismatches are indices into
+    each completion's sampled tokens.
     """
-    lengths = [len(c.token_ids) for c in completions]
+    lengths = [len(s.tokens) for s in sampled]
     logits = torch.cat([p.logits for p in prefills])
-    tokens = torch.tensor([t for c in completions for t in c.token_ids], dtype=torch.int64)
+    tokens = torch.tensor([t for s in sampled for t in s.tokens], dtype=torch.int64)
     if logits.ndim != 2 or logits.shape[0] != tokens.shape[0]:
         raise ValueError(f"logits {tuple(logits.shape)} do not match {tokens.shape[0]} tokens")
     scores = scale_logits(logits, temperature)
     if temperature > 0:
-        keys = [position_key(c.seed, p) for c in completions for p in range(len(c.token_ids))]
+        keys = [position_key(s.seed, p) for s in sampled for p in s.positions]
         scores = scores + gumbel_from_keys(keys, scores.shape[-1], scores.device)
     gaps = scores.max(dim=-1).values - scores.gather(-1, tokens.to(scores.device).unsqueeze(-1)).squeeze(-1)
     ends = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
@@ -420,20 +523,19 @@ def _token_scores(
     return _TokenScores(token_logprobs(logits, tokens, temperature), last_eos_probs, sampling)
 
 
-def _logprobs_differ(
-    completions: Sequence[Completion], recomputed: torch.Tensor, lengths: Sequence[int]
-) -> set[int]:
+def _logprobs_differ(sampled: Sequence[_Sampled], recomputed: torch.Tensor) -> set[int]:
     """Check 6c for every completion at once: those whose claimed logprobs are not `torch.allclose` to the
     prefill's (`recomputed`, packed) within LOGPROB_TOLERANCE."""
-    if all(len(c.logprobs) == LOGPROB_BYTES * n for c, n in zip(completions, lengths, strict=True)):
-        claimed = unpack_logprobs(b"".join(c.logprobs for c in completions))
+    lengths = [len(s.tokens) for s in sampled]
+    if all(len(s.claimed_logprobs) == LOGPROB_BYTES * n for s, n in zip(sampled, lengths, strict=True)):
+        claimed = unpack_logprobs(b"".join(s.claimed_logprobs for s in sampled))
         close = torch.isclose(claimed, recomputed, atol=LOGPROB_TOLERANCE)
         owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.int64))
         return set(owner[~close].tolist())
     return {  # not from a submission that passed check 2b: completion by completion
         i
-        for i, (c, r) in enumerate(zip(completions, recomputed.split(list(lengths)), strict=True))
-        if (claimed := unpack_logprobs(c.logprobs)).shape != r.shape
+        for i, (s, r) in enumerate(zip(sampled, recomputed.split(lengths), strict=True))
+        if (claimed := unpack_logprobs(s.claimed_logprobs)).shape != r.shape
         or not torch.allclose(claimed, r, atol=LOGPROB_TOLERANCE)
     }
 
@@ -444,25 +546,28 @@ def check_model_outputs(sub: RolloutSubmission, ctx: ValidationContext, engine: 
     The prefill's rows and logits are all the model checks read (no second forward); each check runs
     once over the whole submission. TOPLOC comes first: a worker that generated with other weights or
     another prompt is caught by the check that names failing chunks (slashable evidence), not by the
-    logprobs it could not reproduce.
+    logprobs it could not reproduce. In a multi-turn run the prefill runs over the whole transcript and the
+    checks read the model's positions only: the environment's tokens were not sampled.
     """
     descriptor, policy = ctx.descriptor, ctx.descriptor.policy
     temperature = descriptor.grpo.temperature
+    rules = episode_rules(descriptor)
     flat = [(g.prompt_ids, c) for g in sub.groups for c in g.completions]
     completions = [c for _, c in flat]
-    prefills = engine.prefill_batch([(list(p), list(c.token_ids)) for p, c in flat])
+    prefills = [model_rows(p, c) for p, c in zip(
+        engine.prefill_batch([(list(p), list(c.token_ids)) for p, c in flat]), completions, strict=True)]
     summary = check_proofs(completions, prefills, policy)
     eos_ids = ctx.model.eos_token_ids
-    scores = _token_scores(completions, prefills, temperature, policy.sampling_tolerance, eos_ids)
-    lengths = [len(c.token_ids) for c in completions]
-    logprobs_differ = _logprobs_differ(completions, scores.logprobs, lengths)
-    for i, (completion, sampling) in enumerate(zip(completions, scores.sampling, strict=True)):
+    sampled = [sampled_tokens(c, rules, descriptor.grpo.max_new_tokens) for c in completions]
+    scores = _token_scores(sampled, prefills, temperature, policy.sampling_tolerance, eos_ids)
+    logprobs_differ = _logprobs_differ(sampled, scores.logprobs)
+    for i, (s, sampling) in enumerate(zip(sampled, scores.sampling, strict=True)):
         termination = check_termination_at_end(
             scores.last_eos_probs[i],
-            completion.token_ids,
+            s.last_turn,
             eos_ids,
-            descriptor.grpo.max_new_tokens,
-            eos_threshold(completion.token_ids, sampling, policy.eos_min_prob, eos_ids),
+            s.last_budget,
+            eos_threshold(s.tokens, sampling, policy.eos_min_prob, eos_ids),
         )
         if not termination.passed:
             raise Reject(Reason.BAD_TERMINATION, f"completion {i}: {termination.failures}")
@@ -476,7 +581,7 @@ def check_model_outputs(sub: RolloutSubmission, ctx: ValidationContext, engine: 
                 f"completion {i}: tokens at {list(sampling.mismatches)[:8]} are not "
                 "the seeded sampler's choice",
             )
-    return Accepted(sum(lengths), summary.mean_exp_mismatches, summary.mean_mant_err)
+    return Accepted(sum(len(s.tokens) for s in sampled), summary.mean_exp_mismatches, summary.mean_mant_err)
 
 
 def eos_threshold(tokens: Sequence[int], sampling: SamplingCheck, eos_min_prob: float,

@@ -120,6 +120,7 @@ class CapturedRequest:
 
     seed: int
     temperature: float
+    first_position: int = 0  # the completion's position of this request's first token (a later turn's)
     rows: list[int] = field(default_factory=list)
 
 
@@ -207,7 +208,7 @@ class BatchSampler:
                 raise CaptureError(f"batch index {i}: {position} outputs but {len(request.rows)} rows "
                                    "captured")
             index.append(i)
-            keys.append(position_key(request.seed, position))
+            keys.append(position_key(request.seed, request.first_position + position))
             temps.append(request.temperature)
         ints = torch.tensor([[i, k0, k1] for i, (k0, k1) in zip(index, keys, strict=True)], dtype=torch.int64)
         floats = torch.tensor(temps, dtype=torch.float32)
@@ -347,10 +348,11 @@ class VLLMEngine:
     # ------------------------------------------------------------------ worker
 
     def generate_group(
-        self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int, temperature: float
+        self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int,
+        temperature: float, first_position: int = 0,
     ) -> list[Completion]:
         """n completions of one prompt, sampled by our Gumbel-max inside vLLM's batch."""
-        return self.generate_groups([prompt_ids], n, [seeds], max_new_tokens, temperature)[0]
+        return self.generate_groups([prompt_ids], n, [seeds], max_new_tokens, temperature, first_position)[0]
 
     def generate_groups(
         self,
@@ -359,8 +361,13 @@ class VLLMEngine:
         seeds: Sequence[Sequence[int]],
         max_new_tokens: int,
         temperature: float,
+        first_position: int = 0,
     ) -> list[list[Completion]]:
-        """`generate_group` for several prompts in one vLLM batch (a worker's whole assignment at once)."""
+        """`generate_group` for several prompts in one vLLM batch (a worker's whole assignment at once).
+
+        `first_position` is the completion's position of the first token sampled: a later turn of an
+        episode continues its completion's noise (the prompt then holds the turns so far, and vLLM's
+        prefix cache keeps them from the turn before)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -376,7 +383,7 @@ class VLLMEngine:
         if self._failed is not None:
             raise CaptureError(f"an earlier generation or weight load failed ({self._failed!r}); vLLM's "
                                "batch or weights may be left half-done: open a new engine")
-        requests = [CapturedRequest(seed=int(s), temperature=temperature) for group in seeds for s in group]
+        requests = [CapturedRequest(int(s), temperature, first_position) for group in seeds for s in group]
         keys = list(range(self._next_key, self._next_key + len(requests)))
         self._next_key += len(requests)
         params = [

@@ -35,7 +35,7 @@ from swarmnode.protocol.ledger_messages import (
     RegisterRun,
     SetRunValidators,
 )
-from swarmnode.protocol.messages import GrpoParams, RunDescriptor
+from swarmnode.protocol.messages import EnvironmentTerms, GrpoParams, RunDescriptor
 
 CONTRACT_ENV = "SWARMNODE_CONTRACT"
 # LedgerErrors that say nothing about the operation (the backend or the log's file failed, a nonce race):
@@ -93,17 +93,20 @@ def run_registration(
     parameters: int,
     window_epochs: int,
     max_submissions_per_version: int = DEFAULT_MAX_SUBMISSIONS_PER_VERSION,
+    environment: EnvironmentTerms | None = None,
 ) -> RegisterRun:
     """The RegisterRun of a run (its descriptor's GRPO parameters and counter bound): its validator set
     (sorted, distinct) and the bounds of one credit.
 
     A submission carries `prompts_per_step` groups of `group_size` completions of at most `max_new_tokens`
-    each; a token costs about 2 · parameters FLOPs. Both are capped at the ledger's limits (a validator
-    credits at most the run's bound per token)."""
+    each (of at most the `environment`'s `max_completion_tokens` in a multi-turn run); a token costs about
+    2 · parameters FLOPs. Both are capped at the ledger's limits (a validator credits at most the run's
+    bound per token)."""
     members = tuple(sorted(set(validators)))
     if not 1 <= len(members) <= MAX_RUN_VALIDATORS:
         raise ValueError(f"a run names 1 to {MAX_RUN_VALIDATORS} validators, not {len(members)}")
-    tokens = grpo.max_new_tokens * grpo.group_size * grpo.prompts_per_step
+    longest = environment.max_completion_tokens if environment is not None else grpo.max_new_tokens
+    tokens = longest * grpo.group_size * grpo.prompts_per_step
     return RegisterRun(
         run=run,
         validators=members,

@@ -19,7 +19,14 @@ from swarmnode.node.trainer.inbox import InboxEntry
 from swarmnode.protocol.codec import decode
 from swarmnode.protocol.envelope import Envelope, Opened, envelope_digest, open_envelope
 from swarmnode.protocol.errors import Ignore, ProtocolError, Reason, Reject
-from swarmnode.protocol.messages import AcceptedBatch, AcceptedRollout, GrpoParams, RolloutSubmission, Verdict
+from swarmnode.protocol.messages import (
+    AcceptedBatch,
+    AcceptedRollout,
+    EnvironmentTerms,
+    GrpoParams,
+    RolloutSubmission,
+    Verdict,
+)
 from swarmnode.protocol.runs import step_version
 
 MAX_VERSION = 2**32  # a checkpoint version is the high half of a u64 assignment step
@@ -33,7 +40,8 @@ def open_stored(data: bytes, cls: type, run: str) -> Opened:
     return open_envelope(data, run=run, now_ms=signed_at, replay=None, expect=cls)
 
 
-def check_trainable(sub: RolloutSubmission, grpo: GrpoParams, cfg: ModelInfo) -> None:
+def check_trainable(sub: RolloutSubmission, grpo: GrpoParams, cfg: ModelInfo,
+                    terms: EnvironmentTerms | None = None) -> None:
     """Refuse a submission the GRPO step could not take (a buggy validator must not crash the trainer).
 
     The shape rules are the validator's own (`check_groups_shape`); here a violation is the validator's
@@ -42,7 +50,7 @@ def check_trainable(sub: RolloutSubmission, grpo: GrpoParams, cfg: ModelInfo) ->
     if not sub.groups:
         raise Reject(Reason.RULE_VIOLATION, "submission has no groups")
     try:
-        check_groups_shape(sub, grpo, cfg)
+        check_groups_shape(sub, grpo, cfg, terms)
     except Reject as malformed:
         raise Reject(Reason.RULE_VIOLATION, f"accepted a malformed rollout: {malformed.detail}") from None
     # (r - mean) / std over a group of n is at most sqrt(n - 1) in magnitude (all but one reward equal)
@@ -85,6 +93,7 @@ def verify_accepted(
     cfg: ModelInfo,
     roots: Mapping[int, bytes],
     received_ms: int,
+    terms: EnvironmentTerms | None = None,
 ) -> InboxEntry:
     """An accepted item as an inbox entry, or Reject/Ignore with the reason the validator is charged for.
 
@@ -116,7 +125,7 @@ def verify_accepted(
             Reason.RULE_VIOLATION, "the verdict names another step or checkpoint than the submission"
         )
     check_checkpoint(sub, roots)
-    check_trainable(sub, grpo, cfg)
+    check_trainable(sub, grpo, cfg, terms)
     return InboxEntry(
         index=item.index,
         digest=digest,
@@ -148,6 +157,7 @@ def check_batch(
     cfg: ModelInfo,
     roots: Mapping[int, bytes],
     now_ms: int,
+    terms: EnvironmentTerms | None = None,
 ) -> Checked:
     """Verify a pulled batch against our cursor (CPU only: callers may run it in a thread).
 
@@ -170,9 +180,8 @@ def check_batch(
         last = item.index
         try:
             entries.append(
-                verify_accepted(
-                    item, run=run, validator=validator, grpo=grpo, cfg=cfg, roots=roots, received_ms=now_ms
-                )
+                verify_accepted(item, run=run, validator=validator, grpo=grpo, cfg=cfg, roots=roots,
+                                received_ms=now_ms, terms=terms)
             )
         except ProtocolError as exc:
             refused.append((item.index, exc.reason, exc.detail))

@@ -39,6 +39,7 @@ def load_or_create_descriptor(
     tasks: Sequence[Task],
     co_trainers: tuple[bytes, ...] = (),
     max_new_tokens: int = DEVNET_MAX_NEW_TOKENS,
+    environment: str = "",
 ) -> RunDescriptor:
     """The run's descriptor as first published from this data dir, or a new one with the devnet's recipe
     on this model folder and these tasks (then stored)."""
@@ -57,7 +58,8 @@ def load_or_create_descriptor(
                 f"with {len(co_trainers)}"
             )
         return descriptor
-    created = devnet_run(trainer, model_dir, wall_ms(), tasks=tasks, max_new_tokens=max_new_tokens).descriptor
+    created = devnet_run(trainer, model_dir, wall_ms(), tasks=tasks, max_new_tokens=max_new_tokens,
+                         environment=environment).descriptor
     if len(tasks) < created.grpo.prompts_per_step:  # every worker's first step would die assigning its tasks
         from swarmnode.node.errors import OperatorError
 

@@ -47,7 +47,8 @@ from swarmnode.node.trainer.validators import (
     validator_in_good_standing,
 )
 from swarmnode.protocol.errors import Reason
-from swarmnode.protocol.messages import AcceptedBatch, AcceptedRequest, GrpoParams
+from swarmnode.protocol.messages import AcceptedBatch, AcceptedRequest, EnvironmentTerms, GrpoParams
+from swarmnode.protocol.runs import run_environment
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ def ingest_batch(
     cfg: ModelInfo,
     roots: Mapping[int, bytes],
     now_ms: int,
+    terms: EnvironmentTerms | None = None,
 ) -> Ingested:
     """Verify a pulled batch and store its good items with the advanced cursor, in one transaction."""
     checked = check_batch(
@@ -80,6 +82,7 @@ def ingest_batch(
         cfg=cfg,
         roots=roots,
         now_ms=now_ms,
+        terms=terms,
     )
     return Ingested(inbox.store(validator, checked.entries, checked.cursor), checked.cursor, checked.refused)
 
@@ -119,6 +122,7 @@ class Pulling(TrainerState):
                 run=descriptor.run,
                 validator=validator,
                 grpo=descriptor.grpo,
+                terms=run_environment(descriptor),
                 cfg=self.model_config,
                 roots=self.published_roots(),
                 now_ms=wall_ms(),

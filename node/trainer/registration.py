@@ -18,6 +18,7 @@ from swarmnode.node.roles.common import check_run_owner, ensure_run, is_refusal,
 from swarmnode.node.trainer.limits import RUN_WAIT_S
 from swarmnode.node.trainer.state import TrainerState
 from swarmnode.protocol.messages import RunDescriptor
+from swarmnode.protocol.runs import run_environment
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class Registration(TrainerState):
         if lead and self.run_validators:
             window = self.challenge_window_epochs
             op = run_registration(descriptor.run, descriptor.grpo, self.run_validators, parameters, window,
-                                  descriptor.max_submissions_per_version)
+                                  descriptor.max_submissions_per_version, run_environment(descriptor))
         waiting = False
         while True:
             try:

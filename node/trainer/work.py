@@ -61,6 +61,7 @@ class SwarmTrainerWork(StepLoop, Pulling, Registration):
                 self.model_dir,
                 self.tasks,
                 max_new_tokens=self.config.work.max_new_tokens,
+                environment=self.config.work.environment,
             )
         return self.descriptor
 

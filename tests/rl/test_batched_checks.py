@@ -19,7 +19,7 @@ from swarmnode.node.rl.sampling import (
     noise_bits,
     token_logprobs,
 )
-from swarmnode.node.rl.validation import _token_scores
+from swarmnode.node.rl.validation import _token_scores, sampled_tokens
 from swarmnode.protocol.messages import Completion
 
 u32 = st.integers(0, 2**32 - 1)
@@ -71,7 +71,8 @@ def test_submission_scores_equal_one_completion_at_a_time(data, vocab, temperatu
         completions.append(_completion(tokens, data.draw(st.integers(0, 2**63 - 1))))
         prefills.append(Prefill(hidden_rows=torch.zeros(n, 1), logits=logits))
     eos = data.draw(st.sampled_from([(0,), (0, 1)]))
-    scores = _token_scores(completions, prefills, temperature, tolerance, eos)
+    sampled = [sampled_tokens(c, None, 1 << 16) for c in completions]
+    scores = _token_scores(sampled, prefills, temperature, tolerance, eos)
     for c, pre, logp, p_eos, sampling in zip(completions, prefills, scores.logprobs.split(lengths),
                                              scores.last_eos_probs, scores.sampling, strict=True):
         assert sampling == check_sampling(pre.logits, c.token_ids, c.seed, temperature, tolerance)
@@ -84,7 +85,8 @@ def test_an_off_sampler_token_is_named_at_its_own_position():
     logits = torch.tensor([[0.0, 9.0], [0.0, 9.0], [0.0, 9.0]])
     completions = [_completion([1], 1), _completion([1, 0], 2)]
     prefills = [Prefill(torch.zeros(1, 1), logits[:1]), Prefill(torch.zeros(2, 1), logits[1:])]
-    scores = _token_scores(completions, prefills, 0.0, 1e-3, (0,))
+    sampled = [sampled_tokens(c, None, 1 << 16) for c in completions]
+    scores = _token_scores(sampled, prefills, 0.0, 1e-3, (0,))
     assert scores.sampling[0].passed
     assert scores.sampling[1].mismatches == (1,)
     assert scores.sampling[1].max_gap == 9.0

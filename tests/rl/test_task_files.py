@@ -191,7 +191,7 @@ def test_values(tmp_path):
         bad = {k: v for k, v in {**row, **changes}.items() if v is not None}
         _refused(_jsonl(tmp_path / f"{name}.jsonl", [row, bad]), match, row=2)
 
-    one("kind", {"kind": "poetry"}, "kind 'poetry' has no grader here .known: arithmetic, code, math")
+    one("kind", {"kind": "poetry"}, "kind 'poetry' is not a task kind here .known: arithmetic, code, guess")
     one("none", {"answer": None}, "needs exactly one of answer .or target., has none")
     one("two", {"target": "2"}, "has answer and target")
     one("wrong", {"answer": None, "tests": "assert True"},

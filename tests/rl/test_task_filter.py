@@ -138,7 +138,7 @@ def test_tasks_show(tmp_path):
     assert text.exit_code == 0 and dataset_hash(tasks).hex() in text.output and "arithmetic: 1" in text.output
     (tmp_path / "bad.jsonl").write_text('{"prompt": "x", "kind": "poetry", "answer": "1"}\n')
     bad = CliRunner().invoke(tasks_group, ["show", str(tmp_path / "bad.jsonl")])
-    assert bad.exit_code == 1 and "row 1: kind 'poetry' has no grader" in bad.output
+    assert bad.exit_code == 1 and "row 1: kind 'poetry' is not a task kind" in bad.output
 
 
 def test_tasks_filter_on_a_tiny_model(tmp_path, mixed):

@@ -23,14 +23,17 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from swarmnode.node.rl.tasks import Task
+from swarmnode.protocol.messages import MAX_ENV_TURN_BYTES, MAX_ENV_TURNS, MAX_TRANSCRIPT_BYTES
 
-# Protocol maxima of the bounds: a run's bounds MUST NOT exceed them (what a validator may have to replay).
-MAX_TURNS = 64  # model turns per episode
-MAX_ENV_BYTES = 16 * 1024  # UTF-8 bytes of one environment turn
-MAX_TOTAL_BYTES = 256 * 1024  # UTF-8 bytes of all spans of a transcript
+# Protocol maxima of the bounds (defined with the wire messages): a run's bounds MUST NOT exceed them.
+MAX_TURNS = MAX_ENV_TURNS  # model turns per episode
+MAX_ENV_BYTES = MAX_ENV_TURN_BYTES  # UTF-8 bytes of one environment turn
+MAX_TOTAL_BYTES = MAX_TRANSCRIPT_BYTES  # UTF-8 bytes of all spans of a transcript
 
 SpanKind = Literal["model", "env"]
-EndedBy = Literal["done", "max_turns", "max_env_bytes", "max_total_bytes"]
+# The last two are the token rule's (`episodes.after_model_turn`), which only episodes in tokens apply.
+EndedBy = Literal["done", "max_turns", "max_env_bytes", "max_total_bytes", "max_completion_tokens",
+                  "empty_env_turn"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,16 @@ class Environment(Protocol):
     @property
     def bounds(self) -> EnvBounds:
         """The bounds a run uses unless it sets its own."""
+        ...
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The task kinds it plays (a run's tasks must all be of these)."""
+        ...
+
+    @property
+    def instructions(self) -> str:
+        """What the model is told before each task's prompt (how to call a tool, the reply's form); ""."""
         ...
 
     def respond(self, task: Task, seed: int, model_turns: Sequence[str]) -> EnvTurn | Done:

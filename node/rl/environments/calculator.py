@@ -169,6 +169,14 @@ class Calculator:
     def bounds(self) -> EnvBounds:
         return EnvBounds(max_turns=8, max_env_bytes=256)
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (arithmetic.KIND,)
+
+    @property
+    def instructions(self) -> str:
+        return INSTRUCTIONS
+
     def respond(self, task: Task, seed: int, model_turns: Sequence[str]) -> EnvTurn | Done:
         if task.kind != arithmetic.KIND:
             raise WrongTaskKind(self.name, task.kind, [arithmetic.KIND])

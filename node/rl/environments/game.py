@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from swarmnode.node.rl.environments import Done, EnvBounds, EnvTurn, WrongTaskKind
-from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks import GUESS_KIND, Task
 
-NAME = KIND = "guess"
+NAME = KIND = GUESS_KIND
 VERSION = "1"
 SECRET_DOMAIN = b"swarmnode/environments/guess/secret/v1"
 MAX_GUESS_DIGITS = 20
@@ -67,8 +67,7 @@ def guess_of(turn: str) -> int | None:
 
 
 def make_task(low: int, high: int) -> Task:
-    prompt = (f"I picked an integer from {low} to {high}. Guess it: write one integer per turn and I answer "
-              f"higher, lower, or end the game when you are right.")
+    prompt = f"Guess my integer from {low} to {high}; I answer higher or lower."  # short: small contexts
     return Task(kind=KIND, prompt=prompt, target=f"{low}..{high}")
 
 
@@ -90,6 +89,14 @@ class GuessTheNumber:
     @property
     def bounds(self) -> EnvBounds:
         return EnvBounds(max_turns=12, max_env_bytes=128)  # binary search finds 1 of 1024 in 11 guesses
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (KIND,)
+
+    @property
+    def instructions(self) -> str:
+        return ""  # each game's prompt states its rules
 
     def respond(self, task: Task, seed: int, model_turns: Sequence[str]) -> EnvTurn | Done:
         if task.kind != KIND:

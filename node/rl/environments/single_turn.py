@@ -29,6 +29,14 @@ class SingleTurn:
     def bounds(self) -> EnvBounds:
         return EnvBounds(max_turns=1)
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return (self.kind,)
+
+    @property
+    def instructions(self) -> str:
+        return ""  # the task's prompt says it all, as before environments
+
     def respond(self, task: Task, seed: int, model_turns: Sequence[str]) -> EnvTurn | Done:
         if task.kind != self.kind:
             raise WrongTaskKind(self.name, task.kind, [self.kind])

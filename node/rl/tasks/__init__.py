@@ -19,8 +19,11 @@ from swarmnode.node.rl.tasks.core import (
 )
 from swarmnode.node.rl.tasks.files import TaskFileError, read_tasks, write_tasks
 from swarmnode.node.rl.tasks.graders import (
+    ENVIRONMENT_KINDS,
     GRADERS,
+    GUESS_KIND,
     PARSING_KINDS,
+    TASK_KINDS,
     executes_completion,
     grade,
     grade_group,
@@ -29,7 +32,10 @@ from swarmnode.node.rl.tasks.graders import (
 )
 
 __all__ = [
+    "ENVIRONMENT_KINDS",
     "GRADERS",
+    "GUESS_KIND",
+    "TASK_KINDS",
     "MAX_TARGET_LENGTH",
     "PARSING_KINDS",
     "Grade",

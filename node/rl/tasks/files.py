@@ -5,7 +5,7 @@ One row per task, in dataset order (the order assignment indexes and the dataset
 | column | type | |
 | --- | --- | --- |
 | `prompt` | string | required, not blank |
-| `kind` | string | required, a kind with a grader (`GRADERS`) |
+| `kind` | string | required, one of `TASK_KINDS`: a grader's, or one only an environment plays |
 | `answer` | string | the expected answer: `arithmetic`, `math` |
 | `tests` | string, or list of strings (joined with newlines) | the test code: `code` |
 | `target` | string | our own name for either (what `write_tasks` writes) |
@@ -48,7 +48,7 @@ from swarmnode.node.rl.tasks.family_file import (
     generate_family_tasks,
     read_family_file,
 )
-from swarmnode.node.rl.tasks.graders import GRADERS
+from swarmnode.node.rl.tasks.graders import TASK_KINDS
 from swarmnode.node.sandbox import SandboxUnavailable
 
 MAX_TASKS = 1_000_000  # rows in one file: INTELLECT-2's RL set has 285k
@@ -117,7 +117,7 @@ def task_from_row(row: Mapping[str, Any], kinds: Collection[str]) -> Task:
     if prompt is None or kind is None:
         raise ValueError(f"no {'prompt' if prompt is None else 'kind'}")
     if kind not in kinds:
-        raise ValueError(f"kind {kind!r} has no grader here (known: {', '.join(sorted(kinds))})")
+        raise ValueError(f"kind {kind!r} is not a task kind here (known: {', '.join(sorted(kinds))})")
     length = row.get("target_length")
     if length is not None and (type(length) is not int or not 0 <= length <= MAX_TARGET_LENGTH):
         raise ValueError(f"target_length must be an integer 0 ... {MAX_TARGET_LENGTH}, got {length!r}")
@@ -131,7 +131,7 @@ def task_from_row(row: Mapping[str, Any], kinds: Collection[str]) -> Task:
 def check_task(task: Task, kinds: Collection[str]) -> None:
     """The rules every task of a file obeys, read or written (ValueError otherwise)."""
     if task.kind not in kinds:
-        raise ValueError(f"kind {task.kind!r} has no grader here (known: {', '.join(sorted(kinds))})")
+        raise ValueError(f"kind {task.kind!r} is not a task kind here (known: {', '.join(sorted(kinds))})")
     if not task.prompt.strip():
         raise ValueError("the prompt is blank")
     if len(task.prompt) > MAX_PROMPT_CHARS:
@@ -246,7 +246,7 @@ def _rows(path: Path, batches: Iterator[pa.RecordBatch], kinds: Collection[str])
                 raise TaskFileError(path, str(exc), row) from None
 
 
-def read_tasks(path: str | os.PathLike[str], kinds: Collection[str] = GRADERS.keys()) -> list[Task]:
+def read_tasks(path: str | os.PathLike[str], kinds: Collection[str] = TASK_KINDS) -> list[Task]:
     """The tasks of a `.jsonl`/`.json` or `.parquet` file, in file order, or those a `.toml` family file
     generates; TaskFileError if any row is bad or a family task does not regenerate here."""
     path = Path(path)
@@ -294,7 +294,7 @@ def _arrow_error(path: Path, exc: Exception, one_block: bool) -> TaskFileError:
 
 
 def write_tasks(tasks: Iterable[Task], path: str | os.PathLike[str],
-                kinds: Collection[str] = GRADERS.keys()) -> Path:
+                kinds: Collection[str] = TASK_KINDS) -> Path:
     """Write a dataset as JSONL or Parquet (by the name's suffix), atomically; the same checks as reading.
 
     Columns: kind, prompt, target, target_length, task_id (JSONL leaves target_length out when 0).

@@ -21,6 +21,11 @@ GRADERS: Mapping[str, Callable[[Task, str], Grade]] = MappingProxyType(
 # other kind (today `code`) executes it, in the sandbox: a validator grades it only after the model checks,
 # and a node takes a run with it only where the sandbox works (spec/validation.md).
 PARSING_KINDS = frozenset({arithmetic.KIND, math.KIND})
+# Kinds that only an environment plays (spec/environments.md): no single-turn grader, so a run of such tasks
+# must name an environment. A task file may hold any of `TASK_KINDS`.
+GUESS_KIND = "guess"
+ENVIRONMENT_KINDS = frozenset({GUESS_KIND})
+TASK_KINDS = frozenset(GRADERS) | ENVIRONMENT_KINDS
 
 
 def executes_completion(kind: str) -> bool:

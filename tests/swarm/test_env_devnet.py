@@ -1,0 +1,40 @@
+"""A multi-turn devnet (spec/environments.md): `devnet --env guess` trains the committed model on games of
+guess-the-number (the devnet writes them), every completion an episode the validator replays, and a worker
+that fabricates the game's replies (sampling its later turns honestly on them, so every model check passes)
+is slashed 611 FABRICATED_ENV_TURN. Slow (about five minutes on 2 cores); `-m slow` runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_guess_devnet_trains_and_slashes_a_worker_that_fabricates_environment_turns(tmp_path: Path) -> None:
+    summary_path = tmp_path / "summary.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "swarmnode.node.cli.main", "devnet", "--no-live", "--steps", "6",
+         "--workers", "2", "--relays", "1", "--env", "guess", "--cheat", "fabricated-env-turn",
+         "--out", str(tmp_path / "run"), "--summary", str(summary_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["every_cheater_slashed"] is True and summary["honest_slashed"] == []
+    assert set(summary["validators"]["by_reason"]) == {"FABRICATED_ENV_TURN"}
+    nodes = summary["nodes"]
+    (liar,) = [node for node in nodes.values() if node.get("cheat") == "fabricated-env-turn"]
+    assert liar["rollouts_accepted"] == 0 and liar["rollouts_rejected"] > 0
+    for name, node in nodes.items():
+        if node["role"] == "worker" and node["honest"]:
+            assert node["rollouts_accepted"] > 0 and node["rollouts_rejected"] == 0, name
+    assert summary["trainer"]["step"] == 6
+    print(json.dumps({k: v for k, v in summary.items() if k != "nodes"})[:2000])
