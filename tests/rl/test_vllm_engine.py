@@ -385,3 +385,32 @@ def test_bad_requests_are_refused_before_vllm_runs(engine, prompt):
     with pytest.raises(ValueError, match="positions"):
         engine.generate_group(prompt, 1, [1], engine.info.max_positions, 1.0)
 
+
+
+def test_an_episode_played_on_vllm_passes_a_transformers_validators_model_checks(engine, folder):
+    """Multi-turn: each turn is a new vLLM request on the episode so far (its prefix cached), sampled with
+    the noise of its positions in the completion; a transformers validator's one prefill of the whole
+    transcript re-derives every model token, and the rows match at the model's positions."""
+    from swarmnode.node.rl.engines import open_engine
+    from swarmnode.node.rl.environments.episodes import builtin_terms, rules_from_terms
+    from swarmnode.node.rl.environments.game import make_task
+    from swarmnode.node.rl.rollouts import pack_logprobs, play_group, task_prompt_ids
+    from swarmnode.node.rl.validation import _token_scores, model_rows, sampled_tokens
+    from swarmnode.protocol.messages import Completion
+
+    rules = rules_from_terms(builtin_terms("guess", 96), 8)
+    task = make_task(0, 100_000)  # a wide range: the first guesses are wrong, the game replies
+    prompt = list(task_prompt_ids(task, engine.tokenizer, rules))
+    played = play_group(engine, task, rules, prompt, list(range(4)), 1.0)
+    assert any(c.env_spans for c in played.completions)
+    validator = open_engine("transformers", folder, role="validator")
+    prefills = validator.prefill_batch([(prompt, c.tokens) for c in played.completions])
+    wire = [Completion(c.tokens, pack_logprobs(c.logprobs), 0.0, 0.0, c.seed, c.ended_with_eos, (), c.env_spans)
+            for c in played.completions]
+    at_model = [model_rows(p, c) for p, c in zip(prefills, wire, strict=True)]
+    for c, pre in zip(played.completions, at_model, strict=True):
+        rel = (c.hidden_rows - pre.hidden_rows).norm() / pre.hidden_rows.norm()
+        assert rel < 0.02, rel
+    sampled = [sampled_tokens(c, rules, 8) for c in wire]
+    scores = _token_scores(sampled, at_model, 1.0, BF16_SAMPLING_TOLERANCE, engine.info.eos_token_ids)
+    assert all(s.passed for s in scores.sampling), [s.mismatches for s in scores.sampling]
