@@ -405,8 +405,8 @@ def test_an_episode_played_on_vllm_passes_a_transformers_validators_model_checks
     assert any(c.env_spans for c in played.completions)
     validator = open_engine("transformers", folder, role="validator")
     prefills = validator.prefill_batch([(prompt, c.tokens) for c in played.completions])
-    wire = [Completion(c.tokens, pack_logprobs(c.logprobs), 0.0, 0.0, c.seed, c.ended_with_eos, (), c.env_spans)
-            for c in played.completions]
+    wire = [Completion(c.tokens, pack_logprobs(c.logprobs), 0.0, 0.0, c.seed, c.ended_with_eos, (),
+                       c.env_spans) for c in played.completions]
     at_model = [model_rows(p, c) for p, c in zip(prefills, wire, strict=True)]
     for c, pre in zip(played.completions, at_model, strict=True):
         rel = (c.hidden_rows - pre.hidden_rows).norm() / pre.hidden_rows.norm()
