@@ -99,15 +99,21 @@ def generate_group(engine: InferenceEngine, task: Task, descriptor: RunDescripto
 
 def play_group(engine: InferenceEngine, task: Task, rules: EpisodeRules, prompt: Sequence[int],
                seeds: Sequence[int], temperature: float) -> GeneratedGroup:
-    """A multi-turn group: one episode per seed, each model turn sampled where the completion stands."""
+    """A multi-turn group: one episode per seed, each model turn sampled where the completion stands. The
+    first turns share the prompt as their context: they are sampled as one group."""
+
+    def model_turn(turn: EngineCompletion) -> ModelTurn:
+        return ModelTurn(turn.tokens, turn.logprobs, turn.hidden_rows, turn.ended_with_eos)
 
     def sampler(seed: int) -> TurnSampler:
         def sample_turn(so_far: Sequence[int], budget: int) -> ModelTurn:
             [turn] = engine.generate_group([*prompt, *so_far], 1, [seed], budget, temperature, len(so_far))
-            return ModelTurn(turn.tokens, turn.logprobs, turn.hidden_rows, turn.ended_with_eos)
+            return model_turn(turn)
         return sample_turn
 
-    played = [play(rules, task, seed, engine.tokenizer, sampler(seed)) for seed in seeds]
+    firsts = engine.generate_group(list(prompt), len(seeds), seeds, rules.turn_budget(0), temperature)
+    played = [play(rules, task, seed, engine.tokenizer, sampler(seed), model_turn(first))
+              for seed, first in zip(seeds, firsts, strict=True)]
     completions = [
         EngineCompletion(p.tokens, p.logprobs(), p.hidden_rows(), seed, p.turns[-1].ended_with_eos,
                          p.env_spans)

@@ -270,6 +270,7 @@ def environment_for(name: str, tasks: Sequence[Task], tokenizer: ChatTokenizer, 
     longest = max(len(task_prompt_ids(t, tokenizer, rules)) for t in tasks)
     room = min(info.max_positions - longest, MAX_COMPLETION_TOKENS)
     if room < max_turn_tokens:
-        raise RunMismatch(f"the longest prompt with {name!r}'s instructions takes {longest} of the model's "
-                          f"{info.max_positions} positions: no room for a turn of {max_turn_tokens} tokens")
+        raise RunMismatch(f"the longest prompt, with the instructions of environment {name!r}, takes "
+                          f"{longest} of the model's {info.max_positions} positions: no room for a turn of "
+                          f"{max_turn_tokens} tokens (a model of more positions, or shorter prompts)")
     return builtin_terms(name, room)

@@ -148,15 +148,20 @@ class PlayedEpisode:
 
 
 def play(rules: EpisodeRules, task: Task, seed: int, tokenizer: ChatTokenizer,
-         sample_turn: TurnSampler) -> PlayedEpisode:
-    """Play one episode: sample a model turn, append the environment's reply, until the episode ends."""
+         sample_turn: TurnSampler, first_turn: ModelTurn | None = None) -> PlayedEpisode:
+    """Play one episode: sample a model turn, append the environment's reply, until the episode ends.
+    `first_turn`, when given, is the model's first turn already sampled (a group's first turns share their
+    context, the prompt, so an engine samples them in one batch)."""
     tokens: list[int] = []
     spans: list[EnvSpan] = []
     turns: list[ModelTurn] = []
     texts: list[str] = []
     used_bytes = 0
     while True:
-        turn = sample_turn(tokens, rules.turn_budget(len(tokens)))
+        if first_turn is not None:
+            turn, first_turn = first_turn, None
+        else:
+            turn = sample_turn(tokens, rules.turn_budget(len(tokens)))
         turns.append(turn)
         tokens += turn.tokens
         texts.append(tokenizer.completion_text(turn.tokens))
