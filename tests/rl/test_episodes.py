@@ -233,3 +233,30 @@ def test_tasks_show_reads_games_and_the_filter_refuses_them(tmp_path):
     refused = CliRunner().invoke(tasks_group, ["filter", "--model", str(tiny_folder()), "--tasks", str(games),
                                                "--out", str(tmp_path / "kept.jsonl")])
     assert refused.exit_code == 1 and "played in an environment" in refused.output
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_signed_span_layout_gets_a_verdict_never_a_fault(data, honest, setup, engine):
+    """Hostile: a worker may sign any spans the codec admits (up to 63, any starts and lengths) over its
+    completion. Whatever it claims, judging ends in a verdict naming the worker's fault, never a judge fault,
+    and only the honest layout is accepted."""
+    from swarmnode.node.rl.validation import judge_total
+    from swarmnode.protocol.errors import ProtocolError
+    from swarmnode.protocol.messages import EnvSpan
+
+    gi = data.draw(st.integers(0, len(honest.groups) - 1))
+    ci = data.draw(st.integers(0, len(honest.groups[gi].completions) - 1))
+    c = honest.groups[gi].completions[ci]
+    n = len(c.token_ids)
+    spans = tuple(data.draw(st.lists(st.builds(EnvSpan, st.integers(1, n + 2), st.integers(1, n + 2)),
+                                     max_size=8)))
+    forged = _with_completion(honest, gi, ci, dataclasses.replace(c, env_spans=spans))
+    assert decode(RolloutSubmission, encode(forged)) == forged  # well-formed on the wire
+    outcome = judge_total(forged, WORKER, context(setup, engine), lambda _: engine)
+    if spans == c.env_spans:
+        assert not isinstance(outcome, ProtocolError)
+    else:
+        assert isinstance(outcome, Reject), outcome
+        assert outcome.reason in (Reason.MALFORMED_ROLLOUT, Reason.FABRICATED_ENV_TURN, Reason.BAD_PROOF,
+                                  Reason.BAD_SAMPLING, Reason.BAD_TERMINATION, Reason.RULE_VIOLATION), outcome
