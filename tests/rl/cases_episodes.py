@@ -24,21 +24,16 @@ from swarmnode.node.rl.model import model_commitment
 from swarmnode.node.rl.rollouts import build_submission
 from swarmnode.node.rl.run import DEVNET_MODEL, describe_run, devnet_grpo, devnet_policy, environment_for
 from swarmnode.node.rl.tasks import Task
-from swarmnode.node.rl.tasks.core import task_fields
-from swarmnode.protocol.codec import encode as encode_message
 from swarmnode.protocol.envelope import seal
 from swarmnode.protocol.messages import EnvSpan, RolloutSubmission, RunDescriptor
 from swarmnode.testing.cheats import FABRICATED_ENV_TURN, build_dishonest_submission
 from tests.conformance.keys import NOW_MS, RUN, vector_identity
+from tests.rl.cases_rollouts import WORKER, validation_input
 
 Vector = dict[str, Any]
 
-TRAINER, WORKER = vector_identity(1), vector_identity(3)
+TRAINER = vector_identity(1)
 COUNTER = 0
-
-
-def _h(data: bytes) -> str:
-    return "0x" + data.hex()
 
 
 def _games() -> list[Task]:
@@ -109,22 +104,11 @@ def _submissions(s: _Setup) -> Iterator[tuple[str, str, RolloutSubmission]]:
            _with_completion(honest, i, env_spans=c.env_spans[1:]))
 
 
-def _context(s: _Setup, envelope: bytes) -> dict[str, Any]:
-    return {
-        "descriptor": _h(encode_message(s.descriptor)),
-        "dataset": [task_fields(t) for t in _games()],
-        "checkpoints": [{"version": 0, "root": _h(s.root), "weights_root": _h(s.weights_root)}],
-        "newest_version": 0,
-        "eligible": [_h(WORKER.address)],
-        "now_ms": NOW_MS,
-        "envelope": _h(envelope),
-    }
-
-
 def episode_cases() -> Iterator[Vector]:
     s = _setup()
     for seq, (name, description, sub) in enumerate(_submissions(s), start=1):
-        inp = _context(s, seal(WORKER, sub, run=RUN, seq=seq, ts=NOW_MS))
+        envelope = seal(WORKER, sub, run=RUN, seq=seq, ts=NOW_MS)
+        inp = validation_input(s.descriptor, _games(), s.root, s.weights_root, envelope)
         yield {"name": f"validation/episodes/{name}", "kind": "validation", "description": description,
                "input": inp, "expect": check_validation(inp)}
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any
 
@@ -704,18 +704,22 @@ def _assignment_reuse(s: _Setup, honest: RolloutSubmission) -> Iterator[Submissi
     )
 
 
-def _context(s: _Setup, envelope: bytes, **changes: Any) -> dict[str, Any]:
-    """A validator holding v0 (the base checkpoint) as its newest version, the worker staked."""
-    inp = {
-        "descriptor": _h(encode_message(s.descriptor)),
-        "dataset": [_task_json(t) for t in _dataset()],
-        "checkpoints": [{"version": 0, "root": _h(s.root), "weights_root": _h(s.weights_root)}],
+def validation_input(descriptor: RunDescriptor, dataset: Sequence[Task], root: bytes, weights_root: bytes,
+                     envelope: bytes) -> dict[str, Any]:
+    """A validator holding v0 (the base checkpoint, `root`) as its newest version, the worker staked."""
+    return {
+        "descriptor": _h(encode_message(descriptor)),
+        "dataset": [_task_json(t) for t in dataset],
+        "checkpoints": [{"version": 0, "root": _h(root), "weights_root": _h(weights_root)}],
         "newest_version": 0,
         "eligible": [_h(WORKER.address)],
         "now_ms": NOW_MS,
         "envelope": _h(envelope),
     }
-    return {**inp, **changes}
+
+
+def _context(s: _Setup, envelope: bytes, **changes: Any) -> dict[str, Any]:
+    return {**validation_input(s.descriptor, _dataset(), s.root, s.weights_root, envelope), **changes}
 
 
 def validation_cases() -> Iterator[Vector]:
