@@ -11,7 +11,9 @@
    reference thresholds and the submission aggregate under the run's calibrated bounds, termination
    (EOS only where P(EOS) is not negligible), logprobs (what the trainer will use as the old policy's),
    and the sampling check (every token re-derived from the validator's own logits);
-5. rewards and advantages recomputed from the completions' text, last.
+5. rewards and advantages recomputed from the completions' text, last; in a multi-turn run (one that
+   names an environment) by replaying the environment on the model's turns (`replayed_rewards`), and the
+   model checks (6) read the model's positions only (spec/environments.md, On the wire).
 
 Checks run in that order: cheap ones first, but grading (5) after the model checks (6), because a grader may
 execute the completion's text (a code task runs it as a program) and the worker chose those tokens. Only
@@ -447,6 +449,8 @@ class _Sampled:
 
 
 def sampled_tokens(completion: Completion, rules: EpisodeRules | None, max_new_tokens: int) -> _Sampled:
+    """The model's part of a completion (`_Sampled`): every token of a single-turn one; in a multi-turn run
+    (`rules`) the tokens outside its environment spans, and its last turn's budget."""
     tokens = list(completion.token_ids)
     if rules is None or not completion.env_spans:
         budget = max_new_tokens if rules is None else rules.turn_budget(0)
