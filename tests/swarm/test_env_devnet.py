@@ -39,7 +39,9 @@ def test_a_guess_devnet_trains_and_slashes_a_worker_that_fabricates_environment_
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     summary = json.loads(summary_path.read_text())
     assert summary["every_cheater_slashed"] is True and summary["honest_slashed"] == []
-    assert set(summary["validators"]["by_reason"]) == {"FABRICATED_ENV_TURN"}
+    by_reason = summary["validators"]["by_reason"]  # slashed below its stake, the cheater is then unstaked
+    assert by_reason.get("FABRICATED_ENV_TURN", 0) >= 1
+    assert set(by_reason) <= {"FABRICATED_ENV_TURN", "NOT_STAKED"}, by_reason
     nodes = summary["nodes"]
     (liar,) = [node for node in nodes.values() if node.get("cheat") == "fabricated-env-turn"]
     assert liar["rollouts_accepted"] == 0 and liar["rollouts_rejected"] > 0
