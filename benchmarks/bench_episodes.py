@@ -29,10 +29,10 @@ import torch
 
 from swarmnode.crypto.hashing import sha256
 from swarmnode.node.rl.engine import TransformersEngine
-from swarmnode.node.rl.environments.episodes import ModelTurn, episode_rules, play
+from swarmnode.node.rl.environments.episodes import episode_rules, play
 from swarmnode.node.rl.environments.game import generate_tasks
 from swarmnode.node.rl.model import model_commitment
-from swarmnode.node.rl.rollouts import build_submission, play_group
+from swarmnode.node.rl.rollouts import build_submission, play_group, turn_sampler
 from swarmnode.node.rl.run import DEVNET_MODEL, describe_run, devnet_grpo, devnet_policy, environment_for
 from swarmnode.node.rl.validation import ValidationContext, validate_submission
 
@@ -41,15 +41,9 @@ ROOT = sha256(b"bench-episodes-checkpoint")
 
 
 def one_by_one(engine: TransformersEngine, task, rules, prompt, seeds, temperature):
-    """Every turn its own request: the baseline play_group is measured against."""
-
-    def sampler(seed: int):
-        def sample_turn(so_far, budget):
-            [turn] = engine.generate_group([*prompt, *so_far], 1, [seed], budget, temperature, len(so_far))
-            return ModelTurn(turn.tokens, turn.logprobs, turn.hidden_rows, turn.ended_with_eos)
-        return sample_turn
-
-    return [play(rules, task, seed, engine.tokenizer, sampler(seed)) for seed in seeds]
+    """Every turn its own request, the first ones too: the baseline play_group is measured against."""
+    return [play(rules, task, seed, engine.tokenizer, turn_sampler(engine, prompt, seed, temperature))
+            for seed in seeds]
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ from swarmnode.node.rl.rollouts import (
     task_prompt_ids,
     to_wire_group,
 )
-from swarmnode.node.rl.sampling import derive_seed, token_logprobs
+from swarmnode.node.rl.sampling import group_seeds, token_logprobs
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.node.worker.conduct import HONEST
@@ -221,7 +221,7 @@ def fabricated_group(engine: InferenceEngine, task: Task, descriptor: RunDescrip
     if rules is None:
         raise ValueError("fabricated-env-turn needs a run that plays an environment (devnet --env NAME)")
     grpo = descriptor.grpo
-    seeds = [derive_seed(descriptor.run, worker, step, task.task_id, i) for i in range(grpo.group_size)]
+    seeds = group_seeds(descriptor.run, worker, step, task.task_id, grpo.group_size)
     prompt = task_prompt_ids(task, engine.tokenizer, rules)
     lying = dataclasses.replace(rules, env=Fabricating(rules.env))
     return play_group(engine, task, lying, prompt, seeds, grpo.temperature)

@@ -18,7 +18,7 @@ from swarmnode.node.rl.engine import Completion as EngineCompletion
 from swarmnode.node.rl.engine import InferenceEngine
 from swarmnode.node.rl.environments.episodes import EpisodeRules, ModelTurn, TurnSampler, episode_rules, play
 from swarmnode.node.rl.grpo import group_advantages, length_target_reward
-from swarmnode.node.rl.sampling import derive_seed
+from swarmnode.node.rl.sampling import group_seeds
 from swarmnode.node.rl.tasks import Task, assign_tasks, grade_groups, task_length_target
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.protocol.messages import Completion, RolloutGroup, RolloutSubmission, RunDescriptor
@@ -89,7 +89,7 @@ def generate_group(engine: InferenceEngine, task: Task, descriptor: RunDescripto
     grpo = descriptor.grpo
     rules = episode_rules(descriptor)
     prompt = tuple(prompt_ids) if prompt_ids is not None else task_prompt_ids(task, engine.tokenizer, rules)
-    seeds = [derive_seed(descriptor.run, worker, step, task.task_id, i) for i in range(grpo.group_size)]
+    seeds = group_seeds(descriptor.run, worker, step, task.task_id, grpo.group_size)
     if rules is not None:
         return play_group(engine, task, rules, prompt, seeds, grpo.temperature)
     completions = engine.generate_group(list(prompt), grpo.group_size, seeds, grpo.max_new_tokens,
@@ -97,22 +97,30 @@ def generate_group(engine: InferenceEngine, task: Task, descriptor: RunDescripto
     return GeneratedGroup(task, prompt, completions)
 
 
+def model_turn(turn: EngineCompletion) -> ModelTurn:
+    """An engine's completion as one model turn of an episode."""
+    return ModelTurn(turn.tokens, turn.logprobs, turn.hidden_rows, turn.ended_with_eos)
+
+
+def turn_sampler(engine: InferenceEngine, prompt: Sequence[int], seed: int,
+                 temperature: float) -> TurnSampler:
+    """One episode's model turns, each a request on the prompt and the episode so far, sampled with the
+    noise of its positions in the completion."""
+
+    def sample_turn(so_far: Sequence[int], budget: int) -> ModelTurn:
+        [turn] = engine.generate_group([*prompt, *so_far], 1, [seed], budget, temperature, len(so_far))
+        return model_turn(turn)
+
+    return sample_turn
+
+
 def play_group(engine: InferenceEngine, task: Task, rules: EpisodeRules, prompt: Sequence[int],
                seeds: Sequence[int], temperature: float) -> GeneratedGroup:
     """A multi-turn group: one episode per seed, each model turn sampled where the completion stands. The
     first turns share the prompt as their context: they are sampled as one group."""
-
-    def model_turn(turn: EngineCompletion) -> ModelTurn:
-        return ModelTurn(turn.tokens, turn.logprobs, turn.hidden_rows, turn.ended_with_eos)
-
-    def sampler(seed: int) -> TurnSampler:
-        def sample_turn(so_far: Sequence[int], budget: int) -> ModelTurn:
-            [turn] = engine.generate_group([*prompt, *so_far], 1, [seed], budget, temperature, len(so_far))
-            return model_turn(turn)
-        return sample_turn
-
     firsts = engine.generate_group(list(prompt), len(seeds), seeds, rules.turn_budget(0), temperature)
-    played = [play(rules, task, seed, engine.tokenizer, sampler(seed), model_turn(first))
+    played = [play(rules, task, seed, engine.tokenizer, turn_sampler(engine, prompt, seed, temperature),
+                   model_turn(first))
               for seed, first in zip(seeds, firsts, strict=True)]
     completions = [
         EngineCompletion(p.tokens, p.logprobs(), p.hidden_rows(), seed, p.turns[-1].ended_with_eos,
@@ -196,7 +204,6 @@ def generate_groups(engine: InferenceEngine, tasks: Sequence[Task], descriptor: 
         return [generate_group(engine, task, descriptor, worker, step) for task in tasks]
     grpo = descriptor.grpo
     prompts = [task_prompt_ids(task, engine.tokenizer) for task in tasks]
-    seeds = [[derive_seed(descriptor.run, worker, step, t.task_id, i) for i in range(grpo.group_size)]
-             for t in tasks]
+    seeds = [group_seeds(descriptor.run, worker, step, t.task_id, grpo.group_size) for t in tasks]
     made = batched(prompts, grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature)
     return [GeneratedGroup(t, p, c) for t, p, c in zip(tasks, prompts, made, strict=True)]

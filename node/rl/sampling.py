@@ -72,6 +72,11 @@ def derive_seed(run_id: str, worker: bytes, step: int, task_id: bytes, index: in
     return int.from_bytes(hashlib.sha256(msg).digest()[:8], "big") >> (64 - SEED_BITS)
 
 
+def group_seeds(run_id: str, worker: bytes, step: int, task_id: bytes, n: int) -> list[int]:
+    """`derive_seed` of completions 0 .. n - 1: the seeds of one group."""
+    return [derive_seed(run_id, worker, step, task_id, i) for i in range(n)]
+
+
 def position_key(seed: int, position: int) -> tuple[int, int]:
     """The two 32-bit hash keys of one (seed, generated position)."""
     if not 0 <= seed < 2**64 or not 0 <= position < 2**32:

@@ -21,7 +21,7 @@ from swarmnode.node.rl.environments.episodes import EpisodeRules, episode_rules
 from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams, StepStats
 from swarmnode.node.rl.rollouts import build_submission, play_group, task_prompt_ids
 from swarmnode.node.rl.run import RunSetup, devnet_optimizer
-from swarmnode.node.rl.sampling import derive_seed
+from swarmnode.node.rl.sampling import group_seeds
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tasks.graders import measured_rewards
 
@@ -60,7 +60,7 @@ def eval_reward(
         raise ValueError("need at least one task and one sample")
     groups, played = [], 0.0
     for task in tasks:
-        seeds = [derive_seed(run_id, worker, 0, task.task_id, i) for i in range(samples)]
+        seeds = group_seeds(run_id, worker, 0, task.task_id, samples)
         prompt = list(task_prompt_ids(task, engine.tokenizer, rules))
         if rules is not None:
             played += sum(play_group(engine, task, rules, prompt, seeds, temperature).rewards or ())

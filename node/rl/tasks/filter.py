@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from swarmnode.node.rl.engine import InferenceEngine
-from swarmnode.node.rl.sampling import derive_seed
+from swarmnode.node.rl.sampling import group_seeds
 from swarmnode.node.rl.tasks.core import Task
 from swarmnode.node.rl.tasks.graders import measured_rewards
 
@@ -37,7 +37,7 @@ def task_pass_rate(engine: InferenceEngine, task: Task, *, samples: int, max_new
     prompt = engine.tokenizer.encode_prompt(task.prompt, task.target_length)
     if len(prompt) + max_new_tokens > engine.info.max_positions:
         return 0.0
-    seeds = [derive_seed(FILTER_RUN, FILTER_WORKER, seed, task.task_id, i) for i in range(samples)]
+    seeds = group_seeds(FILTER_RUN, FILTER_WORKER, seed, task.task_id, samples)
     group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
     texts = [engine.tokenizer.completion_text(c.tokens) for c in group]
     return sum(r > PASS_REWARD for r in measured_rewards([(task, texts)])[0]) / samples
