@@ -46,6 +46,7 @@ def test_the_wheel_installs_only_swarmnode(tmp_path):
     assert {t for t in tops if not t.endswith(".dist-info")} == {"swarmnode"}
     assert "swarmnode = swarmnode.node.cli.main:main" in entry_points
     assert "swarmnode/node/rl/assets/devnet-model/config.json" in names
+    assert "swarmnode/node/rl/assets/calc-model/model.safetensors" in names
     assert "swarmnode/ledger/contracts/SwarmLedger.vy" in names
 
     # Installed into a fresh environment (dependencies left out: this checks what the wheel itself puts

@@ -280,6 +280,21 @@ def write_games(folder: Path) -> tuple[Path, Path]:
                                                                            folder / "games-eval.jsonl")
 
 
+DEVNET_CALC_TURN_TOKENS = 12  # the calculator devnet's turn budget: its call `<calc>37*48</calc>` and EOS fit
+
+
+def write_products(folder: Path) -> tuple[Path, Path]:
+    """Write the calculator devnet's two-digit products and their held-out set (`devnet --env calculator`):
+    the tasks its model was warm-started for (scripts/make_devnet_model.py --env calculator)."""
+    from swarmnode.node.rl.run import devnet_dataset, devnet_eval_tasks
+    from swarmnode.node.rl.tasks.arithmetic import DEVNET_PRODUCTS
+    from swarmnode.node.rl.tasks.files import write_tasks
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return (write_tasks(devnet_dataset(DEVNET_PRODUCTS), folder / "products.jsonl"),
+            write_tasks(devnet_eval_tasks(params=DEVNET_PRODUCTS), folder / "products-eval.jsonl"))
+
+
 def unique(tasks: Sequence[Task]) -> list[Task]:
     """`tasks` without repeats (a dataset's ids are distinct), first occurrence kept."""
     return list({task.task_id: task for task in tasks}.values())

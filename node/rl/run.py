@@ -23,7 +23,7 @@ from swarmnode.node.rl.learner import OptimizerParams
 from swarmnode.node.rl.model import ModelCommitment, ModelInfo, check_commitment, model_commitment
 from swarmnode.node.rl.rollouts import task_prompt_ids
 from swarmnode.node.rl.tasks import GRADERS, Task, dataset_hash
-from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
+from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, ArithmeticParams, generate_tasks
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
 from swarmnode.protocol.messages import (
     MAX_COMPLETION_TOKENS,
@@ -35,6 +35,9 @@ from swarmnode.protocol.messages import (
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEVNET_MODEL = ASSETS / "devnet-model"
+# The calculator devnet's model (`devnet --env calculator`): warm-started on calculator episodes of
+# `arithmetic.DEVNET_PRODUCTS` by scripts/make_devnet_model.py --env calculator.
+DEVNET_CALC_MODEL = ASSETS / "calc-model"
 DEVNET_RUN = "devnet"
 DEVNET_DATASET_SEED = 2026
 DEVNET_DATASET_SIZE = 512
@@ -116,22 +119,22 @@ def devnet_policy() -> ValidatorPolicy:
     )
 
 
-def devnet_dataset() -> list[Task]:
-    """Distinct two-digit additions, in a fixed order."""
-    tasks = generate_tasks(DEVNET_PARAMS, DEVNET_DATASET_SEED, DEVNET_DATASET_SIZE * 2)
+def devnet_dataset(params: ArithmeticParams = DEVNET_PARAMS) -> list[Task]:
+    """Distinct two-digit additions (or other `params`), in a fixed order."""
+    tasks = generate_tasks(params, DEVNET_DATASET_SEED, DEVNET_DATASET_SIZE * 2)
     unique = list({t.task_id: t for t in tasks}.values())
     return unique[:DEVNET_DATASET_SIZE]
 
 
-def devnet_eval_tasks(size: int = DEVNET_EVAL_SIZE) -> list[Task]:
+def devnet_eval_tasks(size: int = DEVNET_EVAL_SIZE, params: ArithmeticParams = DEVNET_PARAMS) -> list[Task]:
     """A fixed held-out evaluation set: distinct two-digit additions that are not in the training dataset.
 
     Reward measured on it at the start and the end of a run (the same tasks and sampling seeds both times,
     so the difference is not assignment noise) is what "reward rising" is judged by; the per-step reward of
     the trained groups swings by +-0.1 with which tasks a step happened to draw.
     """
-    train = {t.task_id for t in devnet_dataset()}
-    unique = {t.task_id: t for t in generate_tasks(DEVNET_PARAMS, DEVNET_EVAL_SEED, size * 4)}
+    train = {t.task_id for t in devnet_dataset(params)}
+    unique = {t.task_id: t for t in generate_tasks(params, DEVNET_EVAL_SEED, size * 4)}
     held_out = [t for t in unique.values() if t.task_id not in train]
     if len(held_out) < size:
         raise ValueError(f"only {len(held_out)} held-out tasks, {size} asked")

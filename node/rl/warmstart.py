@@ -20,6 +20,10 @@ Decisions:
   result records both.
 - The output is a model folder written by `save_model_folder`: the tokenizer files are copied byte for
   byte, so a run's tokenizer digests are the same before and after the warm start.
+- A multi-turn run (`episodes`) trains on demonstrated episodes: model turns a caller writes for each task
+  (a calculator call, then the boxed result), played through the environment's own rules
+  (`episode_example`), so the model learns exactly the tokens a worker would send; the environment's
+  turns are in the input and carry no loss. Its pass rate is the episodes' reward.
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ from pathlib import Path
 import torch
 
 from swarmnode.node.rl.engine import TransformersEngine
+from swarmnode.node.rl.environments import Ended, span_bytes
+from swarmnode.node.rl.environments.episodes import EpisodeRules, after_model_turn
 from swarmnode.node.rl.model import save_model_folder
 from swarmnode.node.rl.recipes import WarmStartRecipe
+from swarmnode.node.rl.rollouts import task_prompt_ids
 from swarmnode.node.rl.sync import eval_reward
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tasks.graders import reference_completion
@@ -44,6 +51,11 @@ from swarmnode.node.rl.tokenizer import ChatTokenizer
 IGNORE = -100  # label of a position that carries no loss (cross_entropy's ignore_index)
 EVAL_RUN = "swarmnode-warm-start"
 EVAL_WORKER = b"warm-start-eval"
+
+# (prompt ids, completion ids, labels): labels[i] is completion[i], or IGNORE where it carries no loss
+Example = tuple[Sequence[int], Sequence[int], Sequence[int]]
+# a task -> the model turns (texts) of one correct episode, for a multi-turn warm start
+Demonstration = Callable[[Task], Sequence[str]]
 
 
 @dataclass(frozen=True)
@@ -77,23 +89,57 @@ def training_pair(tokenizer: ChatTokenizer, task: Task) -> tuple[list[int], list
     return prompt, tokenizer.encode(reference_completion(task)) + [tokenizer.eos_token_ids[0]]
 
 
-def make_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and labels; the label of row i is the target token that row i predicts (i + 1)."""
-    width = max(len(p) + len(c) for p, c in pairs)
-    ids = torch.full((len(pairs), width), pad_id, dtype=torch.int64)
-    labels = torch.full((len(pairs), width), IGNORE, dtype=torch.int64)
-    for i, (p, c) in enumerate(pairs):
+class BadDemonstration(ValueError):
+    """Demonstrated model turns that are not one whole episode within the run's bounds."""
+
+
+def episode_example(tokenizer: ChatTokenizer, rules: EpisodeRules, task: Task, model_texts: Sequence[str],
+                    seed: int = 0) -> Example:
+    """One demonstrated episode as the worker's transcript: each model turn's tokens and the model's first
+    EOS (supervised), the environment's reply after it as `play` would append it (not supervised).
+    BadDemonstration when a turn overruns its budget or the turns do not end the episode exactly."""
+    eos = tokenizer.eos_token_ids[0]
+    tokens: list[int] = []
+    labels: list[int] = []
+    texts: list[str] = []
+    used_bytes = 0
+    for i, text in enumerate(model_texts):
+        turn = [*tokenizer.encode(text), eos]
+        if len(turn) > rules.turn_budget(len(tokens)):
+            raise BadDemonstration(f"turn {i} of {task.prompt[:40]!r} takes {len(turn)} tokens, more than "
+                                   f"its budget of {rules.turn_budget(len(tokens))}")
+        tokens += turn
+        labels += turn
+        texts.append(tokenizer.completion_text(turn))
+        used_bytes += span_bytes(texts[-1])
+        step = after_model_turn(rules, task, seed, tokenizer, texts, used_bytes, len(tokens))
+        if isinstance(step, Ended):
+            if i != len(model_texts) - 1:
+                raise BadDemonstration(f"the episode of {task.prompt[:40]!r} ended after turn {i} "
+                                       f"({step.by})")
+            return list(task_prompt_ids(task, tokenizer, rules)), tokens, labels
+        tokens += step.tokens
+        labels += [IGNORE] * len(step.tokens)
+        used_bytes += span_bytes(step.text)
+    raise BadDemonstration(f"the episode of {task.prompt[:40]!r} is not over after {len(model_texts)} turns")
+
+
+def make_batch(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and labels; the label of row i is the label of the token row i predicts (i + 1)."""
+    width = max(len(p) + len(c) for p, c, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.int64)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.int64)
+    for i, (p, c, target) in enumerate(examples):
         ids[i, : len(p) + len(c)] = torch.tensor([*p, *c], dtype=torch.int64)
-        labels[i, len(p) - 1 : len(p) + len(c) - 1] = torch.tensor(list(c), dtype=torch.int64)
+        labels[i, len(p) - 1 : len(p) + len(c) - 1] = torch.tensor(list(target), dtype=torch.int64)
     return ids, labels
 
 
 def pass_rate(engine: TransformersEngine, tasks: Sequence[Task], samples: int, max_new_tokens: int,
-              temperature: float, run_id: str = EVAL_RUN) -> float:
+              temperature: float, run_id: str = EVAL_RUN, rules: EpisodeRules | None = None) -> float:
     """Mean reward at temperature on `tasks` (`node.rl.sync.eval_reward` with the warm start's own seeds)."""
     return eval_reward(engine, tasks, samples=samples, max_new_tokens=max_new_tokens, temperature=temperature,
-                       run_id=run_id, worker=EVAL_WORKER)
+                       run_id=run_id, worker=EVAL_WORKER, rules=rules)
 
 
 def warm_start(
@@ -105,6 +151,7 @@ def warm_start(
     progress: Callable[[EvalPoint], None] | None = None,
     *,
     keep_best: bool = False,
+    episodes: tuple[EpisodeRules, Demonstration] | None = None,
 ) -> WarmStartResult:
     """Train the model of `folder_in` on `tasks` until the pass rate on `eval_tasks` reaches the target;
     write the trained folder to `out` (config and tokenizer files as in `folder_in`).
@@ -112,14 +159,22 @@ def warm_start(
     `keep_best`: when the target is missed, write the weights of the best evaluation instead of the last
     step's (training can overshoot: a loss near 0 with a falling sampled pass rate). They are kept as a
     copy in memory, which the model sizes a warm start is for afford.
+
+    `episodes`: a multi-turn run's rules and a demonstration of each task (`episode_example`); the pass
+    rate is then the episodes' mean reward.
     """
     recipe.check()
     if not tasks or not eval_tasks:
         raise ValueError("a warm start needs training tasks and eval tasks")
     engine = TransformersEngine.from_folder(folder_in)
     info, tokenizer, model = engine.info, engine.tokenizer, engine.model
-    pairs = [training_pair(tokenizer, t) for t in tasks]
-    longest = max(len(p) + len(c) for p, c in pairs)
+    rules = None
+    if episodes is None:
+        examples: list[Example] = [(p, c, c) for p, c in (training_pair(tokenizer, t) for t in tasks)]
+    else:
+        rules, demonstrate = episodes
+        examples = [episode_example(tokenizer, rules, t, demonstrate(t)) for t in tasks]
+    longest = max(len(p) + len(c) for p, c, _ in examples)
     if longest > info.max_positions:
         raise ValueError(f"a training task has {longest} tokens, more than the model's {info.max_positions}")
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=recipe.betas, weight_decay=0.0)
@@ -130,7 +185,7 @@ def warm_start(
     best: tuple[float, int, dict[str, torch.Tensor] | None] = (-1.0, 0, None)
     for step in range(1, recipe.max_steps + 1):
         model.train()
-        ids, labels = make_batch([pairs[rng.randrange(len(pairs))] for _ in range(recipe.batch_size)],
+        ids, labels = make_batch([examples[rng.randrange(len(examples))] for _ in range(recipe.batch_size)],
                                  info.pad_token_id)
         logits = model(input_ids=ids).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
@@ -140,7 +195,7 @@ def warm_start(
         if step % recipe.eval_every == 0 or step == recipe.max_steps:
             model.eval()
             rate = pass_rate(engine, eval_tasks, recipe.eval_samples, recipe.max_new_tokens,
-                             recipe.temperature)
+                             recipe.temperature, rules=rules)
             point = EvalPoint(step, float(loss.item()), rate, time.perf_counter() - start)
             evals.append(point)
             if progress is not None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.model import file_sha256, model_commitment
-from swarmnode.node.rl.run import DEVNET_MODEL, devnet_eval_tasks, devnet_grpo
+from swarmnode.node.rl.run import DEVNET_CALC_MODEL, DEVNET_MODEL, devnet_eval_tasks, devnet_grpo
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tasks.arithmetic import DEVNET_PARAMS, generate_tasks
 from swarmnode.node.rl.tokenizer import load_tokenizer
@@ -39,16 +39,18 @@ def meta() -> dict:
 # --- the committed folder ----------------------------------------------------------------------------
 
 
-def test_folder_is_exactly_what_its_recipe_describes(meta: dict) -> None:
-    present = {p.name for p in DEVNET_MODEL.iterdir()}
+@pytest.mark.parametrize("folder", [DEVNET_MODEL, DEVNET_CALC_MODEL], ids=["devnet", "calculator"])
+def test_folder_is_exactly_what_its_recipe_describes(folder: Path) -> None:
+    meta = json.loads(folder.with_name(folder.name + ".json").read_text())
+    present = {p.name for p in folder.iterdir()}
     assert present == set(meta["files"])
     for name, described in meta["files"].items():
-        path = DEVNET_MODEL / name
+        path = folder / name
         assert file_sha256(path).hex() == described["sha256"], name
         assert path.stat().st_size == described["size_bytes"], name
     assert sum(f["size_bytes"] for f in meta["files"].values()) < MAX_FOLDER_BYTES
 
-    commitment = model_commitment(DEVNET_MODEL)
+    commitment = model_commitment(folder)
     assert commitment.config_hash.hex() == meta["commitment"]["model_config_hash"]
     assert commitment.weights_root.hex() == meta["commitment"]["base_checkpoint_hash"]
     tokenizer_files = {f.name: f.sha256.hex() for f in commitment.tokenizer_files}
@@ -147,19 +149,28 @@ def test_warm_start_refuses_tasks_longer_than_the_context(tmp_path: Path) -> Non
 token_lists = st.lists(st.integers(0, 446), min_size=1, max_size=12)
 
 
-@given(st.lists(st.tuples(token_lists, token_lists), min_size=1, max_size=8), st.integers(0, 446))
+@st.composite
+def examples(draw: st.DrawFn) -> tuple[list[int], list[int], list[int]]:
+    """(prompt, completion, labels): each label the completion's token or IGNORE (an environment's)."""
+    prompt, completion = draw(token_lists), draw(token_lists)
+    kept = draw(st.lists(st.booleans(), min_size=len(completion), max_size=len(completion)))
+    return prompt, completion, [t if keep else IGNORE for t, keep in zip(completion, kept, strict=True)]
+
+
+@given(st.lists(examples(), min_size=1, max_size=8), st.integers(0, 446))
 def test_batch_labels_are_the_targets_shifted_onto_the_rows_that_predict_them(
-    pairs: list[tuple[list[int], list[int]]], pad: int
+    batch: list[tuple[list[int], list[int], list[int]]], pad: int
 ) -> None:
-    ids, labels = make_batch(pairs, pad)
-    assert ids.shape == labels.shape == (len(pairs), max(len(p) + len(c) for p, c in pairs))
-    for row, (prompt, target) in enumerate(pairs):
-        end = len(prompt) + len(target)
-        assert ids[row, :end].tolist() == prompt + target
+    ids, labels = make_batch(batch, pad)
+    assert ids.shape == labels.shape == (len(batch), max(len(p) + len(c) for p, c, _ in batch))
+    for row, (prompt, completion, target) in enumerate(batch):
+        end = len(prompt) + len(completion)
+        assert ids[row, :end].tolist() == prompt + completion
         assert set(ids[row, end:].tolist()) <= {pad}
         supervised = (labels[row] != IGNORE).nonzero().flatten().tolist()
-        assert supervised == list(range(len(prompt) - 1, end - 1))
-        assert [int(ids[row, i + 1]) for i in supervised] == labels[row, supervised].tolist() == target
+        wanted = [len(prompt) - 1 + i for i, label in enumerate(target) if label != IGNORE]
+        assert supervised == wanted
+        assert [int(ids[row, i + 1]) for i in supervised] == labels[row, supervised].tolist()
 
 
 def test_training_pairs_end_with_the_models_eos() -> None:

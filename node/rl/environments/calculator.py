@@ -152,6 +152,13 @@ def tool_reply(call_turn: str) -> str:
         return f"<error>{error}</error>"
 
 
+def demonstration(task: Task) -> tuple[str, str]:
+    """The model turns of a correct episode on an arithmetic task: call the calculator on the task's
+    expression, then box the result (a warm start's supervised example)."""
+    expression = task.prompt.strip().removesuffix("=")
+    return f"{CALL_OPEN}{expression}{CALL_CLOSE}", f"\\boxed{{{task.target}}}"
+
+
 def answer_of(turn: str) -> str:
     """The answer a turn gives: its last `\\boxed{}` content, else the whole turn."""
     boxed = extract_boxed(turn)

@@ -31,6 +31,8 @@ class ArithmeticParams:
 
 
 DEVNET_PARAMS = ArithmeticParams()  # two-digit addition: learnable by the tiny model in minutes
+# two-digit products: beyond the tiny model by heart, a copy of the task with the calculator tool
+DEVNET_PRODUCTS = ArithmeticParams(min_value=10, max_value=99, operators="*")
 
 
 def evaluate(operands: Sequence[int], operators: Sequence[str]) -> int:
