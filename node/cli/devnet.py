@@ -25,7 +25,7 @@ from swarmnode.node.config import DEVNET_CHEATS, ENVIRONMENT_CHOICES
 from swarmnode.node.devnet.live import run_devnet, status_table
 from swarmnode.node.devnet.network import Devnet
 from swarmnode.node.devnet.plan import DevnetPlan, default_folder
-from swarmnode.node.devnet.rl import DEVNET_STAKE_GWEI, STAKED_ROLES
+from swarmnode.node.devnet.rl import DEVNET_CALC_TURN_TOKENS, DEVNET_STAKE_GWEI, STAKED_ROLES
 from swarmnode.node.wan import PROFILES, WanError, WanUnavailable
 
 CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
@@ -86,9 +86,9 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
     "environment",
     type=click.Choice(ENVIRONMENT_CHOICES),
     help="Multi-turn episodes in a built-in environment (spec/environments.md): calculator (arithmetic "
-    "with a <calc> tool; the prompt needs a model of more than 128 positions) or guess (guess-the-number; "
-    "without --tasks the devnet writes its games). --max-new-tokens is then per model turn; the cheat "
-    "fabricated-env-turn needs it.",
+    "with a <calc> tool; without --model the devnet runs its calculator model on two-digit products, "
+    f"{DEVNET_CALC_TURN_TOKENS} tokens a turn) or guess (guess-the-number; without --tasks the devnet "
+    "writes its games). --max-new-tokens is then per model turn; the cheat fabricated-env-turn needs it.",
 )
 @click.option(
     "--ledger",
@@ -204,6 +204,8 @@ def devnet_command(
     It ends with a summary table, a PNG plot and the final ledger, in the devnet folder.
     """
     cheats = tuple(CHEAT_ORDER[i % len(CHEAT_ORDER)] for i in range(cheaters)) + cheat_kinds
+    if environment == "calculator" and not model and not _given("max_new_tokens"):
+        max_new_tokens = DEVNET_CALC_TURN_TOKENS  # the calculator model's call: `<calc>37*48</calc>` + EOS
     cheaters = len(cheats)
     if environment and not steps:
         raise click.UsageError("--env is for a training run: add --steps N")
@@ -287,6 +289,12 @@ def devnet_command(
         raise click.ClickException(f"the run stopped: {summary['reason']}")
     if steps and summary["reason"] != "trained":
         raise click.ClickException(f"the run did not finish its {steps} steps ({summary['reason']})")
+
+
+def _given(name: str) -> bool:
+    """Whether the command line set option `name` (not its default)."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source is not None and source != click.core.ParameterSource.DEFAULT
 
 
 def _interrupt(signum: int, frame: object) -> None:

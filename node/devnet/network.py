@@ -31,7 +31,7 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.crypto.keystore import PASSWORD_ENV, save_keystore
 from swarmnode.node.config import NodeConfig, render_config
 from swarmnode.node.devnet.plan import LOOPBACK, DevnetNode, DevnetPlan
-from swarmnode.node.devnet.rl import STAKED_ROLES, DevnetLedger, write_games
+from swarmnode.node.devnet.rl import STAKED_ROLES, DevnetLedger, write_games, write_products
 from swarmnode.node.p2p.ports import free_port
 from swarmnode.node.wan import Wan, destroy_stale, draw_links
 
@@ -85,6 +85,12 @@ class Devnet:
             train, held_out = write_games(self.folder)
             held = self.plan.eval_tasks or str(held_out)
             self.plan = dataclasses.replace(self.plan, tasks=str(train), eval_tasks=held)
+        if self.plan.environment == "calculator" and not self.plan.model:  # its prompt needs its own model
+            from swarmnode.node.rl.run import DEVNET_CALC_MODEL
+
+            train, held_out = write_products(self.folder)
+            self.plan = dataclasses.replace(self.plan, model=str(DEVNET_CALC_MODEL), tasks=self.plan.tasks or
+                                            str(train), eval_tasks=self.plan.eval_tasks or str(held_out))
         if self.wan is not None:
             (self.folder / "wan.json").write_text(json.dumps(self.wan_facts(), indent=1))
         identities = {}

@@ -1,7 +1,9 @@
-"""A multi-turn devnet (spec/environments.md): `devnet --env guess` trains the committed model on games of
-guess-the-number (the devnet writes them), every completion an episode the validator replays, and a worker
-that fabricates the game's replies (sampling its later turns honestly on them, so every model check passes)
-is slashed 611 FABRICATED_ENV_TURN. Slow (about four minutes on 2 cores); `-m slow` runs it.
+"""A tool-using devnet (spec/environments.md): `devnet --env calculator` trains the committed calculator model
+on two-digit products (the devnet writes them), every completion an episode (a `<calc>` call, the tool's
+`<result>`, the boxed answer) that the validator replays, and a worker that fabricates the tool's results
+(sampling its later turns honestly on them, so every model check passes) is slashed 611
+FABRICATED_ENV_TURN. The held-out reward rises: measured 0.46 -> 0.69 over 20 steps, about 0.54 by step 8.
+Slow (about four minutes on 2 cores); `-m slow` runs it.
 """
 
 from __future__ import annotations
@@ -13,26 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.node.devnet.rl import GAMES, GAMES_MAX_LOW, GAMES_MAX_SIZE, unique
-from swarmnode.node.rl.environments.game import generate_tasks
-from swarmnode.node.rl.tasks import write_tasks
-
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-EVAL_GAMES = 32  # the devnet's own 128 held-out games take two minutes each way: this test checks slashing
+STEPS = 12
 
 
-def test_a_guess_devnet_trains_and_slashes_a_worker_that_fabricates_environment_turns(tmp_path: Path) -> None:
-    games = unique(generate_tasks(GAMES, seed=1, max_low=GAMES_MAX_LOW, max_size=GAMES_MAX_SIZE))
-    held_out = unique(generate_tasks(EVAL_GAMES, seed=2, max_low=GAMES_MAX_LOW, max_size=GAMES_MAX_SIZE))
-    write_tasks(games, tmp_path / "games.jsonl")
-    write_tasks(held_out, tmp_path / "held-out.jsonl")
+def test_a_calculator_devnet_trains_and_slashes_a_worker_that_fabricates_tool_results(tmp_path: Path) -> None:
     summary_path = tmp_path / "summary.json"
     run = subprocess.run(
-        [sys.executable, "-m", "swarmnode.node.cli.main", "devnet", "--no-live", "--steps", "6",
-         "--workers", "2", "--relays", "1", "--env", "guess", "--cheat", "fabricated-env-turn",
-         "--tasks", str(tmp_path / "games.jsonl"), "--eval-tasks", str(tmp_path / "held-out.jsonl"),
+        [sys.executable, "-m", "swarmnode.node.cli.main", "devnet", "--no-live", "--steps", str(STEPS),
+         "--workers", "2", "--relays", "1", "--env", "calculator", "--cheat", "fabricated-env-turn",
          "--out", str(tmp_path / "run"), "--summary", str(summary_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=1500,
     )  # fmt: skip
@@ -48,5 +41,8 @@ def test_a_guess_devnet_trains_and_slashes_a_worker_that_fabricates_environment_
     for name, node in nodes.items():
         if node["role"] == "worker" and node["honest"]:
             assert node["rollouts_accepted"] > 0 and node["rollouts_rejected"] == 0, name
-    assert summary["trainer"]["step"] == 6
+    assert summary["trainer"]["step"] == STEPS
+    # the same 128 held-out products and seeds before and after: about 0.016 of noise each way
+    assert summary["final_reward"] > summary["base_reward"] + 0.03, (summary["base_reward"],
+                                                                      summary["final_reward"])
     print(json.dumps({k: v for k, v in summary.items() if k != "nodes"})[:2000])
