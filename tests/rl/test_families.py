@@ -35,6 +35,7 @@ from swarmnode.node.rl.tasks.families import (
     grade_groups,
     parse_target,
     reference_completion,
+    score_output_chars,
 )
 from swarmnode.node.sandbox import SandboxLimits
 
@@ -239,6 +240,19 @@ def test_a_group_is_scored_in_order_and_an_endless_answer_costs_only_itself(inse
     assert grades[4].reason == "the string_insertion scorer ended without a result (ok)"
     assert grade_group(insertion, texts, limits=QUICK) == grades  # the same group, the same grades
     assert grade_group(insertion, []) == []
+
+
+def test_a_whole_submission_is_scored_with_every_reply_read_back() -> None:
+    """128 groups of 8: more output than the sandbox's default 8192 characters. Read back at that, the
+    ready line was cut (a GraderFault for every node) or, at 32 groups, the replies after the cut (the
+    answer there scored 0)."""
+    tasks = family_tasks("chain_sum", CHAIN_CONFIG, 11, 128)
+    groups = [(task, [f"<answer>{parse_target(task).answer}</answer>"] * 7 + ["<answer>x</answer>"])
+              for task in tasks]
+    answers = [(k, parse_target(task), task, "x") for k, (task, _) in enumerate(groups)]
+    assert score_output_chars(answers) > SandboxLimits().max_output_chars
+    grades = grade_groups(groups)
+    assert [[g.reward for g in group] for group in grades] == [[1.0] * 7 + [0.0]] * len(tasks)
 
 
 @pytest.mark.slow  # sandbox runs: the fast set keeps one of each kind of check

@@ -54,6 +54,9 @@ SCORE_LIMITS = SandboxLimits(wall_time_s=30.0, cpu_time_s=15, memory_bytes=2 << 
                              aggregate_memory_bytes=3 << 30, line_budget=LINE_BUDGET)
 GENERATE_CHUNK = 1024  # entries per sandbox run (each run imports the library: about 1.5 s)
 GENERATE_OUTPUT_BYTES = 64 << 20  # one chunk's JSON
+REPLY_CHARS = 192  # one answer's reply line at most: the nonce, its position, a reward or a short reason
+ROW_CHARS = 64  # a ready row's index and punctuation
+ESCAPED_CHARS = 12  # json.dumps writes a character as at most 12 (an astral one: two \uXXXX escapes)
 MACHINE_BOUND = (Outcome.TIMEOUT, Outcome.MEMORY, Outcome.KILLED)  # no reward may follow from these
 
 OPEN_TAG, CLOSE_TAG = "<answer>", "</answer>"
@@ -243,14 +246,14 @@ def score():
             raise
         except BaseException as exc:
             sys.settrace(None)
-            reply({"k": k, "reward": 0.0, "reason": "the scorer raised " + type(exc).__name__})
+            reply({"k": k, "reward": 0.0, "reason": "the scorer raised " + type(exc).__name__[:64]})
             continue
         sys.settrace(None)
         try:
             reply({"k": k, "reward": float(value)})
         except Exception:
             reply({"k": k, "reward": 0.0,
-                   "reason": "the scorer returned a " + type(value).__name__ + ", not a number"})
+                   "reason": "the scorer returned a " + type(value).__name__[:64] + ", not a number"})
 try:
     generate() if request["mode"] == "generate" else score()
 except MemoryError:
@@ -393,10 +396,29 @@ def _reward(value: Any, family: str) -> Grade:
     return Grade(float(value), f"the {family} scorer gave {float(value)!r}")
 
 
-def group_limits(answers: int, limits: SandboxLimits = SCORE_LIMITS) -> SandboxLimits:
-    """One scoring run's safety net for `answers` answers: the one-answer limits plus room for each."""
-    return dataclasses.replace(limits, wall_time_s=limits.wall_time_s + 4.0 * answers,
-                               cpu_time_s=limits.cpu_time_s + 2 * answers)
+Answer = tuple[int, FamilyEntry, Task, str]  # (position in the flattened submission, entry, task, answer)
+
+
+def group_limits(answers: Sequence[Answer], limits: SandboxLimits = SCORE_LIMITS) -> SandboxLimits:
+    """One scoring run's limits for `answers`: the one-answer safety net plus room for each, and room to
+    write its whole output (`score_output_chars`), which the node reads back whole."""
+    output = score_output_chars(answers)
+    return dataclasses.replace(limits, wall_time_s=limits.wall_time_s + 4.0 * len(answers),
+                               cpu_time_s=limits.cpu_time_s + 2 * len(answers), max_output_chars=output,
+                               file_size_bytes=max(limits.file_size_bytes, output))
+
+
+def score_output_chars(answers: Sequence[Answer]) -> int:
+    """The most a scoring run of `answers` writes: its ready line (each entry's question and answer as
+    JSON, at most `ESCAPED_CHARS` a character, as the node holds them) and a reply line per answer.
+
+    Read back at the sandbox's default of 8192 characters, a submission of 32 groups of 8 lost its later
+    replies (the answer at the cut scored 0, the rest needed another run) and one of 128 groups lost the
+    ready line itself (a GraderFault for every node: no verdict)."""
+    entries = {entry.index: (task, entry) for _, entry, task, _ in answers}
+    ready = sum(ESCAPED_CHARS * (len(task.prompt) + len(entry.answer or "")) + ROW_CHARS
+                for task, entry in entries.values())
+    return SandboxLimits().max_output_chars + ready + REPLY_CHARS * len(answers)
 
 
 def _answer_grade(answer: str | None) -> Grade | None:
@@ -408,9 +430,6 @@ def _answer_grade(answer: str | None) -> Grade | None:
     return None
 
 
-Answer = tuple[int, FamilyEntry, Task, str]  # (position in the flattened submission, entry, task, answer)
-
-
 def _score_run(answers: Sequence[Answer], limits: SandboxLimits) -> tuple[dict[int, Grade], int | None]:
     """One sandbox run scoring `answers` of one dataset source in order: the grades it gave, and the
     position it stopped at (None: it scored them all). The answer it stopped at gets 0 (it spent its line
@@ -419,7 +438,7 @@ def _score_run(answers: Sequence[Answer], limits: SandboxLimits) -> tuple[dict[i
     request = {"mode": "score", "family": first.family, "config": dict(first.config), "seed": first.seed,
                "size": first.size, "line_budget": limits.line_budget,
                "answers": [[k, entry.index, answer] for k, entry, _, answer in answers]}
-    result, replies = _sandboxed(request, group_limits(len(answers), limits))
+    result, replies = _sandboxed(request, group_limits(answers, limits))
     if result.outcome in MACHINE_BOUND:
         raise GraderFault(f"the {KIND} sandbox stopped on a machine-dependent limit ({result.outcome.value})")
     ready = replies[0].get("ready") if replies else None
