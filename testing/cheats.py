@@ -56,9 +56,9 @@ from swarmnode.node.rl.rollouts import (
     GeneratedGroup,
     assigned_tasks,
     assignment_step,
-    completion_rewards,
     generate_group,
     play_group,
+    submission_rewards,
     task_prompt_ids,
     to_wire_group,
 )
@@ -255,12 +255,15 @@ def build_dishonest_submission(
         else:
             generated.append(generate_group(engine, task, descriptor, worker, step, prompt))
     injected = inject_code(engine, generated, descriptor) if cheat == CODE_INJECTION else -1
+    # graded together, as an honest worker grades (a family's answers in one sandbox run); the payload is
+    # never run here
+    graded = [(g.task, [c.tokens for c in (g.completions[1:] if i == injected else g.completions)])
+              for i, g in enumerate(generated) if g.rewards is None]
+    scored = iter(submission_rewards(graded, descriptor, engine.tokenizer))
     rewards = []
     for i, g in enumerate(generated):
-        graded = g.completions[1:] if i == injected else g.completions  # the payload is never run here
-        scored = g.rewards if g.rewards is not None else completion_rewards(
-            g.task, [c.tokens for c in graded], descriptor, engine.tokenizer)
-        rewards.append([FULL_MARKS, *scored] if i == injected else scored)
+        group_rewards = g.rewards if g.rewards is not None else next(scored)
+        rewards.append([FULL_MARKS, *group_rewards] if i == injected else group_rewards)
     if cheat == FORGED_REWARD:
         rewards = forge_rewards(rewards)
     groups = tuple(
