@@ -8,9 +8,6 @@ stays in the durable queue). Slow (about two minutes on 2 cores); `-m slow` runs
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,32 +15,19 @@ import pytest
 from swarmnode.node.rl.run import devnet_dataset, devnet_eval_tasks
 from swarmnode.node.rl.tasks import write_tasks
 from tests.code_tasks import mixed
+from tests.swarm.devnet_runs import assert_only_the_cheater_caught, devnet_summary
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 CODE_EVERY = 4  # one task in four is a code task: grading in the sandbox costs ~40 ms a completion here
 
 
 def test_a_devnet_with_code_tasks_trains_and_slashes_a_code_injector(tmp_path: Path) -> None:
     write_tasks(mixed(devnet_dataset(), CODE_EVERY), tmp_path / "train.jsonl")
     write_tasks(mixed(devnet_eval_tasks(), CODE_EVERY), tmp_path / "held-out.jsonl")
-    summary_path = tmp_path / "summary.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "swarmnode.node.cli.main", "devnet", "--no-live", "--steps", "8",
-         "--workers", "2", "--relays", "1", "--cheat", "code-injection", "--max-new-tokens", "32",
-         "--tasks", str(tmp_path / "train.jsonl"), "--eval-tasks", str(tmp_path / "held-out.jsonl"),
-         "--out", str(tmp_path / "run"), "--summary", str(summary_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    summary = json.loads(summary_path.read_text())
+    summary = devnet_summary(tmp_path, "--steps", "8", "--workers", "2", "--relays", "1", "--cheat",
+                             "code-injection", "--max-new-tokens", "32", "--tasks",
+                             str(tmp_path / "train.jsonl"), "--eval-tasks", str(tmp_path / "held-out.jsonl"),
+                             timeout=1200)
     assert summary["final_reward"] > summary["base_reward"], (summary["base_reward"], summary["final_reward"])
-    assert summary["every_cheater_slashed"] is True and summary["honest_slashed"] == []
-    nodes = summary["nodes"]
-    (injector,) = [node for node in nodes.values() if node.get("cheat") == "code-injection"]
-    assert injector["rollouts_accepted"] == 0 and injector["rollouts_rejected"] > 0
-    for name, node in nodes.items():
-        if node["role"] == "worker" and node["honest"]:
-            assert node["rollouts_accepted"] > 0 and node["rollouts_rejected"] == 0, name
-    print(json.dumps({k: v for k, v in summary.items() if k != "nodes"})[:2000])
+    assert_only_the_cheater_caught(summary, "code-injection")

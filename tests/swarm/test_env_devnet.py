@@ -8,41 +8,22 @@ Slow (about four minutes on 2 cores); `-m slow` runs it.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.swarm.devnet_runs import assert_only_the_cheater_caught, devnet_summary
+
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 
 
 def test_a_calculator_devnet_trains_and_slashes_a_worker_that_fabricates_tool_results(tmp_path: Path) -> None:
-    summary_path = tmp_path / "summary.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "swarmnode.node.cli.main", "devnet", "--no-live", "--steps", str(STEPS),
-         "--workers", "2", "--relays", "1", "--env", "calculator", "--cheat", "fabricated-env-turn",
-         "--out", str(tmp_path / "run"), "--summary", str(summary_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    summary = json.loads(summary_path.read_text())
-    assert summary["every_cheater_slashed"] is True and summary["honest_slashed"] == []
-    by_reason = summary["validators"]["by_reason"]  # slashed below its stake, the cheater is then unstaked
-    assert by_reason.get("FABRICATED_ENV_TURN", 0) >= 1
-    assert set(by_reason) <= {"FABRICATED_ENV_TURN", "NOT_STAKED"}, by_reason
-    nodes = summary["nodes"]
-    (liar,) = [node for node in nodes.values() if node.get("cheat") == "fabricated-env-turn"]
-    assert liar["rollouts_accepted"] == 0 and liar["rollouts_rejected"] > 0
-    for name, node in nodes.items():
-        if node["role"] == "worker" and node["honest"]:
-            assert node["rollouts_accepted"] > 0 and node["rollouts_rejected"] == 0, name
+    summary = devnet_summary(tmp_path, "--steps", str(STEPS), "--workers", "2", "--relays", "1", "--env",
+                             "calculator", "--cheat", "fabricated-env-turn")
+    assert_only_the_cheater_caught(summary, "fabricated-env-turn", {"FABRICATED_ENV_TURN"})
     assert summary["trainer"]["step"] == STEPS
     # the same 128 held-out products and seeds before and after: about 0.016 of noise each way
     assert summary["final_reward"] > summary["base_reward"] + 0.03, (summary["base_reward"],
                                                                       summary["final_reward"])
-    print(json.dumps({k: v for k, v in summary.items() if k != "nodes"})[:2000])

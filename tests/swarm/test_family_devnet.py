@@ -7,16 +7,14 @@ rises (measured over 20 steps on 128 held-out tasks: 0.371 -> 0.464). Slow (abou
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.swarm.devnet_runs import assert_only_the_cheater_caught, devnet_summary, swarmnode
+
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 16
 FAMILY = """seed = {seed}
 [[family]]
@@ -26,11 +24,6 @@ config = {{ min_terms = 2, max_terms = 2, min_digits = 1, max_digits = 1 }}
 """
 
 
-def swarmnode(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "swarmnode.node.cli.main", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_a_family_devnet_trains_and_slashes_a_worker_that_forges_rewards(tmp_path: Path) -> None:
     tasks, held_out, model = tmp_path / "families.toml", tmp_path / "held-out.toml", tmp_path / "fam-model"
     tasks.write_text(FAMILY.format(seed=7, count=300))
@@ -38,25 +31,11 @@ def test_a_family_devnet_trains_and_slashes_a_worker_that_forges_rewards(tmp_pat
     init = swarmnode("model", "init", "--tasks", str(tasks), "--warm-start-pass", "0.3", "--keep-best",
                      "--max-steps", "300", str(model), timeout=900)
     assert init.returncode == 0, init.stdout[-3000:] + init.stderr[-3000:]
-    summary_path = tmp_path / "summary.json"
-    run = swarmnode("devnet", "--no-live", "--steps", str(STEPS), "--workers", "2", "--relays", "1",
-                    "--model", str(model), "--tasks", str(tasks), "--eval-tasks", str(held_out),
-                    "--max-new-tokens", "8", "--cheat", "forged-reward", "--out", str(tmp_path / "run"),
-                    "--summary", str(summary_path), timeout=1500)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    summary = json.loads(summary_path.read_text())
-    assert summary["every_cheater_slashed"] is True and summary["honest_slashed"] == []
-    rejected = summary["validators"]["by_reason"]  # slashed below its stake, the cheater is then unstaked
-    assert rejected.get("BAD_REWARD", 0) >= 1
-    assert set(rejected) <= {"BAD_REWARD", "NOT_STAKED", "STALE"}, rejected
-    nodes = summary["nodes"]
-    (forger,) = [node for node in nodes.values() if node.get("cheat") == "forged-reward"]
-    assert forger["rollouts_accepted"] == 0 and forger["rollouts_rejected"] > 0
-    for name, node in nodes.items():
-        if node["role"] == "worker" and node["honest"]:
-            assert node["rollouts_accepted"] > 0 and node["rollouts_rejected"] == 0, name
+    summary = devnet_summary(tmp_path, "--steps", str(STEPS), "--workers", "2", "--relays", "1", "--model",
+                             str(model), "--tasks", str(tasks), "--eval-tasks", str(held_out),
+                             "--max-new-tokens", "8", "--cheat", "forged-reward")
+    assert_only_the_cheater_caught(summary, "forged-reward", {"BAD_REWARD"})
     assert summary["trainer"]["step"] == STEPS
     # the same 128 held-out tasks and seeds before and after: about 0.015 of noise each way
     assert summary["final_reward"] > summary["base_reward"] + 0.02, (summary["base_reward"],
                                                                       summary["final_reward"])
-    print(json.dumps({k: v for k, v in summary.items() if k != "nodes"})[:2000])
