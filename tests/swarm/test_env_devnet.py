@@ -14,7 +14,7 @@ import pytest
 
 from tests.swarm.devnet_runs import assert_only_the_cheater_caught, devnet_summary
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # about 5 minutes alone, more under load
 
 STEPS = 12
 

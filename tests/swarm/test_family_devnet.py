@@ -13,7 +13,7 @@ import pytest
 
 from tests.swarm.devnet_runs import assert_only_the_cheater_caught, devnet_summary, swarmnode
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # about 6 minutes alone, more under load
 
 STEPS = 16
 FAMILY = """seed = {seed}
