@@ -38,8 +38,7 @@ from pathlib import Path
 import torch
 
 from swarmnode.node.rl.engine import TransformersEngine
-from swarmnode.node.rl.environments import Ended, span_bytes
-from swarmnode.node.rl.environments.episodes import EpisodeRules, after_model_turn
+from swarmnode.node.rl.environments.episodes import EpisodeRules, ModelTurn, model_mask, play
 from swarmnode.node.rl.model import save_model_folder
 from swarmnode.node.rl.recipes import WarmStartRecipe
 from swarmnode.node.rl.rollouts import task_prompt_ids
@@ -95,33 +94,29 @@ class BadDemonstration(ValueError):
 
 def episode_example(tokenizer: ChatTokenizer, rules: EpisodeRules, task: Task, model_texts: Sequence[str],
                     seed: int = 0) -> Example:
-    """One demonstrated episode as the worker's transcript: each model turn's tokens and the model's first
-    EOS (supervised), the environment's reply after it as `play` would append it (not supervised).
+    """One demonstrated episode as the worker's transcript, played by `play` itself: each model turn's
+    tokens and the model's first EOS (supervised), the environment's replies between them (not supervised).
     BadDemonstration when a turn overruns its budget or the turns do not end the episode exactly."""
-    eos = tokenizer.eos_token_ids[0]
-    tokens: list[int] = []
-    labels: list[int] = []
-    texts: list[str] = []
-    used_bytes = 0
-    for i, text in enumerate(model_texts):
-        turn = [*tokenizer.encode(text), eos]
-        if len(turn) > rules.turn_budget(len(tokens)):
-            raise BadDemonstration(f"turn {i} of {task.prompt[:40]!r} takes {len(turn)} tokens, more than "
-                                   f"its budget of {rules.turn_budget(len(tokens))}")
-        tokens += turn
-        labels += turn
-        texts.append(tokenizer.completion_text(turn))
-        used_bytes += span_bytes(texts[-1])
-        step = after_model_turn(rules, task, seed, tokenizer, texts, used_bytes, len(tokens))
-        if isinstance(step, Ended):
-            if i != len(model_texts) - 1:
-                raise BadDemonstration(f"the episode of {task.prompt[:40]!r} ended after turn {i} "
-                                       f"({step.by})")
-            return list(task_prompt_ids(task, tokenizer, rules)), tokens, labels
-        tokens += step.tokens
-        labels += [IGNORE] * len(step.tokens)
-        used_bytes += span_bytes(step.text)
-    raise BadDemonstration(f"the episode of {task.prompt[:40]!r} is not over after {len(model_texts)} turns")
+    eos, name = tokenizer.eos_token_ids[0], repr(task.prompt[:40])
+    turns = iter(model_texts)
+
+    def demonstrated(so_far: Sequence[int], budget: int) -> ModelTurn:
+        text = next(turns, None)
+        if text is None:
+            raise BadDemonstration(f"the episode of {name} is not over after {len(model_texts)} turns")
+        tokens = (*tokenizer.encode(text), eos)
+        if len(tokens) > budget:
+            raise BadDemonstration(f"a turn of {name} takes {len(tokens)} tokens, more than its budget of "
+                                   f"{budget}")
+        return ModelTurn(tokens, torch.zeros(len(tokens)), torch.zeros(len(tokens), 0), True)
+
+    played = play(rules, task, seed, tokenizer, demonstrated)
+    if len(played.turns) != len(model_texts):
+        raise BadDemonstration(f"the episode of {name} ended after turn {len(played.turns) - 1} "
+                               f"({played.ended_by})")
+    mask = model_mask(len(played.tokens), played.env_spans).tolist()
+    labels = [token if model else IGNORE for token, model in zip(played.tokens, mask, strict=True)]
+    return list(task_prompt_ids(task, tokenizer, rules)), list(played.tokens), labels
 
 
 def make_batch(examples: Sequence[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
