@@ -85,7 +85,6 @@ class DevnetModelRecipe:
     threads: int = 2
     task_params: ArithmeticParams = DEVNET_PARAMS
     environment: str = ""  # "calculator": episodes with the tool (the run's turn budget: warm.max_new_tokens)
-    max_positions: int = 128
 
 
 CALCULATOR_RECIPE = DevnetModelRecipe(
@@ -133,8 +132,7 @@ def build(out: Path, recipe: DevnetModelRecipe) -> dict[str, object]:
         else:
             texts = chat_texts((t.prompt, t.target) for t in dataset)
         init = init_model_folder(Path(scratch) / "init", texts, arch=recipe.arch, size=recipe.size,
-                                 seed=recipe.model_seed, vocab_size=recipe.vocab_size,
-                                 max_positions=recipe.max_positions)
+                                 seed=recipe.model_seed, vocab_size=recipe.vocab_size)
         rules = run_rules(recipe, init, dataset)
         if rules is not None:
             prompt = len(task_prompt_ids(dataset[0], load_tokenizer(init)[0], rules))

@@ -39,18 +39,14 @@ def init_model_folder(
     size: str = "tiny",
     seed: int = 0,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
-    max_positions: int | None = None,
 ) -> Path:
-    """Train a tokenizer on `texts`, build a `size` model of `arch` with its vocabulary, save the folder.
-    `max_positions`: the context, when not the size's (rotary positions cost no parameters)."""
+    """Train a tokenizer on `texts`, build a `size` model of `arch` with its vocabulary, save the folder."""
     if size not in SIZES:
         raise ValueError(f"size {size!r} is not one of {', '.join(SIZES)}")
     with tempfile.TemporaryDirectory() as scratch:
         train_tokenizer(texts, vocab_size, scratch)
         tokenizer = AutoTokenizer.from_pretrained(scratch, local_files_only=True)
         recipe = replace(SIZES[size], arch=arch, vocab_size=len(tokenizer))
-        if max_positions is not None:
-            recipe = replace(recipe, max_positions=max_positions)
         config = hf_config(recipe, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         model = build_model(config, seed, recipe.init_std)
         return save_model_folder(model, scratch, out)
