@@ -401,16 +401,17 @@ Answer = tuple[int, FamilyEntry, Task, str]  # (position in the flattened submis
 
 def group_limits(answers: Sequence[Answer], limits: SandboxLimits = SCORE_LIMITS) -> SandboxLimits:
     """One scoring run's limits for `answers`: the one-answer safety net plus room for each, and room to
-    write its whole output (`score_output_chars`), which the node reads back whole."""
-    output = score_output_chars(answers)
+    write its whole output (`score_output_chars`, beyond the one-answer limit), which the node reads back."""
+    output = limits.max_output_chars + score_output_chars(answers)
     return dataclasses.replace(limits, wall_time_s=limits.wall_time_s + 4.0 * len(answers),
                                cpu_time_s=limits.cpu_time_s + 2 * len(answers), max_output_chars=output,
                                file_size_bytes=max(limits.file_size_bytes, output))
 
 
 def score_output_chars(answers: Sequence[Answer]) -> int:
-    """The most a scoring run of `answers` writes: its ready line (each entry's question and answer as
-    JSON, at most `ESCAPED_CHARS` a character, as the node holds them) and a reply line per answer.
+    """The most a scoring run of `answers` writes beyond stray text: its ready line (each entry's question
+    and answer as JSON, at most `ESCAPED_CHARS` a character, as the node holds them) and a reply line per
+    answer.
 
     Read back at the sandbox's default of 8192 characters, a submission of 32 groups of 8 lost its later
     replies (the answer at the cut scored 0, the rest needed another run) and one of 128 groups lost the
@@ -418,7 +419,7 @@ def score_output_chars(answers: Sequence[Answer]) -> int:
     entries = {entry.index: (task, entry) for _, entry, task, _ in answers}
     ready = sum(ESCAPED_CHARS * (len(task.prompt) + len(entry.answer or "")) + ROW_CHARS
                 for task, entry in entries.values())
-    return SandboxLimits().max_output_chars + ready + REPLY_CHARS * len(answers)
+    return ready + REPLY_CHARS * len(answers)
 
 
 def _answer_grade(answer: str | None) -> Grade | None:
