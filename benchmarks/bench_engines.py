@@ -65,8 +65,9 @@ from swarmnode.node.rl.model import (
 from swarmnode.node.rl.modelinit import chat_texts
 from swarmnode.node.rl.rollouts import GeneratedGroup, assigned_tasks, task_prompt_ids, to_wire_group
 from swarmnode.node.rl.run import RunSetup, devnet_dataset, devnet_grpo, devnet_run
-from swarmnode.node.rl.sampling import check_sampling, derive_seed
+from swarmnode.node.rl.sampling import derive_seed
 from swarmnode.node.rl.tokenizer import load_tokenizer, train_tokenizer
+from swarmnode.node.rl.validation import _token_scores, sampled_tokens
 from swarmnode.protocol.messages import RolloutSubmission
 from swarmnode.protocol.runs import assignment_step
 
@@ -168,16 +169,19 @@ class Judged:
 
 def judge_submission(sub: RolloutSubmission, validator: TransformersEngine, setup: RunSetup,
                      batch_size: int) -> Judged:
-    """A validator's work on a submission: bf16 prefill, TOPLOC verification, sampling re-derivation."""
-    policy, temperature = setup.descriptor.policy, setup.descriptor.grpo.temperature
+    """A validator's work on a submission: bf16 prefill, TOPLOC verification, and the node's own token
+    scoring (logprobs, P(EOS), sampling re-derivation on the logits' device), with no sampling tolerance
+    so that the largest gap is measured rather than judged."""
+    policy, grpo = setup.descriptor.policy, setup.descriptor.grpo
     flat = [(g.prompt_ids, c) for g in sub.groups for c in g.completions]
     prefills = validator.prefill_batch([(list(p), list(c.token_ids)) for p, c in flat], batch_size=batch_size)
-    checks, gap = [], 0.0
+    checks = []
     k, chunk = policy.toploc_k, policy.toploc_chunk
     for (_, c), pre in zip(flat, prefills, strict=True):
         checks.extend(verify_proofs(pre.hidden_rows, list(c.proofs), k=k, chunk=chunk))
-        gap = max(gap, check_sampling(pre.logits, c.token_ids, c.seed, temperature, float("inf")).max_gap)
-    return Judged(aggregate(checks), gap)
+    sampled = [sampled_tokens(c, None, grpo.max_new_tokens) for _, c in flat]
+    scores = _token_scores(sampled, prefills, grpo.temperature, float("inf"), validator.info.eos_token_ids)
+    return Judged(aggregate(checks), max((s.max_gap for s in scores.sampling), default=0.0))
 
 
 # --------------------------------------------------------------------------- cheats

@@ -186,7 +186,60 @@ def tiny_model_section(args: argparse.Namespace) -> dict[str, float | int]:
     }
 
 
-SECTIONS: list[Section] = [proofs_section, tiny_model_section]
+def _peak_rss_growth_mb(work: Callable[[], object]) -> float:
+    """The most resident memory `work` added (Linux: the peak is reset through /proc/self/clear_refs)."""
+    def field(name: str) -> int:
+        status = Path("/proc/self/status").read_text().splitlines()
+        line = next(entry for entry in status if entry.startswith(name))
+        return int(line.split()[1])  # kB
+
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+    before = field("VmRSS:")
+    work()
+    return (field("VmHWM:") - before) / 1024
+
+
+def scoring_section(args: argparse.Namespace) -> dict[str, float | int]:
+    """The validator's token scoring (logprobs, P(EOS), the sampling check's seeded noise over every
+    vocabulary entry) at Qwen2.5's vocabulary, 2048 rows: in bounded passes (`score_rows`) against one
+    pass over the whole submission (what it did before), time and the peak memory it adds beside the
+    logits."""
+    from swarmnode.node.rl.engine import Prefill
+    from swarmnode.node.rl.validation import _token_scores, sampled_tokens, score_rows
+    from swarmnode.protocol.messages import Completion
+
+    vocab, completions, length = 151_936, 16, 128
+    gen = torch.Generator().manual_seed(0)
+    prefills = [Prefill(torch.zeros(length, 1), torch.randn(length, vocab, generator=gen) * 4)
+                for _ in range(completions)]
+    wire = [Completion(tuple(int(t) for t in torch.randint(vocab, (length,), generator=gen)),
+                       b"\0" * 4 * length, 0.0, 0.0, seed, False, ()) for seed in range(completions)]
+    sampled = [sampled_tokens(c, None, length) for c in wire]
+    rows = completions * length
+
+    def score(passes: int | None) -> object:
+        return _token_scores(sampled, prefills, 1.0, 1e-3, (0,), passes)
+
+    whole_mb = _peak_rss_growth_mb(lambda: score(rows))
+    bounded_mb = _peak_rss_growth_mb(lambda: score(None))
+    times = _best_interleaved({"whole": lambda: score(rows), "bounded": lambda: score(None)},
+                              max(1, args.repeats // 3))
+    print(f"token scoring, {rows} rows x {vocab} vocabulary (logits {rows * vocab * 4 / 2**20:.0f} MB): "
+          f"one pass {times['whole']:.2f} s, +{whole_mb:.0f} MB; passes of {score_rows(vocab)} rows "
+          f"{times['bounded']:.2f} s, +{bounded_mb:.0f} MB", file=sys.stderr)
+    return {
+        "scoring_rows": rows,
+        "scoring_vocab": vocab,
+        "scoring_one_pass_s": round(times["whole"], 4),
+        "scoring_bounded_s": round(times["bounded"], 4),
+        "scoring_one_pass_peak_mb": round(whole_mb, 1),
+        "scoring_bounded_peak_mb": round(bounded_mb, 1),
+        "scoring_bounded_vs_one_pass_time_ratio": round(times["bounded"] / times["whole"], 4),
+        "scoring_bounded_vs_one_pass_memory_ratio": round(bounded_mb / whole_mb, 4),
+    }
+
+
+SECTIONS: list[Section] = [proofs_section, tiny_model_section, scoring_section]
 
 
 def main() -> None:

@@ -66,7 +66,10 @@ class Completion:
 
 @dataclass(frozen=True)
 class Prefill:
-    """Teacher-forced results at the generated positions: rows (T, hidden) and raw logits (T, vocab), fp32."""
+    """Teacher-forced results at the generated positions: rows (T, hidden) on the CPU and raw logits
+    (T, vocab) on the engine's device, both fp32. The logits stay where they were computed: the checks that
+    read them (the sampling check hashes noise for every vocabulary entry of every row) run there, and only
+    their per-token results travel."""
 
     hidden_rows: torch.Tensor
     logits: torch.Tensor
@@ -219,7 +222,8 @@ class TransformersEngine:
         """`prefill` for many sequences; completions of one prompt share its forward (module docstring).
 
         Rows run `batch_size` at a time; `lm_head` runs once, only on the generated positions, and each
-        Prefill's tensors are views of one copy of the rows and logits on the CPU.
+        Prefill's tensors are views of one copy of the rows (on the CPU) and of the logits (on the model's
+        device: see `Prefill`).
         """
         prompts, completions = [p for p, _ in pairs], [c for _, c in pairs]
         self._check_sequences(prompts, completions)
@@ -249,7 +253,7 @@ class TransformersEngine:
                 offset[m], at = at, at + lengths[m]
             back = torch.cat([torch.arange(offset[m], offset[m] + lengths[m]) for m in range(len(pairs))])
             packed = found[back.to(found.device)]
-            logits = self.model.lm_head(packed).float().cpu()
+            logits = self.model.lm_head(packed).float()
         return [
             Prefill(hidden_rows=r, logits=lg)
             for r, lg in zip(packed.float().cpu().split(lengths), logits.split(lengths), strict=True)

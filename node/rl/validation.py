@@ -46,7 +46,7 @@ from __future__ import annotations
 import bisect
 import math
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -469,7 +469,19 @@ def model_rows(prefill: Prefill, completion: Completion) -> Prefill:
     if not completion.env_spans:
         return prefill
     mask = model_mask(len(completion.token_ids), completion.env_spans)
-    return Prefill(hidden_rows=prefill.hidden_rows[mask], logits=prefill.logits[mask])
+    at_logits = mask.to(prefill.logits.device)
+    return Prefill(hidden_rows=prefill.hidden_rows[mask], logits=prefill.logits[at_logits])
+
+
+SCORE_ENTRIES = 1 << 25
+"""Logit entries (rows x vocabulary) scored in one pass: 221 rows of a 150k vocabulary. The pass's seeded
+noise and scores are a few temporaries of that size (128 MB each in fp32, twice that in the int64 hash on a
+GPU), so a submission of any length is scored in bounded memory beside its logits."""
+
+
+def score_rows(vocab_size: int) -> int:
+    """Rows per scoring pass at this vocabulary (`SCORE_ENTRIES`), at least one."""
+    return max(1, SCORE_ENTRIES // max(1, vocab_size))
 
 
 @dataclass(frozen=True)
@@ -482,9 +494,27 @@ class _TokenScores:
     sampling: list[SamplingCheck]  # one per completion, as `check_sampling`
 
 
+def _blocks(prefills: Sequence[Prefill], rows: int) -> Iterator[torch.Tensor]:
+    """The submission's logits, completion after completion, `rows` rows at a time (the last block shorter),
+    where they lie: no copy of the whole submission's logits is made."""
+    pending: list[torch.Tensor] = []
+    held = 0
+    for logits in (p.logits for p in prefills):
+        at = 0
+        while at < len(logits):
+            take = min(rows - held, len(logits) - at)
+            pending.append(logits[at : at + take])
+            held, at = held + take, at + take
+            if held == rows:
+                yield torch.cat(pending)
+                pending, held = [], 0
+    if pending:
+        yield torch.cat(pending)
+
+
 def _token_scores(
     sampled: Sequence[_Sampled], prefills: Sequence[Prefill], temperature: float, tolerance: float,
-    eos_token_ids: Sequence[int],
+    eos_token_ids: Sequence[int], rows: int | None = None,
 ) -> _TokenScores:
     """`token_logprobs`, the P(EOS) `check_termination` reads and `check_sampling` of every completion,
     batched.
@@ -493,22 +523,39 @@ def _token_scores(
     is `check_sampling`'s: the seeded Gumbel noise of each (seed, position), the gap between the best
     perturbed score and the claimed token's, a mismatch where it exceeds the tolerance. P(EOS) is taken
     only at each completion's last position, the one value termination reads. Mismatches are indices into
-    each completion's sampled tokens.
+    each completion's sampled tokens. The work runs `rows` rows at a time (`score_rows` by default) on the
+    logits' device (a GPU validator hashes the noise there: on its CPU that took 30x the worker's
+    generation); only per-token values come back.
     """
     lengths = [len(s.tokens) for s in sampled]
-    logits = torch.cat([p.logits for p in prefills])
     tokens = torch.tensor([t for s in sampled for t in s.tokens], dtype=torch.int64)
-    if logits.ndim != 2 or logits.shape[0] != tokens.shape[0]:
-        raise ValueError(f"logits {tuple(logits.shape)} do not match {tokens.shape[0]} tokens")
-    scores = scale_logits(logits, temperature)
-    if temperature > 0:
-        keys = [position_key(s.seed, p) for s in sampled for p in s.positions]
-        scores = scores + gumbel_from_keys(keys, scores.shape[-1], scores.device)
-    gaps = scores.max(dim=-1).values - scores.gather(-1, tokens.to(scores.device).unsqueeze(-1)).squeeze(-1)
+    held = sum(len(p.logits) for p in prefills)
+    if any(p.logits.ndim != 2 for p in prefills) or held != tokens.shape[0]:
+        shapes = [tuple(p.logits.shape) for p in prefills]
+        raise ValueError(f"logits {shapes} do not match {tokens.shape[0]} tokens")
+    keys = [position_key(s.seed, p) for s in sampled for p in s.positions] if temperature > 0 else []
+    if rows is None:
+        rows = score_rows(prefills[0].logits.shape[-1] if prefills else 1)
     ends = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    present = [i for i, n in enumerate(lengths) if n]
+    last_rows = (ends[present] - 1).tolist()
+    logprobs, gap_parts, last_logits = [], [], []
+    at = 0
+    for block in _blocks(prefills, rows):
+        n, device = len(block), block.device
+        claimed = tokens[at : at + n].to(device)
+        logprobs.append(token_logprobs(block, claimed, temperature).cpu())
+        scores = scale_logits(block, temperature)
+        if temperature > 0:
+            scores = scores + gumbel_from_keys(keys[at : at + n], scores.shape[-1], device)
+        gap = scores.max(dim=-1).values - scores.gather(-1, claimed.unsqueeze(-1)).squeeze(-1)
+        gap_parts.append(gap.cpu())
+        last_logits += [block[r - at] for r in last_rows if at <= r < at + n]
+        at += n
+    gaps = torch.cat(gap_parts) if gap_parts else torch.zeros(0)
     owner = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.int64))
     largest = torch.zeros(len(lengths), dtype=gaps.dtype).scatter_reduce(
-        0, owner, gaps.cpu(), "amax", include_self=False
+        0, owner, gaps, "amax", include_self=False
     )
     mismatches: list[list[int]] = [[] for _ in lengths]
     stops = ends.tolist()
@@ -519,12 +566,13 @@ def _token_scores(
         SamplingCheck(mismatches=tuple(m), max_gap=float(g) if n else 0.0)
         for m, g, n in zip(mismatches, largest.tolist(), lengths, strict=True)
     ]
-    present = [i for i, n in enumerate(lengths) if n]
-    last_eos = eos_probabilities(logits[ends[present] - 1], eos_token_ids, temperature).tolist()
     last_eos_probs = [0.0] * len(lengths)
-    for i, p in zip(present, last_eos, strict=True):
-        last_eos_probs[i] = p
-    return _TokenScores(token_logprobs(logits, tokens, temperature), last_eos_probs, sampling)
+    if last_logits:
+        last_eos = eos_probabilities(torch.stack(last_logits), eos_token_ids, temperature).tolist()
+        for i, p in zip(present, last_eos, strict=True):
+            last_eos_probs[i] = p
+    packed = torch.cat(logprobs) if logprobs else torch.zeros(0)
+    return _TokenScores(packed, last_eos_probs, sampling)
 
 
 def _logprobs_differ(sampled: Sequence[_Sampled], recomputed: torch.Tensor) -> set[int]:

@@ -19,7 +19,7 @@ from swarmnode.node.rl.sampling import (
     noise_bits,
     token_logprobs,
 )
-from swarmnode.node.rl.validation import _token_scores, sampled_tokens
+from swarmnode.node.rl.validation import _blocks, _token_scores, sampled_tokens
 from swarmnode.protocol.messages import Completion
 
 u32 = st.integers(0, 2**32 - 1)
@@ -57,10 +57,11 @@ def _completion(tokens: list[int], seed: int) -> Completion:
     vocab=st.integers(2, 40),
     temperature=st.sampled_from([0.0, 0.5, 1.0, 1.3]),
     tolerance=st.sampled_from([0.0, 1e-3, 0.5]),
+    rows=st.sampled_from([1, 2, 3, 5, None]),
 )
-def test_submission_scores_equal_one_completion_at_a_time(data, vocab, temperature, tolerance):
-    """Logits near ties and tokens off the sampler included: the batched scores are the per-completion
-    functions' values exactly."""
+def test_submission_scores_equal_one_completion_at_a_time(data, vocab, temperature, tolerance, rows):
+    """Logits near ties and tokens off the sampler included, passes of any size that cut completions
+    apart: the batched scores are the per-completion functions' values exactly."""
     lengths = data.draw(st.lists(st.integers(0, 6), min_size=1, max_size=6))
     completions, prefills = [], []
     for n in lengths:
@@ -72,7 +73,7 @@ def test_submission_scores_equal_one_completion_at_a_time(data, vocab, temperatu
         prefills.append(Prefill(hidden_rows=torch.zeros(n, 1), logits=logits))
     eos = data.draw(st.sampled_from([(0,), (0, 1)]))
     sampled = [sampled_tokens(c, None, 1 << 16) for c in completions]
-    scores = _token_scores(sampled, prefills, temperature, tolerance, eos)
+    scores = _token_scores(sampled, prefills, temperature, tolerance, eos, rows)
     for c, pre, logp, p_eos, sampling in zip(completions, prefills, scores.logprobs.split(lengths),
                                              scores.last_eos_probs, scores.sampling, strict=True):
         assert sampling == check_sampling(pre.logits, c.token_ids, c.seed, temperature, tolerance)
@@ -90,3 +91,17 @@ def test_an_off_sampler_token_is_named_at_its_own_position():
     assert scores.sampling[0].passed
     assert scores.sampling[1].mismatches == (1,)
     assert scores.sampling[1].max_gap == 9.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.integers(0, 9), max_size=6), rows=st.integers(1, 10))
+def test_scoring_passes_are_the_submission_cut_into_bounded_blocks(lengths, rows):
+    """Every block holds at most `rows` rows, only the last one fewer, and together they are the
+    submission's logits in order: what bounds a pass's memory loses and reorders nothing."""
+    logits = [torch.arange(n * 2, dtype=torch.float32).reshape(n, 2) + 100 * i for i, n in enumerate(lengths)]
+    prefills = [Prefill(torch.zeros(n, 1), lg) for n, lg in zip(lengths, logits, strict=True)]
+    blocks = list(_blocks(prefills, rows))
+    assert all(len(b) == rows for b in blocks[:-1])
+    assert all(0 < len(b) <= rows for b in blocks)
+    whole = torch.cat(logits) if logits else torch.zeros(0, 2)
+    assert torch.equal(torch.cat(blocks) if blocks else torch.zeros(0, 2), whole)

@@ -337,7 +337,7 @@ def test_same_seeds_same_tokens_and_rows_match_prefill(engine, prompt, temperatu
         rel = (c.hidden_rows - pre.hidden_rows).norm() / pre.hidden_rows.norm()
         assert rel < 0.02, rel
         assert check_sampling(pre.logits, c.tokens, c.seed, temperature, BF16_SAMPLING_TOLERANCE).passed
-        logp = torch.log_softmax(pre.logits / temperature, -1)
+        logp = torch.log_softmax(pre.logits / temperature, -1).cpu()  # the logits stay on the engine's device
         expected = logp.gather(-1, torch.tensor(c.tokens)[:, None])[:, 0]
         torch.testing.assert_close(c.logprobs, expected, atol=0.05, rtol=0)
         assert not any(engine.tokenizer.is_eos(t) for t in c.tokens[:-1])
