@@ -3,17 +3,19 @@
 group of guess-the-number episodes, and what a validator spends checking them.
 
 Measured in one run, alternating, medians of `--rounds`:
-  worker      `build_submission`: every group played, TOPLOC proofs, the signed-ready message
-  batched     `rollouts.play_group` alone: a group's first turns sampled as one batch (they share the
+  worker      `build_submission`: every episode of the submission played round by round (each round of
+              turns one batch: `rollouts.play_groups`), TOPLOC proofs, the signed-ready message
+  rounds      `play_groups` alone, over the submission's groups
+  first only  what play_group did before: a group's first turns sampled as one batch (they share the
               prompt), the later turns one episode at a time, each a new request on the episode so far
-  one by one  the baseline: every turn of every episode its own request (what play_group did before)
+  one by one  every turn of every episode its own request
   validator   `validate_submission` of the worker's submission: one prefill of every whole transcript, the
               model checks on the model's positions, and the replay of every episode
 
-`first_turn_batching_ratio` is batched over one-by-one seconds (below 1: the batch pays);
-`validator_to_worker_ratio` is validator over worker seconds (what verification costs per unit of work).
-The two ways sample the same tokens up to the last bits of a batched matmul (same seeds, same positions);
-the run notes a game where they differ.
+`later_turn_batching_ratio` is rounds over first-only seconds, `first_turn_batching_ratio` first-only over
+one-by-one seconds (below 1: the batch pays); `validator_to_worker_ratio` is validator over worker seconds
+(what verification costs per unit of work). The ways sample the same tokens up to the last bits of a
+batched matmul (same seeds, same positions); the run notes a game where they differ.
 The last line is one JSON object.
 """
 
@@ -32,7 +34,7 @@ from swarmnode.node.rl.engine import TransformersEngine
 from swarmnode.node.rl.environments.episodes import episode_rules, play
 from swarmnode.node.rl.environments.game import generate_tasks
 from swarmnode.node.rl.model import model_commitment
-from swarmnode.node.rl.rollouts import build_submission, play_group, turn_sampler
+from swarmnode.node.rl.rollouts import build_submission, model_turn, play_groups, turn_sampler
 from swarmnode.node.rl.run import DEVNET_MODEL, describe_run, devnet_grpo, devnet_policy, environment_for
 from swarmnode.node.rl.validation import ValidationContext, validate_submission
 
@@ -41,9 +43,16 @@ ROOT = sha256(b"bench-episodes-checkpoint")
 
 
 def one_by_one(engine: TransformersEngine, task, rules, prompt, seeds, temperature):
-    """Every turn its own request, the first ones too: the baseline play_group is measured against."""
+    """Every turn its own request, the first ones too."""
     return [play(rules, task, seed, engine.tokenizer, turn_sampler(engine, prompt, seed, temperature))
             for seed in seeds]
+
+
+def first_only(engine: TransformersEngine, task, rules, prompt, seeds, temperature):
+    """A group's first turns in one batch, every later turn its own request (play_group before rounds)."""
+    firsts = engine.generate_group(list(prompt), len(seeds), seeds, rules.turn_budget(0), temperature)
+    return [play(rules, task, seed, engine.tokenizer, turn_sampler(engine, prompt, seed, temperature),
+                 model_turn(first)) for seed, first in zip(seeds, firsts, strict=True)]
 
 
 def main() -> None:
@@ -68,7 +77,7 @@ def main() -> None:
     ctx = ValidationContext(descriptor, dataset, list(dataset), 0, {0: ROOT}, lambda _: True, engine.info,
                             engine.tokenizer)
 
-    worker_s, batched_s, baseline_s, validator_s, turns = [], [], [], [], []
+    worker_s, rounds_s, first_s, baseline_s, validator_s, turns = [], [], [], [], [], []
     for counter in range(args.rounds):
         started = time.perf_counter()
         sub = build_submission(engine, descriptor, dataset, list(dataset), WORKER, 0, ROOT, counter)
@@ -76,33 +85,40 @@ def main() -> None:
         started = time.perf_counter()
         validate_submission(sub, WORKER, ctx, lambda _: engine)
         validator_s.append(time.perf_counter() - started)
-        batched = baseline = 0.0
-        for group in sub.groups:
-            task, seeds = dataset[group.task_id], [c.seed for c in group.completions]
+        groups = [(dataset[g.task_id], g.prompt_ids, [c.seed for c in g.completions]) for g in sub.groups]
+        started = time.perf_counter()
+        play_groups(engine, [t for t, _, _ in groups], rules, [p for _, p, _ in groups],
+                    [s for _, _, s in groups], grpo.temperature)
+        rounds_s.append(time.perf_counter() - started)
+        first = baseline = 0.0
+        for (task, prompt, seeds), group in zip(groups, sub.groups, strict=True):
             started = time.perf_counter()
-            play_group(engine, task, rules, group.prompt_ids, seeds, grpo.temperature)
-            batched += time.perf_counter() - started
+            first_only(engine, task, rules, prompt, seeds, grpo.temperature)
+            first += time.perf_counter() - started
             started = time.perf_counter()
-            again = one_by_one(engine, task, rules, group.prompt_ids, seeds, grpo.temperature)
+            again = one_by_one(engine, task, rules, prompt, seeds, grpo.temperature)
             baseline += time.perf_counter() - started
             if [p.tokens for p in again] != [c.token_ids for c in group.completions]:
-                print(f"note: game {task.target}: one by one sampled other tokens than the batch")
-        batched_s.append(batched)
+                print(f"note: game {task.target}: one by one sampled other tokens than the rounds")
+        first_s.append(first)
         baseline_s.append(baseline)
         turns.append(sum(len(c.env_spans) + 1 for g in sub.groups for c in g.completions))
-        print(f"round {counter}: worker {worker_s[-1]:.2f} s (play batched {batched:.2f} s, one by one "
-              f"{baseline:.2f} s), validator {validator_s[-1]:.2f} s, {turns[-1]} model turns")
+        print(f"round {counter}: worker {worker_s[-1]:.2f} s (play in rounds {rounds_s[-1]:.2f} s, first "
+              f"turns only batched {first:.2f} s, one by one {baseline:.2f} s), validator "
+              f"{validator_s[-1]:.2f} s, {turns[-1]} model turns")
 
-    worker, batched, baseline, validator = (statistics.median(x)
-                                            for x in (worker_s, batched_s, baseline_s, validator_s))
+    worker, rounds, first, baseline, validator = (statistics.median(x) for x in
+                                                  (worker_s, rounds_s, first_s, baseline_s, validator_s))
     print(json.dumps({
         "episodes_per_round": args.prompts * args.group_size,
         "model_turns_per_round_median": statistics.median(turns),
         "worker_s": round(worker, 3),
-        "play_batched_s": round(batched, 3),
+        "play_rounds_s": round(rounds, 3),
+        "play_first_turns_only_s": round(first, 3),
         "play_one_by_one_s": round(baseline, 3),
         "validator_s": round(validator, 3),
-        "first_turn_batching_ratio": round(batched / baseline, 3),
+        "later_turn_batching_ratio": round(rounds / first, 3),
+        "first_turn_batching_ratio": round(first / baseline, 3),
         "validator_to_worker_ratio": round(validator / worker, 3),
     }))
 

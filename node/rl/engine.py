@@ -4,6 +4,7 @@ What an engine gives each role:
 - worker: `generate_group` — G completions of one prompt with our seeded Gumbel-max sampler
   (`node.rl.sampling`), each with its tokens, per-token logprobs, seed, EOS flag and the final hidden rows
   (the input of `lm_head`, after the final norm, one per generated token) that TOPLOC proofs commit to;
+  `generate_turns` — one model turn for each of many episodes at once, each on its own context;
 - validator: `prefill` / `prefill_batch` — the same rows and the logits at the generated positions,
   teacher-forced, to check the proofs, the sampling and the termination;
 - trainer: `logprobs` — per-token logprobs of given completions under the current weights, with grad when
@@ -12,7 +13,9 @@ What an engine gives each role:
 Decisions:
 - Generation is our own loop over `model.model` (KV cache, the group batched as G copies of one prompt, so
   no padding), then `model.lm_head` on the last row; the rows handed out are exactly what `lm_head` consumed.
-  transformers' `generate` would hide both the rows and the sampler.
+  transformers' `generate` would hide both the rows and the sampler. Turns of different episodes have
+  contexts of different lengths: they are left-padded, with an attention mask and position ids that start
+  at each context's first token, which samples each row as alone up to float noise.
 - Row p of a completion is the hidden state whose logits produced token p, i.e. sequence position
   len(prompt) + p - 1; prefill returns the same positions. A batched prefill pads on the right, which causal
   attention never looks at, so no attention mask and no position shift is needed.
@@ -37,7 +40,7 @@ import torch
 from transformers import PreTrainedModel
 
 from swarmnode.node.rl.model import ModelInfo, load_model, load_weights
-from swarmnode.node.rl.sampling import sample_tokens, token_logprobs
+from swarmnode.node.rl.sampling import sample_rows, token_logprobs
 from swarmnode.node.rl.tokenizer import ChatTokenizer, load_tokenizer
 from swarmnode.protocol.messages import EnvSpan
 
@@ -62,6 +65,18 @@ class Completion:
     seed: int
     ended_with_eos: bool
     env_spans: tuple[EnvSpan, ...] = ()  # an episode's environment turns (then hidden_rows are the model's)
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """One model turn to sample: its context (the prompt and the episode so far), the completion's seed,
+    the completion position of the turn's first token (its noise continues the completion's), and its
+    token budget."""
+
+    context: tuple[int, ...]
+    seed: int
+    first_position: int
+    max_new_tokens: int
 
 
 @dataclass(frozen=True)
@@ -97,6 +112,8 @@ class InferenceEngine(Protocol):
         self, prompt_ids: Sequence[int], n: int, seeds: Sequence[int], max_new_tokens: int,
         temperature: float, first_position: int = 0,
     ) -> list[Completion]: ...
+
+    def generate_turns(self, requests: Sequence[TurnRequest], temperature: float) -> list[Completion]: ...
 
     def prefill(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Prefill: ...
 
@@ -175,29 +192,67 @@ class TransformersEngine:
         later turn of an episode passes the turns so far in `prompt_ids` and their length here."""
         check_group_request(self._info, prompt_ids, n, seeds, max_new_tokens)
         ids = torch.tensor([list(prompt_ids)] * n, dtype=torch.int64, device=self.device)
+        return self._sample(ids, None, seeds, [first_position] * n, [max_new_tokens] * n, temperature)
+
+    def generate_turns(self, requests: Sequence[TurnRequest], temperature: float) -> list[Completion]:
+        """One model turn per request, all in one batch: contexts of different lengths, left-padded (an
+        attention mask hides the padding, position ids start at each context's first token), each row with
+        its own seed, noise positions and budget. The episodes of a submission take their later turns so."""
+        for r in requests:
+            check_group_request(self._info, r.context, 1, [r.seed], r.max_new_tokens)
+        if not requests:
+            return []
+        width = max(len(r.context) for r in requests)
+        ids = torch.full((len(requests), width), self._info.pad_token_id, dtype=torch.int64)
+        mask = torch.zeros((len(requests), width), dtype=torch.int64)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.context) :] = torch.tensor(r.context, dtype=torch.int64)
+            mask[i, width - len(r.context) :] = 1
+        return self._sample(ids.to(self.device), mask.to(self.device), [r.seed for r in requests],
+                            [r.first_position for r in requests], [r.max_new_tokens for r in requests],
+                            temperature)
+
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor | None, seeds: Sequence[int],
+                first_positions: Sequence[int], budgets: Sequence[int],
+                temperature: float) -> list[Completion]:
+        """The decode loop: row i samples up to `budgets[i]` tokens with the noise of (seeds[i],
+        first_positions[i] + p); `mask` (left padding) is None when every row's context is whole."""
+        n = len(seeds)
         rows, toks, logps = [], [], []
+        budget = torch.tensor(list(budgets), device=self.device)
         with torch.no_grad():
-            out = self.model.model(input_ids=ids, use_cache=True)
+            if mask is None:
+                out, at = self.model.model(input_ids=ids, use_cache=True), None
+            else:
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                out = self.model.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                       use_cache=True)
+                at = positions[:, -1:] + 1
             done = torch.zeros(n, dtype=torch.bool, device=self.device)
-            for pos in range(max_new_tokens):
+            for pos in range(max(budgets)):
                 hidden = out.last_hidden_state[:, -1]
                 logits = self.model.lm_head(hidden).float()
-                tok = sample_tokens(logits, seeds, first_position + pos, temperature)
+                tok = sample_rows(logits, seeds, [f + pos for f in first_positions], temperature)
                 rows.append(hidden.float())
                 toks.append(tok)
                 logps.append(token_logprobs(logits, tok, temperature))
-                done |= torch.isin(tok, self._eos)
-                if bool(done.all()) or pos == max_new_tokens - 1:
+                done |= torch.isin(tok, self._eos) | (budget <= pos + 1)
+                if bool(done.all()):
                     break
-                out = self.model.model(
-                    input_ids=tok[:, None], past_key_values=out.past_key_values, use_cache=True
-                )
+                if mask is None or at is None:
+                    out = self.model.model(input_ids=tok[:, None], past_key_values=out.past_key_values,
+                                           use_cache=True)
+                else:
+                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                    out = self.model.model(input_ids=tok[:, None], attention_mask=mask, position_ids=at,
+                                           past_key_values=out.past_key_values, use_cache=True)
+                    at = at + 1
         all_rows = torch.stack(rows, 1).cpu()
         all_toks = torch.stack(toks, 1).cpu()
         all_logps = torch.stack(logps, 1).cpu()
         result = []
         for i in range(n):
-            tokens = truncate_at_eos(all_toks[i].tolist(), self._info.eos_token_ids)
+            tokens = truncate_at_eos(all_toks[i, : budgets[i]].tolist(), self._info.eos_token_ids)
             t = len(tokens)
             result.append(
                 Completion(

@@ -15,8 +15,15 @@ import torch
 
 from swarmnode.crypto.toploc import build_proofs_batch
 from swarmnode.node.rl.engine import Completion as EngineCompletion
-from swarmnode.node.rl.engine import InferenceEngine
-from swarmnode.node.rl.environments.episodes import EpisodeRules, ModelTurn, TurnSampler, episode_rules, play
+from swarmnode.node.rl.engine import InferenceEngine, TurnRequest
+from swarmnode.node.rl.environments.episodes import (
+    EpisodeRules,
+    ModelTurn,
+    TurnAsk,
+    TurnSampler,
+    episode_rules,
+    play_all,
+)
 from swarmnode.node.rl.grpo import group_advantages, length_target_reward
 from swarmnode.node.rl.sampling import group_seeds
 from swarmnode.node.rl.tasks import Task, assign_tasks, grade_groups, task_length_target
@@ -114,20 +121,48 @@ def turn_sampler(engine: InferenceEngine, prompt: Sequence[int], seed: int,
     return sample_turn
 
 
+def play_groups(engine: InferenceEngine, tasks: Sequence[Task], rules: EpisodeRules,
+                prompts: Sequence[Sequence[int]], seeds: Sequence[Sequence[int]],
+                temperature: float) -> list[GeneratedGroup]:
+    """Multi-turn groups, one episode per seed, played together (`play_all`). A group's first turns share
+    the prompt as their context: they are sampled as one group (every group in one batch where the engine
+    can). Each later round, the turns of every episode still going are one batch (`generate_turns`), each
+    a request on its prompt and episode so far with the noise of its positions in the completion."""
+    budget, size = rules.turn_budget(0), len(seeds[0]) if seeds else 0
+    if any(len(s) != size for s in seeds):
+        raise ValueError("every group of an assignment has the run's group size")
+    batched = getattr(engine, "generate_groups", None)
+    if batched is not None:
+        firsts = batched([list(p) for p in prompts], size, seeds, budget, temperature)
+    else:
+        firsts = [engine.generate_group(list(p), size, s, budget, temperature)
+                  for p, s in zip(prompts, seeds, strict=True)]
+    contexts = [(tuple(p), seed) for p, group in zip(prompts, seeds, strict=True) for seed in group]
+
+    def sample_turns(asks: Sequence[TurnAsk]) -> list[ModelTurn]:
+        requests = [TurnRequest((*contexts[i][0], *so_far), contexts[i][1], len(so_far), budget)
+                    for i, so_far, budget in asks]
+        return [model_turn(c) for c in engine.generate_turns(requests, temperature)]
+
+    episodes = [(task, seed) for task, group in zip(tasks, seeds, strict=True) for seed in group]
+    played = play_all(rules, episodes, engine.tokenizer, sample_turns,
+                      [model_turn(c) for group in firsts for c in group])
+    groups = []
+    for g, (task, prompt, group_seeds_) in enumerate(zip(tasks, prompts, seeds, strict=True)):
+        mine = played[g * size : (g + 1) * size]
+        completions = [
+            EngineCompletion(p.tokens, p.logprobs(), p.hidden_rows(), seed, p.turns[-1].ended_with_eos,
+                             p.env_spans)
+            for p, seed in zip(mine, group_seeds_, strict=True)
+        ]
+        groups.append(GeneratedGroup(task, tuple(prompt), completions, [p.reward for p in mine]))
+    return groups
+
+
 def play_group(engine: InferenceEngine, task: Task, rules: EpisodeRules, prompt: Sequence[int],
                seeds: Sequence[int], temperature: float) -> GeneratedGroup:
-    """A multi-turn group: one episode per seed, each model turn sampled where the completion stands. The
-    first turns share the prompt as their context: they are sampled as one group."""
-    firsts = engine.generate_group(list(prompt), len(seeds), seeds, rules.turn_budget(0), temperature)
-    played = [play(rules, task, seed, engine.tokenizer, turn_sampler(engine, prompt, seed, temperature),
-                   model_turn(first))
-              for seed, first in zip(seeds, firsts, strict=True)]
-    completions = [
-        EngineCompletion(p.tokens, p.logprobs(), p.hidden_rows(), seed, p.turns[-1].ended_with_eos,
-                         p.env_spans)
-        for p, seed in zip(played, seeds, strict=True)
-    ]
-    return GeneratedGroup(task, tuple(prompt), completions, [p.reward for p in played])
+    """`play_groups` of one group."""
+    return play_groups(engine, [task], rules, [prompt], [seeds], temperature)[0]
 
 
 def completion_proofs(completions: Sequence[EngineCompletion],
@@ -199,10 +234,14 @@ def build_submission(engine: InferenceEngine, descriptor: RunDescriptor, dataset
 def generate_groups(engine: InferenceEngine, tasks: Sequence[Task], descriptor: RunDescriptor, worker: bytes,
                     step: int) -> list[GeneratedGroup]:
     """`generate_group` for every task of an assignment; in one batch where the engine can (vLLM)."""
+    grpo, rules = descriptor.grpo, episode_rules(descriptor)
+    if rules is not None:  # every episode of the assignment, played round by round
+        prompts = [task_prompt_ids(task, engine.tokenizer, rules) for task in tasks]
+        seeds = [group_seeds(descriptor.run, worker, step, t.task_id, grpo.group_size) for t in tasks]
+        return play_groups(engine, tasks, rules, prompts, seeds, grpo.temperature)
     batched = getattr(engine, "generate_groups", None)
-    if batched is None or descriptor.environment:  # episodes go turn by turn, each completion its own way
+    if batched is None:
         return [generate_group(engine, task, descriptor, worker, step) for task in tasks]
-    grpo = descriptor.grpo
     prompts = [task_prompt_ids(task, engine.tokenizer) for task in tasks]
     seeds = [group_seeds(descriptor.run, worker, step, t.task_id, grpo.group_size) for t in tasks]
     made = batched(prompts, grpo.group_size, seeds, grpo.max_new_tokens, grpo.temperature)

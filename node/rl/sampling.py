@@ -189,6 +189,18 @@ def sample_tokens(
     return perturbed_scores(logits, seeds, position, temperature).argmax(dim=-1)
 
 
+def sample_rows(
+    logits: torch.Tensor, seeds: Sequence[int], positions: Sequence[int], temperature: float
+) -> torch.Tensor:
+    """(B,) int64 tokens for (B, V) logits, row b with the noise of (seeds[b], positions[b]): rows of
+    completions that stand at different positions (the turns of several episodes in one batch)."""
+    scaled = scale_logits(logits, temperature)
+    if temperature == 0:
+        return scaled.argmax(dim=-1)
+    keys = [position_key(s, p) for s, p in zip(seeds, positions, strict=True)]
+    return (scaled + gumbel_from_keys(keys, scaled.shape[-1], scaled.device)).argmax(dim=-1)
+
+
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """fp32 log-probabilities of `tokens` (...) under softmax(logits / temperature), logits (..., V)."""
     logp = torch.log_softmax(scale_logits(logits, temperature), dim=-1)

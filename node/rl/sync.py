@@ -19,7 +19,7 @@ from pathlib import Path
 from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine
 from swarmnode.node.rl.environments.episodes import EpisodeRules, episode_rules
 from swarmnode.node.rl.learner import GrpoTrainer, OptimizerParams, StepStats
-from swarmnode.node.rl.rollouts import build_submission, play_group, task_prompt_ids
+from swarmnode.node.rl.rollouts import build_submission, play_groups, task_prompt_ids
 from swarmnode.node.rl.run import RunSetup, devnet_optimizer
 from swarmnode.node.rl.sampling import group_seeds
 from swarmnode.node.rl.tasks import Task
@@ -27,6 +27,7 @@ from swarmnode.node.rl.tasks.graders import measured_rewards
 
 EVAL_RUN = "swarmnode-eval"
 EVAL_WORKER = b"held-out"
+EVAL_PLAYED_TASKS = 16  # tasks whose episodes are played together: a batch of 16 x samples episodes a round
 
 
 @dataclass(frozen=True)
@@ -58,16 +59,29 @@ def eval_reward(
     """
     if not tasks or samples < 1:
         raise ValueError("need at least one task and one sample")
-    groups, played = [], 0.0
+    if rules is not None:
+        return _played_reward(engine, tasks, rules, samples, temperature, run_id, worker)
+    groups = []
     for task in tasks:
         seeds = group_seeds(run_id, worker, 0, task.task_id, samples)
-        prompt = list(task_prompt_ids(task, engine.tokenizer, rules))
-        if rules is not None:
-            played += sum(play_group(engine, task, rules, prompt, seeds, temperature).rewards or ())
-            continue
+        prompt = list(task_prompt_ids(task, engine.tokenizer))
         group = engine.generate_group(prompt, samples, seeds, max_new_tokens, temperature)
         groups.append((task, [engine.tokenizer.completion_text(completion.tokens) for completion in group]))
-    total = played + sum(sum(rewards) for rewards in measured_rewards(groups))  # a faulting one counts 0
+    total = sum(sum(rewards) for rewards in measured_rewards(groups))  # a faulting one counts 0
+    return total / (len(tasks) * samples)
+
+
+def _played_reward(engine: InferenceEngine, tasks: Sequence[Task], rules: EpisodeRules, samples: int,
+                   temperature: float, run_id: str, worker: bytes) -> float:
+    """`eval_reward` of a multi-turn run: the mean reward of the episodes, `EVAL_PLAYED_TASKS` tasks'
+    episodes played together (in rounds: `play_groups`)."""
+    total = 0.0
+    for start in range(0, len(tasks), EVAL_PLAYED_TASKS):
+        chunk = tasks[start : start + EVAL_PLAYED_TASKS]
+        seeds = [group_seeds(run_id, worker, 0, task.task_id, samples) for task in chunk]
+        prompts = [task_prompt_ids(task, engine.tokenizer, rules) for task in chunk]
+        played = play_groups(engine, chunk, rules, prompts, seeds, temperature)
+        total += sum(sum(group.rewards or ()) for group in played)
     return total / (len(tasks) * samples)
 
 

@@ -71,6 +71,7 @@ from swarmnode.node.rl.engine import (
     Prefill,
     TokenLogprobs,
     TransformersEngine,
+    TurnRequest,
     WeightsSource,
     check_group_request,
     truncate_at_eos,
@@ -368,36 +369,52 @@ class VLLMEngine:
         `first_position` is the completion's position of the first token sampled: a later turn of an
         episode continues its completion's noise (the prompt then holds the turns so far, and vLLM's
         prefix cache keeps them from the turn before)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts for {len(seeds)} seed lists")
         for prompt_ids, group_seeds in zip(prompts, seeds, strict=True):
             check_group_request(self._info, prompt_ids, n, group_seeds, max_new_tokens)
-            if len(prompt_ids) + max_new_tokens > self._max_model_len:
-                raise ValueError(f"prompt of {len(prompt_ids)} + {max_new_tokens} new tokens exceeds this "
+        requests = [TurnRequest(tuple(p), int(s), first_position, max_new_tokens)
+                    for p, group in zip(prompts, seeds, strict=True) for s in group]
+        completions = self._generate(requests, temperature)
+        return [completions[g * n : (g + 1) * n] for g in range(len(prompts))]
+
+    def generate_turns(self, requests: Sequence[TurnRequest], temperature: float) -> list[Completion]:
+        """One model turn per request, all in one vLLM batch: each its own context (its prefix cached from
+        the episode's turn before), seed, noise positions and budget."""
+        for r in requests:
+            check_group_request(self._info, r.context, 1, [r.seed], r.max_new_tokens)
+        return self._generate(requests, temperature)
+
+    def _generate(self, requests: Sequence[TurnRequest], temperature: float) -> list[Completion]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        for r in requests:
+            if len(r.context) + r.max_new_tokens > self._max_model_len:
+                raise ValueError(f"prompt of {len(r.context)} + {r.max_new_tokens} new tokens exceeds this "
                                  f"engine's {self._max_model_len} positions")
         if temperature < 0:
             raise ValueError(f"negative temperature {temperature}")
         if self._failed is not None:
             raise CaptureError(f"an earlier generation or weight load failed ({self._failed!r}); vLLM's "
                                "batch or weights may be left half-done: open a new engine")
-        requests = [CapturedRequest(int(s), temperature, first_position) for group in seeds for s in group]
+        if not requests:
+            return []
+        captured_requests = [CapturedRequest(r.seed, temperature, r.first_position) for r in requests]
         keys = list(range(self._next_key, self._next_key + len(requests)))
         self._next_key += len(requests)
         params = [
             SamplingParams(
                 temperature=0.0,
-                max_tokens=max_new_tokens,
+                max_tokens=r.max_new_tokens,
                 stop_token_ids=list(self._info.eos_token_ids),
                 detokenize=False,
                 extra_args={EXTRA_KEY: k},
             )
-            for k in keys
+            for r, k in zip(requests, keys, strict=True)
         ]
-        inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(n)]
-        self._capture.begin(dict(zip(keys, requests, strict=True)))
+        inputs = [TokensPrompt(prompt_token_ids=list(r.context)) for r in requests]
+        self._capture.begin(dict(zip(keys, captured_requests, strict=True)))
         try:
             outputs = self.llm.generate(inputs, params, use_tqdm=False)
         except BaseException as exc:
@@ -405,9 +422,8 @@ class VLLMEngine:
             raise
         finally:
             captured = self._capture.finish()
-        completions = [self._completion(req, out.outputs[0], captured, temperature)
-                       for req, out in zip(requests, outputs, strict=True)]
-        return [completions[g * n : (g + 1) * n] for g in range(len(prompts))]
+        return [self._completion(req, out.outputs[0], captured, temperature)
+                for req, out in zip(captured_requests, outputs, strict=True)]
 
     def _completion(self, request: CapturedRequest, output: Any, captured: torch.Tensor | None,
                     temperature: float) -> Completion:

@@ -7,8 +7,10 @@ import time
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine, truncate_at_eos
+from swarmnode.node.rl.engine import InferenceEngine, TransformersEngine, TurnRequest, truncate_at_eos
 from swarmnode.node.rl.model import ModelMismatch, build_model, save_weights, state_dict_of
 from swarmnode.node.rl.sampling import check_sampling, check_termination, eos_probabilities
 from tests.tinymodel import eos_prone
@@ -80,6 +82,29 @@ def test_generation_matches_prefill_and_passes_the_checks(arch_engine):
         assert check_termination(eos_probabilities(pre.logits, eos, 1.0), c.tokens, eos, 16).passed
     single = engine.prefill(prompt, group[0].tokens)
     torch.testing.assert_close(single.logits, prefills[0].logits, atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_turns_of_different_contexts_in_one_batch_are_each_turn_alone(arch_engine, data):
+    """`generate_turns` left-pads contexts of different lengths into one batch: each row samples what
+    `generate_group` samples for its request alone (its seed, noise positions, budget), with the same rows
+    and logprobs up to float noise."""
+    vocab = arch_engine.info.vocab_size
+    requests = [
+        TurnRequest(tuple(data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=40))),
+                    data.draw(st.integers(0, 2**63 - 1)), data.draw(st.integers(0, 60)),
+                    data.draw(st.integers(1, 10)))
+        for _ in range(data.draw(st.integers(1, 6)))
+    ]
+    temperature = data.draw(st.sampled_from([0.0, 0.7, 1.0]))
+    together = arch_engine.generate_turns(requests, temperature)
+    for r, got in zip(requests, together, strict=True):
+        [alone] = arch_engine.generate_group(list(r.context), 1, [r.seed], r.max_new_tokens, temperature,
+                                             r.first_position)
+        assert (got.tokens, got.seed, got.ended_with_eos) == (alone.tokens, alone.seed, alone.ended_with_eos)
+        torch.testing.assert_close(got.hidden_rows, alone.hidden_rows, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.logprobs, alone.logprobs, atol=1e-4, rtol=1e-4)
 
 
 def test_completions_end_at_any_of_the_models_eos_ids():

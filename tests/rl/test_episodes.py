@@ -19,6 +19,7 @@ from swarmnode.node.rl.environments.episodes import (
     builtin_terms,
     model_mask,
     play,
+    play_all,
     replay_tokens,
     rules_from_terms,
 )
@@ -199,6 +200,37 @@ def test_replay_reproduces_every_played_episode_and_rejects_any_changed_environm
         changed = (*played.tokens[:at], other, *played.tokens[at + 1 :])
         with pytest.raises(FabricatedTurn):
             replay_tokens(rules, task, seed, tokenizer, changed, played.env_spans, (eos,))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_episodes_played_together_are_each_the_episode_played_alone(data, engine):
+    """Rounds of turns (what an engine batches) change no episode: the same tokens, spans and rewards as
+    each played on its own, with episodes ending in different rounds; the sampler is asked for exactly
+    the episodes still going, each with its own tokens so far."""
+    tokenizer, eos, vocab = engine.tokenizer, engine.info.eos_token_ids[0], engine.info.vocab_size
+    turns, max_tokens = data.draw(st.integers(1, 5)), data.draw(st.integers(8, 64))
+    terms = EnvironmentTerms("guess", "1", turns, 128, 4096, max_tokens)
+    rules = rules_from_terms(terms, data.draw(st.integers(1, 8)))
+    games = short_games(8, seed=2)
+    count = data.draw(st.integers(1, 5))
+    episodes = [(data.draw(st.sampled_from(games)), data.draw(st.integers(0, 2**63 - 1)))
+                for _ in range(count)]
+    scripts = [data.draw(scripted_turns(vocab, eos)) for _ in range(count)]
+    alone = [play(rules, task, seed, tokenizer, scripted_sampler(script, eos))
+             for (task, seed), script in zip(episodes, scripts, strict=True)]
+    samplers = [scripted_sampler(script, eos) for script in scripts]
+    rounds = []
+
+    def sample_turns(asks):
+        rounds.append([i for i, _, _ in asks])
+        return [samplers[i](so_far, budget) for i, so_far, budget in asks]
+
+    together = play_all(rules, episodes, tokenizer, sample_turns)
+    assert [(p.tokens, p.env_spans, p.reward, p.ended_by) for p in together] == [
+        (p.tokens, p.env_spans, p.reward, p.ended_by) for p in alone]
+    for r, asked in enumerate(rounds):  # episode i is asked in the rounds of its turns, and no other
+        assert asked == [i for i, p in enumerate(alone) if len(p.turns) > r]
 
 
 def test_the_cli_offers_every_built_in_multi_turn_environment():

@@ -356,6 +356,28 @@ def test_toploc_proofs_from_vllm_rows_verify_for_prompts_of_different_lengths(en
             assert all(ch.passed for ch in verify_proofs(pre.hidden_rows, build_proofs(c.hidden_rows)))
 
 
+def test_turns_of_different_contexts_in_one_batch_are_sampled_where_each_completion_stands(engine, prompt):
+    """`generate_turns`: one vLLM batch of turns, each its own context, seed, noise positions and budget;
+    every turn's rows match a prefill of its context and each token is the seeded choice at its position
+    in the completion (the noise of (seed, first_position + p))."""
+    from swarmnode.node.rl.engine import TurnRequest
+    from swarmnode.node.rl.sampling import gumbel_from_keys, position_key
+
+    so_far = [list(range(5, 5 + n)) for n in (0, 3, 11, 7)]
+    requests = [TurnRequest((*prompt, *s), 100 + i, len(s), budget)
+                for i, (s, budget) in enumerate(zip(so_far, (6, 12, 3, 9), strict=True))]
+    turns = engine.generate_turns(requests, 1.0)
+    for r, turn in zip(requests, turns, strict=True):
+        assert 1 <= len(turn.tokens) <= r.max_new_tokens and turn.seed == r.seed
+        pre = engine.prefill(list(r.context), turn.tokens)
+        rel = (turn.hidden_rows - pre.hidden_rows).norm() / pre.hidden_rows.norm()
+        assert rel < 0.02, rel
+        keys = [position_key(r.seed, r.first_position + p) for p in range(len(turn.tokens))]
+        scores = pre.logits + gumbel_from_keys(keys, pre.logits.shape[-1], pre.logits.device)
+        claimed = scores.gather(-1, torch.tensor(turn.tokens, device=scores.device)[:, None])[:, 0]
+        assert float((scores.max(-1).values - claimed).max()) <= BF16_SAMPLING_TOLERANCE
+
+
 def test_a_bf16_transformers_validator_accepts_the_worker(engine, folder, prompt):
     from swarmnode.node.rl.engines import open_engine
     from swarmnode.node.rl.sampling import check_sampling

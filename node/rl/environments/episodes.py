@@ -15,7 +15,7 @@ says, tokenized, was fabricated.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -123,6 +123,11 @@ class ModelTurn:
 # position p of the completion with the noise of (seed, p), whatever came before it.
 TurnSampler = Callable[[Sequence[int], int], ModelTurn]
 
+# One ask per episode still going, (its index, its completion's tokens so far, its turn's token budget) ->
+# their next model turns, in order: a round of turns that an engine samples as one batch.
+TurnAsk = tuple[int, tuple[int, ...], int]
+TurnsSampler = Callable[[Sequence[TurnAsk]], Sequence[ModelTurn]]
+
 
 @dataclass(frozen=True)
 class PlayedEpisode:
@@ -147,31 +152,65 @@ class PlayedEpisode:
         return torch.cat([turn.hidden_rows for turn in self.turns])
 
 
+@dataclass
+class _Going:
+    """An episode in play: its tokens so far, environment spans, model turns and their texts, bytes used."""
+
+    tokens: list[int] = field(default_factory=list)
+    spans: list[EnvSpan] = field(default_factory=list)
+    turns: list[ModelTurn] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    used_bytes: int = 0
+
+
+def play_all(rules: EpisodeRules, episodes: Sequence[tuple[Task, int]], tokenizer: ChatTokenizer,
+             sample_turns: TurnsSampler,
+             first_turns: Sequence[ModelTurn] | None = None) -> list[PlayedEpisode]:
+    """Play episodes, each a (task, seed), in rounds: every round asks for the next model turn of every
+    episode still going at once (`sample_turns`: an engine samples them as one batch), then appends each
+    one's environment reply or ends it. `first_turns`, when given, are the first round already sampled.
+    Each episode is played exactly as alone: its turns depend on its own tokens only."""
+    going = {i: _Going() for i in range(len(episodes))}
+    played: dict[int, PlayedEpisode] = {}
+    turns = None if first_turns is None else list(first_turns)
+    while going:
+        order = list(going)
+        if turns is None:
+            asks = [(i, tuple(going[i].tokens), rules.turn_budget(len(going[i].tokens))) for i in order]
+            turns = list(sample_turns(asks))
+        if len(turns) != len(order):
+            raise ValueError(f"{len(turns)} model turns for {len(order)} episodes in play")
+        for i, turn in zip(order, turns, strict=True):
+            episode, (task, seed) = going[i], episodes[i]
+            episode.turns.append(turn)
+            episode.tokens += turn.tokens
+            episode.texts.append(tokenizer.completion_text(turn.tokens))
+            episode.used_bytes += span_bytes(episode.texts[-1])
+            step = after_model_turn(rules, task, seed, tokenizer, episode.texts, episode.used_bytes,
+                                    len(episode.tokens))
+            if isinstance(step, Ended):
+                played[i] = PlayedEpisode(tuple(episode.tokens), tuple(episode.spans), tuple(episode.turns),
+                                          step.reward, step.by)
+                del going[i]
+                continue
+            episode.spans.append(EnvSpan(len(episode.tokens), len(step.tokens)))
+            episode.tokens += step.tokens
+            episode.used_bytes += span_bytes(step.text)
+        turns = None
+    return [played[i] for i in range(len(episodes))]
+
+
 def play(rules: EpisodeRules, task: Task, seed: int, tokenizer: ChatTokenizer,
          sample_turn: TurnSampler, first_turn: ModelTurn | None = None) -> PlayedEpisode:
     """Play one episode: sample a model turn, append the environment's reply, until the episode ends.
     `first_turn`, when given, is the model's first turn already sampled (a group's first turns share their
     context, the prompt, so an engine samples them in one batch)."""
-    tokens: list[int] = []
-    spans: list[EnvSpan] = []
-    turns: list[ModelTurn] = []
-    texts: list[str] = []
-    used_bytes = 0
-    while True:
-        if first_turn is not None:
-            turn, first_turn = first_turn, None
-        else:
-            turn = sample_turn(tokens, rules.turn_budget(len(tokens)))
-        turns.append(turn)
-        tokens += turn.tokens
-        texts.append(tokenizer.completion_text(turn.tokens))
-        used_bytes += span_bytes(texts[-1])
-        step = after_model_turn(rules, task, seed, tokenizer, texts, used_bytes, len(tokens))
-        if isinstance(step, Ended):
-            return PlayedEpisode(tuple(tokens), tuple(spans), tuple(turns), step.reward, step.by)
-        spans.append(EnvSpan(len(tokens), len(step.tokens)))
-        tokens += step.tokens
-        used_bytes += span_bytes(step.text)
+
+    def one_at_a_time(asks: Sequence[TurnAsk]) -> list[ModelTurn]:
+        return [sample_turn(tokens, budget) for _, tokens, budget in asks]
+
+    firsts = None if first_turn is None else [first_turn]
+    return play_all(rules, [(task, seed)], tokenizer, one_at_a_time, firsts)[0]
 
 
 # ---------------------------------------------------------------------------------------------- validator
