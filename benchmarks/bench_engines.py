@@ -3,8 +3,9 @@ on a CUDA GPU (vLLM) or on the CPU (vLLM's CPU build, `scripts/install_vllm.sh`)
 
 Usage: `python benchmarks/bench_engines.py --device cpu|cuda [--shape NAME] [--model DIR] [--sections ...]`
 (on the CPU: `build/vllm-venv/bin/python benchmarks/bench_engines.py --device cpu`). Without vLLM for the
-device it says why, prints `{"skipped": ...}` and exits 0. Progress goes to stderr; the last line on stdout
-is one JSON object (snake_case keys, ratios end in `_ratio`).
+device it says why, prints `{"skipped": ...}` and exits 0. Progress goes to stderr; after each section stdout
+gets one JSON object of every figure so far (snake_case keys, ratios end in `_ratio`; `sections_done`), so
+that the last line holds the figures of a run cut short too (a GPU lease's time limit).
 
 What it measures, on a random-initialised model of a real shape (`--shape`: Qwen2.5-1.5B, 28 layers, hidden
 1536, 12 heads / 2 KV heads, 1.8B parameters, the CUDA default; Qwen2.5-0.5B, 24 layers, hidden 896,
@@ -440,17 +441,29 @@ def main() -> None:
     validator = open_engine("transformers", folder, role="validator", device=args.device, dtype=dtype)
     assert isinstance(validator, TransformersEngine)
     result["model_params"] = sum(p.numel() for p in validator.model.parameters())
+    done: list[str] = []
+
+    def report(section: str) -> None:
+        """The figures so far, one JSON line after each section: a run stopped by its time limit (a GPU
+        lease) still leaves the last complete section's figures as its last line."""
+        done.append(section)
+        print(json.dumps(result | {"sections_done": done}, sort_keys=False), flush=True)
+
     if "timing" in sections:
         result.update(timing_section(engine, validator, setup, args))
         if "plain" in sections:
             result["capture_vs_plain_vllm_ratio"] = round(float(result["generation_s"]) /
                                                           float(result["plain_vllm_s"]), 4)
+        report("timing")
     if "honest" in sections:
         figures, bounds = honest_section(engine, validator, setup, args)
         result.update(figures)
+        report("honest")
         if "cheats" in sections:
             result.update(cheats_section(engine, validator, setup, folder, bounds, args))
-    print(json.dumps(result, sort_keys=False))
+            report("cheats")
+    if not done:
+        print(json.dumps(result, sort_keys=False))
 
 
 if __name__ == "__main__":
