@@ -142,7 +142,21 @@ def _field_spec(cls: type, field: dataclasses.Field[Any], hint: Any) -> FieldSpe
         return spec
     if field.default is dataclasses.MISSING:  # a default_factory too: a decoder needs the one default value
         raise TypeError(f"{cls.__name__}.{field.name}: an omittable field needs a plain default")
-    return dataclasses.replace(spec, omittable=True, default=field.default)
+    spec = dataclasses.replace(spec, omittable=True, default=field.default)
+    _check_default(cls, spec)
+    return spec
+
+
+def _check_default(cls: type, spec: FieldSpec) -> None:
+    """A decoder takes the default of an omitted field, so the default must be a value the field allows."""
+    from swarmnode.protocol.codec import _check_value  # the codec imports this module: import at use
+    from swarmnode.protocol.errors import Reject
+
+    try:
+        _check_value(spec, spec.default, f"{cls.__name__}.{spec.name}")
+    except Reject as exc:
+        raise TypeError(f"{cls.__name__}.{spec.name}: its default {spec.default!r} is not a value the field "
+                        f"allows ({exc})") from None
 
 
 

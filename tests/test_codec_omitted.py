@@ -299,6 +299,38 @@ def test_an_omittable_field_needs_a_plain_default() -> None:
             schema(cls)
 
 
+def test_an_omittable_default_must_be_a_value_the_field_allows() -> None:
+    """A decoder takes the default of an omitted field: one its own constraints refuse is a schema error."""
+
+    @dataclass(frozen=True)
+    class IntOutOfRange:
+        a: Annotated[int, Range(1, 9), OmitWhenDefault()] = 0
+
+    @dataclass(frozen=True)
+    class LongStr:
+        a: Annotated[str, MaxLen(2), OmitWhenDefault()] = "abc"
+
+    @dataclass(frozen=True)
+    class WrongSize:
+        a: Annotated[bytes, Size(2), OmitWhenDefault()] = b""
+
+    @dataclass(frozen=True)
+    class TooManyItems:
+        a: Annotated[tuple[int, ...], MaxLen(1), OmitWhenDefault()] = (1, 2)
+
+    @dataclass(frozen=True)
+    class BadNested:
+        a: Annotated[Span, OmitWhenDefault()] = Span(0, 0)
+
+    @dataclass(frozen=True)
+    class WrongType:
+        a: Annotated[float, OmitWhenDefault()] = 0
+
+    for cls in (IntOutOfRange, LongStr, WrongSize, TooManyItems, BadNested, WrongType):
+        with pytest.raises(TypeError, match="is not a value the field allows"):
+            schema(cls)
+
+
 def test_omittable_fields_are_trailing() -> None:
     @dataclass(frozen=True)
     class Between:
