@@ -21,13 +21,17 @@ def swarmnode(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 def devnet_summary(folder: Path, *args: str, timeout: float = 1500) -> dict[str, Any]:
-    """Run `swarmnode devnet --no-live ARGS` into `folder`/run; its `--summary` (the run must succeed)."""
+    """Run `swarmnode devnet --no-live ARGS` into `folder`/run; its `--summary` (the run must succeed, and
+    every node, the cheater too, must stop on SIGTERM within the grace: a long generation or judgement in
+    flight is abandoned, not waited for)."""
     path = folder / "summary.json"
     run = swarmnode("devnet", "--no-live", *args, "--out", str(folder / "run"), "--summary", str(path),
                     timeout=timeout)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     summary: dict[str, Any] = json.loads(path.read_text())
     print(json.dumps({k: v for k, v in summary.items() if k != "nodes"})[:2000])
+    unclean = {name: code for name, code in summary["exit_codes"].items() if code != 0}
+    assert not unclean, f"nodes that did not exit cleanly on SIGTERM within the devnet's grace: {unclean}"
     return summary
 
 
