@@ -284,10 +284,7 @@ class JudgingLoop:
                 model=engines.model_info,
                 tokenizer=engines.tokenizer,
             )
-            # Abandoned on cancel (only shutdown cancels): the item stays pending, judged again on restart,
-            # so a long judgement does not hold a stopping node past its grace.
-            judgement = await trio.to_thread.run_sync(judge_submission, sub, item.worker, ctx, engines, full,
-                                                      abandon_on_cancel=True)
+            judgement = await trio.to_thread.run_sync(judge_submission, sub, item.worker, ctx, engines, full)
         outcome = judgement.outcome
         verdict = make_verdict(sub, item.digest, item.worker, outcome, judgement.full)
         sealed = b"" if isinstance(outcome, Ignore) else out.seal(verdict)

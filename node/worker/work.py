@@ -293,9 +293,7 @@ class SwarmWorkerWork:
                 self.conduct,
             )
             try:
-                # Abandoned on cancel (only shutdown cancels): generation can take minutes, and its counter
-                # is spent whether or not it is sent, so a stopping worker need not wait for it.
-                built = await trio.to_thread.run_sync(timed_build, make, abandon_on_cancel=True)
+                built = await trio.to_thread.run_sync(timed_build, make)
             except GraderFault as exc:
                 # A machine-dependent limit decided the reward: a validator would not recompute it. The
                 # counter is spent (never reused for other tokens), nothing is submitted.
