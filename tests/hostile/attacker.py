@@ -871,9 +871,18 @@ async def gossip(ctx: Context, duration: float) -> None:
                         ctx.report.count("gossip", "observer_connected")
                     except transport_errors() as exc:
                         ctx.report.error("gossip", exc)
-            with trio.move_on_after(20):
-                await attacker_pubsub.wait_for_subscription(peer, topics["checkpoints"], timeout=20)
-            subscribed = peer in attacker_pubsub.peer_topics.get(topics["checkpoints"], ())
+            # A target busy with the other floods can take a while to tell us its topics, and its connection
+            # to us can drop meanwhile: wait up to 60 s, dialling again, as a patient attacker would.
+            subscribed, patience = False, trio.current_time() + 60
+            while not subscribed and trio.current_time() < patience:
+                with trio.move_on_after(15):
+                    await attacker_pubsub.wait_for_subscription(peer, topics["checkpoints"], timeout=15)
+                subscribed = peer in attacker_pubsub.peer_topics.get(topics["checkpoints"], ())
+                if not subscribed:
+                    try:
+                        peer = await dial(host, ctx.target)
+                    except transport_errors() as exc:
+                        ctx.report.error("gossip", exc)
             ctx.report.note("gossip", "target_subscribed", subscribed)
             await trio.sleep(2.0)  # a heartbeat or two: meshes form
             newest = await wait_manifest(ctx)

@@ -68,6 +68,9 @@ def swarmnode(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 # The Llama run records on a local anvil chain (one contract slash at least), where anvil is installed.
+# A busy machine stretches `model init` most (its warm start's torch threads wait on a loaded core): measured
+# 39 s quiet and 4.5 minutes beside one busy core for the family file's; hence a timeout of its own.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize(("arch", "cheaters", "ledger"), [("qwen2", 3, "signed"), ("llama", 1, "evm")])
 def test_a_devnet_trains_a_user_model_on_a_task_file(
     arch: str, cheaters: int, ledger: str, tmp_path: Path
