@@ -128,14 +128,14 @@ def play_groups(engine: InferenceEngine, tasks: Sequence[Task], rules: EpisodeRu
     the prompt as their context: they are sampled as one group (every group in one batch where the engine
     can). Each later round, the turns of every episode still going are one batch (`generate_turns`), each
     a request on its prompt and episode so far with the noise of its positions in the completion."""
-    budget, size = rules.turn_budget(0), len(seeds[0]) if seeds else 0
+    first_budget, size = rules.turn_budget(0), len(seeds[0]) if seeds else 0
     if any(len(s) != size for s in seeds):
         raise ValueError("every group of an assignment has the run's group size")
     batched = getattr(engine, "generate_groups", None)
     if batched is not None:
-        firsts = batched([list(p) for p in prompts], size, seeds, budget, temperature)
+        firsts = batched([list(p) for p in prompts], size, seeds, first_budget, temperature)
     else:
-        firsts = [engine.generate_group(list(p), size, s, budget, temperature)
+        firsts = [engine.generate_group(list(p), size, s, first_budget, temperature)
                   for p, s in zip(prompts, seeds, strict=True)]
     contexts = [(tuple(p), seed) for p, group in zip(prompts, seeds, strict=True) for seed in group]
 
@@ -148,12 +148,12 @@ def play_groups(engine: InferenceEngine, tasks: Sequence[Task], rules: EpisodeRu
     played = play_all(rules, episodes, engine.tokenizer, sample_turns,
                       [model_turn(c) for group in firsts for c in group])
     groups = []
-    for g, (task, prompt, group_seeds_) in enumerate(zip(tasks, prompts, seeds, strict=True)):
+    for g, (task, prompt, seeds_of_group) in enumerate(zip(tasks, prompts, seeds, strict=True)):
         mine = played[g * size : (g + 1) * size]
         completions = [
             EngineCompletion(p.tokens, p.logprobs(), p.hidden_rows(), seed, p.turns[-1].ended_with_eos,
                              p.env_spans)
-            for p, seed in zip(mine, group_seeds_, strict=True)
+            for p, seed in zip(mine, seeds_of_group, strict=True)
         ]
         groups.append(GeneratedGroup(task, tuple(prompt), completions, [p.reward for p in mine]))
     return groups
