@@ -172,14 +172,20 @@ def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature if temperature > 0 else logits
 
 
-def perturbed_scores(
-    logits: torch.Tensor, seeds: Sequence[int], position: int, temperature: float
-) -> torch.Tensor:
-    """(B, V) scores whose argmax is the sampled token: logits/T + Gumbel noise (no noise when T is 0)."""
+def keyed_scores(logits: torch.Tensor, keys: Sequence[tuple[int, int]], temperature: float) -> torch.Tensor:
+    """(B, V) scores whose argmax is the sampled token, row b with the noise of position key `keys[b]`:
+    logits/T + Gumbel noise (no noise when T is 0)."""
     scaled = scale_logits(logits, temperature)
     if temperature == 0:
         return scaled
-    return scaled + gumbel_noise(seeds, position, scaled.shape[-1], scaled.device)
+    return scaled + gumbel_from_keys(keys, scaled.shape[-1], scaled.device)
+
+
+def perturbed_scores(
+    logits: torch.Tensor, seeds: Sequence[int], position: int, temperature: float
+) -> torch.Tensor:
+    """`keyed_scores` of rows at one generated position, one seed per row."""
+    return keyed_scores(logits, [position_key(s, position) for s in seeds], temperature)
 
 
 def sample_tokens(
@@ -194,11 +200,8 @@ def sample_rows(
 ) -> torch.Tensor:
     """(B,) int64 tokens for (B, V) logits, row b with the noise of (seeds[b], positions[b]): rows of
     completions that stand at different positions (the turns of several episodes in one batch)."""
-    scaled = scale_logits(logits, temperature)
-    if temperature == 0:
-        return scaled.argmax(dim=-1)
     keys = [position_key(s, p) for s, p in zip(seeds, positions, strict=True)]
-    return (scaled + gumbel_from_keys(keys, scaled.shape[-1], scaled.device)).argmax(dim=-1)
+    return keyed_scores(logits, keys, temperature).argmax(dim=-1)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -82,9 +82,8 @@ from swarmnode.node.rl.sampling import (
     check_termination_at_end,
     derive_seed,
     eos_probabilities,
-    gumbel_from_keys,
+    keyed_scores,
     position_key,
-    scale_logits,
     token_logprobs,
 )
 from swarmnode.node.rl.tasks import GraderFault, Task, executes_completion
@@ -545,9 +544,7 @@ def _token_scores(
         n, device = len(block), block.device
         claimed = tokens[at : at + n].to(device)
         logprobs.append(token_logprobs(block, claimed, temperature).cpu())
-        scores = scale_logits(block, temperature)
-        if temperature > 0:
-            scores = scores + gumbel_from_keys(keys[at : at + n], scores.shape[-1], device)
+        scores = keyed_scores(block, keys[at : at + n], temperature)
         gap = scores.max(dim=-1).values - scores.gather(-1, claimed.unsqueeze(-1)).squeeze(-1)
         gap_parts.append(gap.cpu())
         last_logits += [block[r - at] for r in last_rows if at <= r < at + n]
