@@ -32,6 +32,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from swarmnode.crypto.identity import NodeIdentity
+from swarmnode.node.p2p.inbound import free_inbound_slots_on_close
 
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     BaseLibp2pError,
@@ -98,7 +99,7 @@ class HostSettings:
     dial_timeout: float = 5.0
     upgrade_timeout: float = 5.0
     negotiate_timeout: float = 5.0
-    max_connections: int = 300  # py-libp2p requires >= its high watermark (200)
+    max_connections: int = 300  # py-libp2p requires >= its high watermark (300); inbound: this - 50
     # A peer whose every address just failed is not dialled again for this long. py-libp2p's own 60 s
     # would leave a worker unable to reach a validator for a minute after one handshake timed out under
     # load; the callers (discovery, delivery) already pace their retries.
@@ -194,6 +195,7 @@ def build_host(
     )
     host.get_addrs = CachedAddrs(host.get_addrs)  # type: ignore[method-assign]  # every caller, libp2p's too
     set_failed_dial_backoff(host, settings.failed_dial_backoff)
+    free_inbound_slots_on_close(host)
     if str(host.get_id()) != identity.peer_id:  # the two derivations must agree, or nothing is attributable
         raise RuntimeError(f"libp2p derived peer id {host.get_id()} for identity {identity.peer_id}")
     return host
