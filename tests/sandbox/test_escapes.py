@@ -30,12 +30,15 @@ def run(source: str, limits: SandboxLimits = FAST) -> RunResult:
 
 
 def sandbox_processes() -> list[int]:
-    """Host pids still inside a sandbox run's cgroup (there must be none once a run returned)."""
+    """Host pids still inside the cgroup of a sandbox run of this process (there must be none once a run
+    returned); other processes' runs (a node or another test run on this machine) are named after their own
+    pid, and not ours to judge."""
+    ours = f"swarmnode-sandbox/{os.getpid()}-"
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if "swarmnode-sandbox/" in (entry / "cgroup").read_text():
+                if ours in (entry / "cgroup").read_text():
                     found.append(int(entry.name))
             except OSError:
                 continue
