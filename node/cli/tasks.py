@@ -192,6 +192,46 @@ def filter_command(model_dir: Path, tasks_file: Path, out: Path, samples: int, m
         raise click.ClickException("no task kept: nothing written (a run needs at least one task)")
 
 
+@tasks_group.command("verifiers")
+@click.argument("module")
+@click.option("--args", "args_json", default="{}", show_default=True,
+              help="the environment's load_environment arguments, as a JSON object")
+@click.option("--count", default=64, show_default=True, type=click.IntRange(min=1),
+              help="rows of its dataset to export (its first ones)")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="the task file to write (.jsonl or .parquet)")
+def verifiers_command(module: str, args_json: str, count: int, out: Path) -> None:
+    """Export the dataset of the verifiers environment MODULE as a task file, after vetting that a swarm
+    can verify it; a run on the file names the environment `verifiers.MODULE` (devnet --env).
+
+    MODULE is a Python file MODULE.py exposing `load_environment` (verifiers 0.3.1's API) in
+    $SWARMNODE_VERIFIERS_ENVS (default: the repository's examples/verifiers). verifiers runs from its own
+    venv ($SWARMNODE_VERIFIERS_VENV, default build/verifiers-venv: scripts/install_verifiers.sh), in the
+    sandbox. Refused, with why: a judge model, a remote sandbox or tool server, group rewards, wall-clock
+    or token limits of its own, and anything that answers the same turns differently twice.
+    """
+    from swarmnode.node.rl.environments.verifiers_adapter import VerifiersRefused, export_rows
+
+    if out.suffix.lower() not in TASK_SUFFIXES:
+        raise click.BadParameter(f"--out must end in {', '.join(TASK_SUFFIXES)}")
+    try:
+        args = json.loads(args_json)
+    except ValueError as exc:
+        raise click.BadParameter(f"--args must be a JSON object: {exc}") from None
+    if not isinstance(args, dict):
+        raise click.BadParameter(f"--args must be a JSON object, got {args_json!r}")
+    click.echo(f"loading {module} in the sandbox, then vetting it on its first rows (about 10 s)...",
+               err=True)
+    try:
+        tasks = export_rows(module, args, count)
+        write_tasks(tasks, out)
+    except (VerifiersRefused, TaskFileError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {out}: {len(tasks)} tasks of kind verifiers, "
+               f"dataset hash 0x{dataset_hash(tasks).hex()}")
+    click.echo(f"a run on it names the environment verifiers.{module}")
+
+
 def register_commands(group: click.Group) -> None:
     """Add `tasks` to the main CLI group."""
     group.add_command(tasks_group)

@@ -15,7 +15,7 @@ from pathlib import Path
 from swarmnode.node.errors import RunMismatch
 from swarmnode.node.rl.environments.episodes import (
     UnknownEnvironment,
-    builtin_terms,
+    default_terms,
     episode_rules,
     rules_from_terms,
 )
@@ -263,7 +263,7 @@ def environment_for(name: str, tasks: Sequence[Task], tokenizer: ChatTokenizer, 
     episode fitting the model's context after the longest prompt (RunMismatch when not even one turn of
     `max_turn_tokens` does, or the tasks are not the environment's kinds)."""
     try:
-        rules = rules_from_terms(builtin_terms(name, MAX_COMPLETION_TOKENS), max_turn_tokens)
+        rules = rules_from_terms(default_terms(name, MAX_COMPLETION_TOKENS), max_turn_tokens)
     except UnknownEnvironment as exc:
         raise RunMismatch(str(exc)) from None
     foreign = sorted({t.kind for t in tasks} - set(rules.env.kinds))
@@ -276,4 +276,4 @@ def environment_for(name: str, tasks: Sequence[Task], tokenizer: ChatTokenizer, 
         raise RunMismatch(f"the longest prompt, with the instructions of environment {name!r}, takes "
                           f"{longest} of the model's {info.max_positions} positions: no room for a turn of "
                           f"{max_turn_tokens} tokens (a model of more positions, or shorter prompts)")
-    return builtin_terms(name, room)
+    return default_terms(name, room)

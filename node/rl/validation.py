@@ -64,11 +64,13 @@ from swarmnode.crypto.toploc import (
     verify_proofs_batch,
 )
 from swarmnode.node.rl.engine import InferenceEngine, Prefill
+from swarmnode.node.rl.environments import prefetch
 from swarmnode.node.rl.environments.episodes import (
     EpisodeRules,
     episode_rules,
     model_mask,
     model_ranges,
+    replay_calls,
     replay_tokens,
     span_layout_fault,
 )
@@ -363,6 +365,9 @@ def replayed_rewards(sub: RolloutSubmission, ctx: ValidationContext,
     """Each completion's reward by replaying the environment on its model turns (spec/environments.md,
     Replay): an environment span the environment does not say is 611 FABRICATED_ENV_TURN, a transcript in
     another shape than the episode's 609. The detail names the span, not what the environment said."""
+    prefetch(rules.env, [call for group in sub.groups for c in group.completions
+                         for call in replay_calls(ctx.dataset[group.task_id], c.seed, ctx.tokenizer,
+                                                  c.token_ids, c.env_spans)])
     rewards = []
     for gi, group in enumerate(sub.groups):
         task = ctx.dataset[group.task_id]

@@ -16,7 +16,7 @@ from swarmnode.crypto.identity import NodeIdentity
 from swarmnode.node.rl.environments.episodes import (
     ModelTurn,
     UnknownEnvironment,
-    builtin_terms,
+    default_terms,
     model_mask,
     play,
     play_all,
@@ -58,7 +58,7 @@ def setup(engine):
     tasks = short_games(16, seed=5)
     grpo = dataclasses.replace(devnet_grpo(engine.info, MAX_TURN_TOKENS), prompts_per_step=2, group_size=3)
     longest = max(len(task_prompt_ids(t, engine.tokenizer)) for t in tasks)
-    terms = builtin_terms("guess", max_completion_tokens=engine.info.max_positions - longest)
+    terms = default_terms("guess", max_completion_tokens=engine.info.max_positions - longest)
     descriptor = describe_run(run="episodes", trainer=b"\x01" * 20, model=model_commitment(tiny_folder()),
                               tasks=tasks, grpo=grpo, policy=devnet_policy(), created_ms=0, environment=terms)
     return descriptor, tasks

@@ -414,13 +414,13 @@ def test_an_episode_played_on_vllm_passes_a_transformers_validators_model_checks
     the noise of its positions in the completion; a transformers validator's one prefill of the whole
     transcript re-derives every model token, and the rows match at the model's positions."""
     from swarmnode.node.rl.engines import open_engine
-    from swarmnode.node.rl.environments.episodes import builtin_terms, rules_from_terms
+    from swarmnode.node.rl.environments.episodes import default_terms, rules_from_terms
     from swarmnode.node.rl.environments.game import make_task
     from swarmnode.node.rl.rollouts import pack_logprobs, play_group, task_prompt_ids
     from swarmnode.node.rl.validation import _token_scores, model_rows, sampled_tokens
     from swarmnode.protocol.messages import Completion
 
-    rules = rules_from_terms(builtin_terms("guess", 96), 8)
+    rules = rules_from_terms(default_terms("guess", 96), 8)
     task = make_task(0, 100_000)  # a wide range: the first guesses are wrong, the game replies
     prompt = list(task_prompt_ids(task, engine.tokenizer, rules))
     played = play_group(engine, task, rules, prompt, list(range(4)), 1.0)

@@ -181,6 +181,17 @@ def next_step(env: Environment, task: Task, seed: int, bounds: EnvBounds,
     return reply
 
 
+EnvCall = tuple[Task, int, tuple[str, ...]]  # (task, seed, model turns so far): what `respond` answers
+
+
+def prefetch(env: Environment, calls: Sequence[EnvCall]) -> None:
+    """Let an environment that answers many calls at once (`respond_many`: a verifiers environment, one
+    sandbox run) answer `calls` before `respond` asks for each; any other answers as it is asked."""
+    respond_many = getattr(env, "respond_many", None)
+    if respond_many is not None and calls:
+        respond_many(calls)
+
+
 def checked_reward(env: Environment, reward: float) -> float:
     if not isinstance(reward, float | int) or not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
         raise BadReward(f"environment {env.name!r} returned reward {reward!r}, not in [0, 1]")

@@ -23,19 +23,17 @@ from swarmnode.node.rl.environments import (
     Ended,
     EndedBy,
     EnvBounds,
+    EnvCall,
     Environment,
     next_step,
+    prefetch,
     span_bytes,
 )
-from swarmnode.node.rl.environments.registry import ENVIRONMENTS
+from swarmnode.node.rl.environments.registry import UnknownEnvironment, find_environment
 from swarmnode.node.rl.environments.replay import CLIP, FabricatedTurn, MalformedTranscript, Replayed
 from swarmnode.node.rl.tasks import Task
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.protocol.messages import EnvironmentTerms, EnvSpan, RunDescriptor
-
-
-class UnknownEnvironment(ValueError):
-    """A run names an environment (or a version of one) this node does not have: it cannot follow the run."""
 
 
 @dataclass(frozen=True)
@@ -61,10 +59,7 @@ def episode_rules(descriptor: RunDescriptor) -> EpisodeRules | None:
 
 
 def rules_from_terms(terms: EnvironmentTerms, max_turn_tokens: int) -> EpisodeRules:
-    env = ENVIRONMENTS.get(terms.name)
-    if env is None:
-        raise UnknownEnvironment(f"the run plays environment {terms.name!r}, which this node does not have "
-                                 f"(built in: {', '.join(sorted(ENVIRONMENTS))})")
+    env = find_environment(terms.name, terms.max_env_bytes)
     if env.version != terms.version:
         raise UnknownEnvironment(f"the run plays {terms.name!r} version {terms.version}; this node has "
                                  f"version {env.version}")
@@ -72,11 +67,10 @@ def rules_from_terms(terms: EnvironmentTerms, max_turn_tokens: int) -> EpisodeRu
     return EpisodeRules(env, bounds, max_turn_tokens, terms.max_completion_tokens)
 
 
-def builtin_terms(name: str, max_completion_tokens: int, bounds: EnvBounds | None = None) -> EnvironmentTerms:
-    """The terms a run states for a built-in environment: its version, and its default bounds unless given."""
-    env = ENVIRONMENTS.get(name)
-    if env is None:
-        raise UnknownEnvironment(f"no environment {name!r}; built in: {', '.join(sorted(ENVIRONMENTS))}")
+def default_terms(name: str, max_completion_tokens: int, bounds: EnvBounds | None = None) -> EnvironmentTerms:
+    """The terms a run states for the environment `name`: its version, and its default bounds unless
+    given."""
+    env = find_environment(name)
     bounds = bounds or env.bounds
     return EnvironmentTerms(name, env.version, bounds.max_turns, bounds.max_env_bytes, bounds.max_total_bytes,
                             max_completion_tokens)
@@ -181,11 +175,15 @@ def play_all(rules: EpisodeRules, episodes: Sequence[tuple[Task, int]], tokenize
         if len(turns) != len(order):
             raise ValueError(f"{len(turns)} model turns for {len(order)} episodes in play")
         for i, turn in zip(order, turns, strict=True):
-            episode, (task, seed) = going[i], episodes[i]
+            episode = going[i]
             episode.turns.append(turn)
             episode.tokens += turn.tokens
             episode.texts.append(tokenizer.completion_text(turn.tokens))
             episode.used_bytes += span_bytes(episode.texts[-1])
+        prefetch(rules.env, [(*episodes[i], tuple(going[i].texts)) for i in order
+                             if going[i].used_bytes <= rules.bounds.max_total_bytes])
+        for i in order:
+            episode, (task, seed) = going[i], episodes[i]
             step = after_model_turn(rules, task, seed, tokenizer, episode.texts, episode.used_bytes,
                                     len(episode.tokens))
             if isinstance(step, Ended):
@@ -248,6 +246,14 @@ def span_layout_fault(length: int, env_spans: Sequence[EnvSpan], max_turns: int)
         if at >= length:
             return f"environment span {i} is not followed by a model turn"
     return None
+
+
+def replay_calls(task: Task, seed: int, tokenizer: ChatTokenizer, token_ids: Sequence[int],
+                 env_spans: Sequence[EnvSpan]) -> list[EnvCall]:
+    """What `replay_tokens` may ask the environment of a completion: every prefix of its model turns."""
+    texts = tuple(tokenizer.completion_text(token_ids[start:end])
+                  for start, end in model_ranges(len(token_ids), env_spans))
+    return [(task, seed, texts[:n]) for n in range(1, len(texts) + 1)]
 
 
 def replay_tokens(rules: EpisodeRules, task: Task, seed: int, tokenizer: ChatTokenizer,

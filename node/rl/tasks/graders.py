@@ -24,7 +24,8 @@ PARSING_KINDS = frozenset({arithmetic.KIND, math.KIND})
 # Kinds that only an environment plays (spec/environments.md): no single-turn grader, so a run of such tasks
 # must name an environment. A task file may hold any of `TASK_KINDS`.
 GUESS_KIND = "guess"
-ENVIRONMENT_KINDS = frozenset({GUESS_KIND})
+VERIFIERS_KIND = "verifiers"  # a verifiers environment's row (node/rl/environments/verifiers_adapter.py)
+ENVIRONMENT_KINDS = frozenset({GUESS_KIND, VERIFIERS_KIND})
 TASK_KINDS = frozenset(GRADERS) | ENVIRONMENT_KINDS
 
 
