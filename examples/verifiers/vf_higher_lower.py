@@ -46,8 +46,7 @@ def solved(completion, answer, **kwargs):
 def load_environment(count=64, high=16, max_turns=4):
     rows = [
         {
-            "question": f"I am thinking of a whole number from 1 to {high}. Guess it: reply with a number. "
-            "I will say higher or lower.",
+            "question": f"Guess my number from 1 to {high}. I say higher or lower.",
             "answer": str((index * 7 + 3) % high + 1),
         }
         for index in range(count)

@@ -84,11 +84,12 @@ CHEAT_ORDER = ("perturbed-model", "tampered-prompt", "forged-reward")
 @click.option(
     "--env",
     "environment",
-    type=click.Choice(ENVIRONMENT_CHOICES),
-    help="Multi-turn episodes in a built-in environment (spec/environments.md): calculator (arithmetic "
-    "with a <calc> tool; without --model the devnet runs its calculator model on two-digit products, "
-    f"{DEVNET_CALC_TURN_TOKENS} tokens a turn) or guess (guess-the-number; without --tasks the devnet "
-    "writes its games). --max-new-tokens is then per model turn; the cheat fabricated-env-turn needs it.",
+    callback=lambda _ctx, _param, value: _environment(value),
+    help="Multi-turn episodes in an environment (spec/environments.md): calculator (arithmetic with a "
+    "<calc> tool; without --model the devnet runs its calculator model on two-digit products, "
+    f"{DEVNET_CALC_TURN_TOKENS} tokens a turn), guess (guess-the-number; without --tasks the devnet "
+    "writes its games), or verifiers.MODULE, a verifiers environment (--tasks from `swarmnode tasks "
+    "verifiers MODULE`). --max-new-tokens is then per model turn; the cheat fabricated-env-turn needs it.",
 )
 @click.option(
     "--ledger",
@@ -209,6 +210,9 @@ def devnet_command(
     cheaters = len(cheats)
     if environment and not steps:
         raise click.UsageError("--env is for a training run: add --steps N")
+    if environment and environment.startswith("verifiers.") and not tasks:
+        raise click.UsageError(f"--env {environment} needs --tasks: export its rows first (swarmnode tasks "
+                               f"verifiers {environment.removeprefix('verifiers.')} --out FILE)")
     if "fabricated-env-turn" in cheats and not environment:
         raise click.UsageError("--cheat fabricated-env-turn needs --env: a single-turn run has no "
                                "environment turn to fabricate")
@@ -289,6 +293,13 @@ def devnet_command(
         raise click.ClickException(f"the run stopped: {summary['reason']}")
     if steps and summary["reason"] != "trained":
         raise click.ClickException(f"the run did not finish its {steps} steps ({summary['reason']})")
+
+
+def _environment(value: str | None) -> str | None:
+    """--env: a built-in multi-turn environment or verifiers.MODULE."""
+    if value is None or value in ENVIRONMENT_CHOICES or (value.startswith("verifiers.") and len(value) > 10):
+        return value
+    raise click.BadParameter(f"{value!r} is none of {', '.join(ENVIRONMENT_CHOICES)}, verifiers.MODULE")
 
 
 def _given(name: str) -> bool:

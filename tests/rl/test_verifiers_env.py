@@ -55,7 +55,7 @@ def test_a_deterministic_game_is_exported_and_answers_by_its_rules(higher_lower)
     assert env.name == "verifiers.vf_higher_lower" and env.version.startswith(adapter.LIBRARY_VERSION + "+")
     task = higher_lower[0]
     row = parse_task(task)
-    assert row.module == "vf_higher_lower" and task.prompt.startswith("I am thinking of a whole number")
+    assert row.module == "vf_higher_lower" and task.prompt.startswith("Guess my number from 1 to 16")
     secret = int(row.row["answer"])
     env.respond_many([(task, 0, (str(guess),)) for guess in (secret - 1, secret + 1, secret)])  # one run
     assert env.respond(task, 0, [str(secret - 1)]) == EnvTurn("Higher.")
