@@ -58,7 +58,7 @@ from swarmnode.node.rl.rollouts import (
     assigned_tasks,
     assignment_step,
     generate_group,
-    play_group,
+    play_groups,
     submission_rewards,
     task_prompt_ids,
     to_wire_group,
@@ -226,17 +226,19 @@ def _answer(task: Task) -> str:
     return task.target
 
 
-def fabricated_group(engine: InferenceEngine, task: Task, descriptor: RunDescriptor, worker: bytes,
-                     step: int) -> GeneratedGroup:
-    """A group played with `Fabricating` in place of the run's environment."""
+def fabricated_groups(engine: InferenceEngine, tasks: Sequence[Task], descriptor: RunDescriptor,
+                      worker: bytes, step: int) -> list[GeneratedGroup]:
+    """An assignment's groups played together, as an honest worker plays them (`play_groups`: a round of
+    turns is one batch, one sandbox run for a verifiers environment), with `Fabricating` in place of the
+    run's environment."""
     rules = episode_rules(descriptor)
     if rules is None:
         raise ValueError("fabricated-env-turn needs a run that plays an environment (devnet --env NAME)")
     grpo = descriptor.grpo
-    seeds = group_seeds(descriptor.run, worker, step, task.task_id, grpo.group_size)
-    prompt = task_prompt_ids(task, engine.tokenizer, rules)
+    seeds = [group_seeds(descriptor.run, worker, step, task.task_id, grpo.group_size) for task in tasks]
+    prompts = [task_prompt_ids(task, engine.tokenizer, rules) for task in tasks]
     lying = dataclasses.replace(rules, env=Fabricating(rules.env))
-    return play_group(engine, task, lying, prompt, seeds, grpo.temperature)
+    return play_groups(engine, tasks, lying, prompts, seeds, grpo.temperature)
 
 
 # --- the dishonest submission --------------------------------------------------------------------------
@@ -257,15 +259,14 @@ def build_dishonest_submission(
     if cheat not in SUBMISSION_CHEATS:
         raise ValueError(f"{cheat!r} is not a submission-time cheat")
     step = assignment_step(checkpoint_version, counter)
+    tasks = [dataset[task_id] for task_id in assigned_tasks(descriptor, dataset_ids, worker, step)]
     generated: list[GeneratedGroup] = []
-    for i, task_id in enumerate(assigned_tasks(descriptor, dataset_ids, worker, step)):
-        task = dataset[task_id]
+    if cheat == FABRICATED_ENV_TURN:
+        generated = fabricated_groups(engine, tasks, descriptor, worker, step)
+    for i, task in enumerate(tasks if cheat != FABRICATED_ENV_TURN else ()):
         tamper = cheat == TAMPERED_PROMPT and i == 0
         prompt = tampered_prompt(task, dataset, engine.tokenizer) if tamper else None
-        if cheat == FABRICATED_ENV_TURN:
-            generated.append(fabricated_group(engine, task, descriptor, worker, step))
-        else:
-            generated.append(generate_group(engine, task, descriptor, worker, step, prompt))
+        generated.append(generate_group(engine, task, descriptor, worker, step, prompt))
     injected = inject_code(engine, generated, descriptor) if cheat == CODE_INJECTION else -1
     # graded together, as an honest worker grades (a family's answers in one sandbox run); the payload is
     # never run here
