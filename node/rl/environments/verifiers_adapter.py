@@ -43,9 +43,11 @@ from typing import Any
 from swarmnode.node.errors import OperatorError
 from swarmnode.node.rl.environments import Done, EnvBounds, EnvTurn, WrongTaskKind
 from swarmnode.node.rl.tasks.core import GraderFault, Task
+from swarmnode.node.rl.tasks.families import canonical
 from swarmnode.node.rl.tasks.graders import VERIFIERS_KIND
 from swarmnode.node.sandbox import Outcome, RunResult, SandboxLimits, run_python
 from swarmnode.node.sandbox.bwrap import read_only_path
+from swarmnode.node.sandbox.replies import nonced_replies
 
 KIND = VERIFIERS_KIND
 PREFIX = "verifiers."
@@ -70,11 +72,6 @@ class VerifiersRefused(OperatorError, ValueError):
 
 
 # ---------------------------------------------------------------------------- tasks (pure)
-
-
-def canonical(value: Any) -> str:
-    """Sorted keys, no spaces, UTF-8 kept; NaN and infinities refused (JSON has none)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -373,20 +370,6 @@ except Exception as exc:
 '''
 
 
-def _replies(stdout: str, nonce: str) -> list[dict[str, Any]]:
-    prefix = nonce + " "
-    replies = []
-    for line in stdout.splitlines():
-        if line.startswith(prefix):
-            try:
-                body = json.loads(line[len(prefix):])
-            except ValueError:
-                continue
-            if isinstance(body, dict):
-                replies.append(body)
-    return replies
-
-
 def _sandboxed(request: Mapping[str, Any], output_chars: int, venv: Path,
                folder: Path) -> tuple[RunResult, list[dict[str, Any]]]:
     """Run `PROGRAM` on `request` with the environments folder and verifiers' packages on its path."""
@@ -396,7 +379,7 @@ def _sandboxed(request: Mapping[str, Any], output_chars: int, venv: Path,
     limits = dataclasses.replace(RUN_LIMITS, max_output_chars=output_chars,
                                  file_size_bytes=max(RUN_LIMITS.file_size_bytes, output_chars))
     result = run_python(PROGRAM, stdin=canonical(body), limits=limits, read_only=paths)
-    return result, _replies(result.stdout, nonce)
+    return result, nonced_replies(result.stdout, nonce)
 
 
 def _stopped(result: RunResult, replies: Sequence[Mapping[str, Any]]) -> str:

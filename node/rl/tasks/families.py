@@ -44,6 +44,7 @@ from swarmnode.node.rl.tasks.core import Grade, GraderFault, Task
 from swarmnode.node.sandbox import Outcome, RunResult, SandboxLimits, run_python
 from swarmnode.node.sandbox.bwrap import read_only_path
 from swarmnode.node.sandbox.launcher import BUDGET_EXIT
+from swarmnode.node.sandbox.replies import nonced_replies
 
 KIND = "reasoning_gym"
 LIBRARY = "reasoning-gym"  # the distribution's name (its module `reasoning_gym.__version__` lags it)
@@ -263,21 +264,6 @@ except Exception as exc:
 '''
 
 
-def _replies(stdout: str, nonce: str) -> list[dict[str, Any]]:
-    """The program's reply lines, in order (any other output is not the program's)."""
-    prefix = nonce + " "
-    replies = []
-    for line in stdout.splitlines():
-        if line.startswith(prefix):
-            try:
-                body = json.loads(line[len(prefix):])
-            except ValueError:
-                continue
-            if isinstance(body, dict):
-                replies.append(body)
-    return replies
-
-
 def _sandboxed(request: Mapping[str, Any], limits: SandboxLimits) -> tuple[RunResult, list[dict[str, Any]]]:
     """Run `PROGRAM` on `request` in the sandbox: how it ended, and its replies."""
     paths = library_paths()
@@ -285,7 +271,7 @@ def _sandboxed(request: Mapping[str, Any], limits: SandboxLimits) -> tuple[RunRe
     body = {**request, "nonce": nonce, "budget_exit": BUDGET_EXIT,
             "path": [read_only_path(i) for i in range(len(paths))]}
     result = run_python(PROGRAM, stdin=canonical(body), limits=limits, read_only=paths)
-    return result, _replies(result.stdout, nonce)
+    return result, nonced_replies(result.stdout, nonce)
 
 
 def _last_line(result: RunResult) -> str:
