@@ -10,6 +10,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# The program's side: it reads its request (a JSON object with "nonce") from stdin, keeps the real stdout for
+# `reply(body)` and sends everything else printed to /dev/null. A program starts with this text.
+PROGRAM_PREAMBLE = r'''
+import json, os, sys
+request = json.loads(sys.stdin.read())
+nonce = request.pop("nonce")
+out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+def reply(body):
+    out.write(nonce + " " + json.dumps(body, ensure_ascii=False) + "\n")
+    out.flush()
+'''
+
 
 def nonced_replies(stdout: str, nonce: str) -> list[dict[str, Any]]:
     """The program's reply lines, in order (any other output is not the program's)."""

@@ -47,7 +47,7 @@ from swarmnode.node.rl.tasks.families import canonical
 from swarmnode.node.rl.tasks.graders import VERIFIERS_KIND
 from swarmnode.node.sandbox import Outcome, RunResult, SandboxLimits, run_python
 from swarmnode.node.sandbox.bwrap import read_only_path
-from swarmnode.node.sandbox.replies import nonced_replies
+from swarmnode.node.sandbox.replies import PROGRAM_PREAMBLE, nonced_replies
 
 KIND = VERIFIERS_KIND
 PREFIX = "verifiers."
@@ -180,15 +180,7 @@ def module_version(path: Path) -> str:
 
 # Runs under `python -S` in the sandbox, its request on stdin. Replies are lines "<nonce> <json>" on the
 # original stdout; anything else the library prints goes to /dev/null.
-PROGRAM = r'''
-import json, os, sys
-request = json.loads(sys.stdin.read())
-nonce = request.pop("nonce")
-out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-def reply(body):
-    out.write(nonce + " " + json.dumps(body, ensure_ascii=False, sort_keys=True) + "\n")
-    out.flush()
+PROGRAM = PROGRAM_PREAMBLE + r'''
 os.environ.update(HOME="/work", HF_HOME="/work/hf", XDG_CACHE_HOME="/work/cache", HF_HUB_OFFLINE="1",
                   HF_DATASETS_OFFLINE="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1", OPENBLAS_NUM_THREADS="1",
                   OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")

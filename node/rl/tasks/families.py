@@ -44,7 +44,7 @@ from swarmnode.node.rl.tasks.core import Grade, GraderFault, Task
 from swarmnode.node.sandbox import Outcome, RunResult, SandboxLimits, run_python
 from swarmnode.node.sandbox.bwrap import read_only_path
 from swarmnode.node.sandbox.launcher import BUDGET_EXIT
-from swarmnode.node.sandbox.replies import nonced_replies
+from swarmnode.node.sandbox.replies import PROGRAM_PREAMBLE, nonced_replies
 
 KIND = "reasoning_gym"
 LIBRARY = "reasoning-gym"  # the distribution's name (its module `reasoning_gym.__version__` lags it)
@@ -189,15 +189,7 @@ def library_paths() -> tuple[str, ...]:
 
 # Runs under `python -S` in the sandbox, its request on stdin. Replies are lines "<nonce> <json>" on the
 # original stdout; the library's own prints go to /dev/null.
-PROGRAM = r'''
-import json, os, sys
-request = json.loads(sys.stdin.read())
-nonce = request.pop("nonce")
-out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-def reply(body):
-    out.write(nonce + " " + json.dumps(body, ensure_ascii=False) + "\n")
-    out.flush()
+PROGRAM = PROGRAM_PREAMBLE + r'''
 sys.settrace(None)  # the import and the generation are ours; each answer gets its own count (score)
 BUDGET_EXIT = request.pop("budget_exit")
 os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg", MPLCONFIGDIR="/work/mpl")
