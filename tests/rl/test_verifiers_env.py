@@ -92,6 +92,15 @@ def test_an_environment_a_swarm_cannot_verify_is_refused_saying_why(kind, why):
         export_rows("vf_misbehaving", {"kind": kind}, 8, folder=MISBEHAVING)
 
 
+@pytest.mark.slow
+def test_an_environment_that_raises_on_a_turn_ends_the_episode_with_reward_0():
+    """Its code decides that on every node alike, as a scorer's exception does: not a fault of the machine."""
+    tasks = export_rows("vf_misbehaving", {"kind": "raises"}, 8, folder=MISBEHAVING)
+    env = load("vf_misbehaving", folder=MISBEHAVING)
+    assert env.respond(tasks[0], 0, ["1"]) == EnvTurn("Try again.")
+    assert env.respond(tasks[0], 0, ["1", "boom"]) == Done(0.0)
+
+
 def test_a_task_whose_prompt_is_not_its_row_is_refused(higher_lower):
     task = higher_lower[0]
     with pytest.raises(VerifiersRefused, match="not its row's prompt"):

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmnode.node.errors import OperatorError
-from swarmnode.node.rl.environments import Done, EnvBounds, EnvTurn, WrongTaskKind
+from swarmnode.node.rl.environments import Done, EnvBounds, EnvCall, EnvTurn, WrongTaskKind
 from swarmnode.node.rl.tasks.core import GraderFault, Task
 from swarmnode.node.rl.tasks.families import canonical
 from swarmnode.node.rl.tasks.graders import VERIFIERS_KIND
@@ -385,7 +385,6 @@ def _stopped(result: RunResult, replies: Sequence[Mapping[str, Any]]) -> str:
 # ---------------------------------------------------------------------------- the environment
 
 
-Call = tuple[Task, int, tuple[str, ...]]  # (task, seed, model turns so far): what `respond` answers
 
 
 @dataclass
@@ -429,10 +428,10 @@ class VerifiersEnvironment:
             self.respond_many([(task, seed, tuple(model_turns))])
         return self._answers[key]
 
-    def respond_many(self, calls: Sequence[Call]) -> None:
+    def respond_many(self, calls: Sequence[EnvCall]) -> None:
         """Answer `calls` in one sandbox run and keep the answers for `respond` (the newest
-        `CACHE_ENTRIES`). GraderFault when the run stops on a machine limit or the environment faults:
-        no verdict on anything it would have answered."""
+        `CACHE_ENTRIES`). GraderFault when the run stops on a machine limit: no verdict on anything it would
+        have answered."""
         wanted = {self._key(task, turns): (task, turns) for task, _, turns in calls}
         missing = [(key, task, turns) for key, (task, turns) in wanted.items() if key not in self._answers]
         if not missing:
@@ -474,7 +473,11 @@ def _answer(name: str, body: Mapping[str, Any]) -> EnvTurn | Done:
     if "over" in body:
         # the episode ended before the last of the turns asked about: no honest play asks this
         return Done(0.0)
-    raise GraderFault(f"{name}: the environment faulted replaying an episode: {body.get('fault', body)}")
+    if "fault" in body:
+        # the environment raised on these turns: its code decides that on every node, as a scorer's
+        # exception does (reward 0)
+        return Done(0.0)
+    raise GraderFault(f"{name}: an answer the adapter does not know: {str(body)[:200]}")
 
 
 def vet(env: VerifiersEnvironment, tasks: Sequence[Task]) -> None:

@@ -28,6 +28,8 @@ class Misbehaving(vf.MultiTurnEnv):
             return [vf.UserMessage(content=f"Lucky number {random.randint(0, 10**9)}.")]
         if self.kind == "counter":  # state kept on the environment, between episodes
             return [vf.UserMessage(content=f"This is reply {next(self.calls)}.")]
+        if self.kind == "raises" and "boom" in str(messages[-1]["content"]):
+            raise ValueError("the model's turn broke the environment")
         if self.kind == "process":  # the same within a process, another in the next one
             turn = str(messages[-1]["content"])
             return [vf.UserMessage(content=f"Code {hash((self.salt, turn)) % 1000}.")]
