@@ -82,11 +82,12 @@ def test_a_peer_holding_slow_streams_does_not_starve_an_honest_peer() -> None:
                 assert reply.message == Pong(i.to_bytes(8, "big"))
                 assert trio.current_time() - start < HONEST_BOUND_S
 
-            # the two admitted slow streams are cut at read_timeout + 200 B / min_read_rate, and charged
-            await wait_until(lambda: server.statistics().get(f"{key}:stalled", 0) == 2, timeout=5)
+            # the two admitted slow streams are cut at read_timeout + 200 B / min_read_rate, and charged; the
+            # count of stalls comes before the slots are given back (a loaded machine saw it in between)
+            await wait_until(lambda: server.statistics().get(f"{key}:stalled", 0) == 2
+                             and server.statistics().get(f"{key}:streams_in_use") == 0, timeout=5)
             stats = server.statistics()
             assert stats[f"{key}:served"] == HONEST_REQUESTS
-            assert stats[f"{key}:streams_in_use"] == 0
             hostile_id = str(hostile_host.get_id())
             assert server.guard.scores.score(hostile_id, trio.current_time()) < 0
             assert server.guard.scores.score(str(honest_host.get_id()), trio.current_time()) == 0
