@@ -52,7 +52,6 @@ from swarmnode.node.rl.engine import Completion as EngineCompletion
 from swarmnode.node.rl.engine import InferenceEngine
 from swarmnode.node.rl.environments import Done, EnvBounds, EnvCall, Environment, EnvTurn, prefetch
 from swarmnode.node.rl.environments.episodes import episode_rules
-from swarmnode.node.rl.environments.verifiers_adapter import parse_task
 from swarmnode.node.rl.rollouts import (
     GeneratedGroup,
     assigned_tasks,
@@ -65,6 +64,7 @@ from swarmnode.node.rl.rollouts import (
 )
 from swarmnode.node.rl.sampling import group_seeds, token_logprobs
 from swarmnode.node.rl.tasks import VERIFIERS_KIND, Task
+from swarmnode.node.rl.tasks.verifiers_rows import parse_task
 from swarmnode.node.rl.tokenizer import ChatTokenizer
 from swarmnode.node.worker.conduct import HONEST
 from swarmnode.protocol.messages import RolloutSubmission, RunDescriptor

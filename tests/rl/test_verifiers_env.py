@@ -22,11 +22,12 @@ from swarmnode.node.rl.environments import Done, EnvTurn
 from swarmnode.node.rl.environments import verifiers_adapter as adapter
 from swarmnode.node.rl.environments.episodes import UnknownEnvironment, default_terms, rules_from_terms
 from swarmnode.node.rl.environments.replay import FabricatedTurn
-from swarmnode.node.rl.environments.verifiers_adapter import VerifiersRefused, export_rows, load, parse_task
+from swarmnode.node.rl.environments.verifiers_adapter import VerifiersRefused, export_rows, load
 from swarmnode.node.rl.model import model_commitment
 from swarmnode.node.rl.rollouts import build_submission, task_prompt_ids
 from swarmnode.node.rl.run import describe_run, devnet_grpo, devnet_policy
 from swarmnode.node.rl.tasks import Task
+from swarmnode.node.rl.tasks.verifiers_rows import VerifiersTaskError, parse_task
 from swarmnode.node.rl.validation import ValidationContext, validate_submission
 from swarmnode.protocol.errors import Reason, Reject
 from swarmnode.testing.cheats import FABRICATED_ENV_TURN, build_dishonest_submission
@@ -103,9 +104,9 @@ def test_an_environment_that_raises_on_a_turn_ends_the_episode_with_reward_0():
 
 def test_a_task_whose_prompt_is_not_its_row_is_refused(higher_lower):
     task = higher_lower[0]
-    with pytest.raises(VerifiersRefused, match="not its row's prompt"):
+    with pytest.raises(VerifiersTaskError, match="not its row's prompt"):
         parse_task(dataclasses.replace(task, prompt=task.prompt + " Hint: 4."))
-    with pytest.raises(VerifiersRefused, match="canonical"):
+    with pytest.raises(VerifiersTaskError, match="canonical"):
         parse_task(dataclasses.replace(task, target=task.target.replace('"args":', '"args" :')))
 
 

@@ -8,13 +8,12 @@ Decisions:
   so the run commits to the library and to the environment's code byte for byte; a node with other code
   refuses the run, naming both.
 - verifiers lives in its own virtual environment (`SWARMNODE_VERIFIERS_VENV`, default build/verifiers-venv,
-  made by scripts/install_verifiers.sh): it is 717 MB of dependencies the node does not share. Every call
+  made by scripts/install_verifiers.sh): it is 715 MB of dependencies the node does not share. Every call
   into it runs in the sandbox, never in the node, with that venv's packages read-only on its path. One run
-  answers many episodes (`respond_many`): importing verifiers costs about 4 s, so a worker asks once per
+  answers many episodes (`respond_many`): importing verifiers costs about 3 s, so a worker asks once per
   round of turns and a validator once per submission.
-- A task of kind `verifiers` carries its dataset row whole (prompt messages, answer, info) with the
-  environment's module and arguments, as canonical JSON in its target: the run's dataset hash commits to
-  them, and no node downloads a dataset. Its prompt is the row's prompt messages' text.
+- A task of kind `verifiers` carries its dataset row whole with the environment's module and arguments
+  (`tasks.verifiers_rows`): the run's dataset hash commits to them, and no node downloads a dataset.
 - Replay drives the environment's own `rollout` with a client that hands out the claimed model turns and
   stops when they run out: the environment's messages at that point are its next turn (their text joined
   by blank lines); a rollout that completes is scored by its rubric, and that reward ends the episode.
@@ -31,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import os
 import secrets
 from collections import OrderedDict
@@ -45,6 +43,7 @@ from swarmnode.node.rl.environments import Done, EnvBounds, EnvCall, EnvTurn, Wr
 from swarmnode.node.rl.tasks.core import GraderFault, Task
 from swarmnode.node.rl.tasks.families import canonical
 from swarmnode.node.rl.tasks.graders import VERIFIERS_KIND
+from swarmnode.node.rl.tasks.verifiers_rows import Row, parse_task
 from swarmnode.node.sandbox import Outcome, RunResult, SandboxLimits, run_python
 from swarmnode.node.sandbox.bwrap import read_only_path
 from swarmnode.node.sandbox.replies import PROGRAM_PREAMBLE, nonced_replies
@@ -69,67 +68,6 @@ ESCAPED_CHARS = 12  # json.dumps writes a character as at most 12 (an astral one
 
 class VerifiersRefused(OperatorError, ValueError):
     """A verifiers environment a swarm cannot verify, or one this node cannot load; the message says why."""
-
-
-# ---------------------------------------------------------------------------- tasks (pure)
-
-
-def message_text(message: Mapping[str, Any]) -> str:
-    """A message's text: its string content, or its text parts joined."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
-    return ""
-
-
-def messages_text(messages: Sequence[Mapping[str, Any]]) -> str:
-    """What the model reads of messages: their texts joined by blank lines."""
-    return "\n\n".join(message_text(m) for m in messages)
-
-
-@dataclass(frozen=True)
-class Row:
-    """A verifiers task: the environment module, its arguments and one dataset row."""
-
-    module: str
-    args: Mapping[str, Any]
-    row: Mapping[str, Any]
-
-    def task(self) -> Task:
-        return Task(KIND, messages_text(self.row["prompt"]), canonical(self.target_body()))
-
-    def target_body(self) -> dict[str, Any]:
-        return {"library": "verifiers", "module": self.module, "args": dict(self.args), "row": dict(self.row)}
-
-
-def parse_task(task: Task) -> Row:
-    """The row a verifiers task carries; VerifiersRefused when its target is not one, or its prompt is not
-    its row's prompt (the model would read another prompt than the environment plays)."""
-    if task.kind != KIND:
-        raise WrongTaskKind(f"{PREFIX}*", task.kind, [KIND])
-    try:
-        body = json.loads(task.target)
-    except ValueError:
-        raise VerifiersRefused(f"a {KIND} task's target must be JSON, got {task.target[:80]!r}") from None
-    if not isinstance(body, dict) or body.get("library") != "verifiers" or set(body) != {
-            "library", "module", "args", "row"}:
-        raise VerifiersRefused(f"a {KIND} target is an object of library, module, args and row: "
-                               f"{task.target[:80]!r}")
-    module, args, row = body["module"], body["args"], body["row"]
-    if not (isinstance(module, str) and module.isidentifier() and isinstance(args, dict)
-            and isinstance(row, dict) and isinstance(row.get("prompt"), list)):
-        raise VerifiersRefused(f"a {KIND} target needs a module name, an args object and a row with prompt "
-                               f"messages: {task.target[:80]!r}")
-    if not all(isinstance(m, dict) for m in row["prompt"]):
-        raise VerifiersRefused(f"a {KIND} row's prompt must be a list of messages: {task.target[:80]!r}")
-    parsed = Row(module, args, row)
-    if canonical(parsed.target_body()) != task.target:
-        raise VerifiersRefused(f"a {KIND} target is not canonical JSON: {task.target[:80]!r}")
-    if messages_text(row["prompt"]) != task.prompt:
-        raise VerifiersRefused(f"a {KIND} task's prompt is not its row's prompt messages' text")
-    return parsed
 
 
 # ---------------------------------------------------------------------------- where the code is

@@ -48,7 +48,8 @@ from swarmnode.node.rl.tasks.family_file import (
     generate_family_tasks,
     read_family_file,
 )
-from swarmnode.node.rl.tasks.graders import TASK_KINDS
+from swarmnode.node.rl.tasks.graders import TASK_KINDS, VERIFIERS_KIND
+from swarmnode.node.rl.tasks.verifiers_rows import VerifiersTaskError, check_verifiers_tasks
 from swarmnode.node.sandbox import SandboxUnavailable
 
 MAX_TASKS = 1_000_000  # rows in one file: INTELLECT-2's RL set has 285k
@@ -264,6 +265,10 @@ def read_tasks(path: str | os.PathLike[str], kinds: Collection[str] = TASK_KINDS
         tasks = check_tasks(path, _rows(path, batches, kinds), kinds)
     except (pa.ArrowException, OSError) as exc:
         raise _arrow_error(path, exc, one_block=size <= MAX_JSON_RECORD_BYTES) from None
+    try:
+        check_verifiers_tasks(task for task in tasks if task.kind == VERIFIERS_KIND)
+    except VerifiersTaskError as exc:
+        raise TaskFileError(path, str(exc)) from None
     try:
         families.check_family_tasks(task for task in tasks if task.kind == families.KIND)
     except families.FamilyTaskError as exc:
