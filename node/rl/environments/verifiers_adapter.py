@@ -348,7 +348,9 @@ class VerifiersEnvironment:
 
     @property
     def bounds(self) -> EnvBounds:
-        return EnvBounds(max_turns=DEFAULT_MAX_TURNS)
+        """8 turns of at most 4 KiB each unless the run says otherwise (the protocol allows 16 KiB: a run
+        that does reads back up to 12 x that per call from the sandbox)."""
+        return EnvBounds(max_turns=DEFAULT_MAX_TURNS, max_env_bytes=DEFAULT_MAX_ENV_BYTES)
 
     @property
     def kinds(self) -> tuple[str, ...]:
