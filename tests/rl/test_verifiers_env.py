@@ -65,6 +65,19 @@ def test_a_deterministic_game_is_exported_and_answers_by_its_rules(higher_lower)
     assert env.respond(task, 0, [str(secret + 1), f"then {secret}"]) == Done(1.0)  # one more sandbox run
 
 
+def test_a_batch_larger_than_the_cache_is_read_without_another_sandbox_run(higher_lower, monkeypatch):
+    """A submission of long episodes asks more answers at once than the cache keeps: all of them stay until
+    the next batch, or each `respond` would cost a sandbox run of its own."""
+    runs = []
+    real = adapter._sandboxed
+    monkeypatch.setattr(adapter, "_sandboxed", lambda *args: runs.append(1) or real(*args))
+    monkeypatch.setattr(adapter, "CACHE_ENTRIES", 2)
+    env = load("vf_higher_lower")
+    calls = [(task, 0, ("1",)) for task in higher_lower[:5]]
+    env.respond_many(calls)
+    assert [env.respond(task, 0, turns) for task, _, turns in calls] and len(runs) == 1
+
+
 def test_a_run_names_the_code_byte_for_byte(higher_lower, tmp_path, monkeypatch):
     """A node whose module differs by one byte has another version: it refuses the run, naming both."""
     terms = default_terms("verifiers.vf_higher_lower", 512)

@@ -57,7 +57,7 @@ DEFAULT_ENVS = ROOT / "examples" / "verifiers"
 MODULE_HASH_CHARS = 16
 DEFAULT_MAX_TURNS = 8
 DEFAULT_MAX_ENV_BYTES = 4096
-CACHE_ENTRIES = 4096  # answers kept between a round's batch and the episodes that read them
+CACHE_ENTRIES = 4096  # answers kept between batches (each batch keeps all its own until the next one)
 VET_ROWS = 4  # rows the vetting plays (each with every prefix of its scripted turns)
 VET_TURNS = ("1", "8", "16", "I do not know.")  # scripted model turns: numbers and prose, as models write
 REPLY_CHARS = 256  # one reply line beyond its environment text
@@ -369,10 +369,12 @@ class VerifiersEnvironment:
         return self._answers[key]
 
     def respond_many(self, calls: Sequence[EnvCall]) -> None:
-        """Answer `calls` in one sandbox run and keep the answers for `respond` (the newest
-        `CACHE_ENTRIES`). GraderFault when the run stops on a machine limit: no verdict on anything it would
-        have answered."""
+        """Answer `calls` in one sandbox run and keep the answers for `respond`: every answer to `calls`,
+        and older ones up to `CACHE_ENTRIES` in all. GraderFault when the run stops on a machine limit: no
+        verdict on anything it would have answered."""
         wanted = {self._key(task, turns): (task, turns) for task, _, turns in calls}
+        for key in wanted.keys() & self._answers.keys():
+            self._answers.move_to_end(key)  # asked again: kept with this batch's answers
         missing = [(key, task, turns) for key, (task, turns) in wanted.items() if key not in self._answers]
         if not missing:
             return
@@ -382,7 +384,7 @@ class VerifiersEnvironment:
             if row.module != self.module:
                 raise WrongTaskKind(self.name, f"{KIND} ({row.module})", [f"{KIND} ({self.module})"])
             items.append([k, row.module, dict(row.args), dict(row.row), list(turns)])
-        output = sum(ESCAPED_CHARS * self.max_env_bytes + REPLY_CHARS for _ in items) + 64 * 1024
+        output = len(items) * (ESCAPED_CHARS * self.max_env_bytes + REPLY_CHARS) + 64 * 1024
         request = {"mode": "respond", "items": items, "max_chars": self.max_env_bytes + 1}
         result, replies = _sandboxed(request, output, self.venv, self.folder)
         answers = {r["k"]: r for r in replies if isinstance(r.get("k"), int)}
@@ -392,16 +394,14 @@ class VerifiersEnvironment:
         if refused:  # vetted code is never refused: this node's environments folder changed under it
             raise GraderFault(f"{self.name} is refused here: {'; '.join(refused)}")
         for k, (key, _, _) in enumerate(missing):
-            self._remember(key, _answer(self.name, answers[k]))
+            self._answers[key] = _answer(self.name, answers[k])
+        # a batch larger than the cache (a submission of long episodes) keeps all its answers until the next
+        # batch: evicting them before `respond` reads them would cost a sandbox run per call
+        while len(self._answers) > max(CACHE_ENTRIES, len(wanted)):
+            self._answers.popitem(last=False)
 
     def _key(self, task: Task, model_turns: Sequence[str]) -> str:
         return hashlib.sha256(canonical([task.target, list(model_turns)]).encode()).hexdigest()
-
-    def _remember(self, key: str, answer: EnvTurn | Done) -> None:
-        self._answers[key] = answer
-        self._answers.move_to_end(key)
-        while len(self._answers) > CACHE_ENTRIES:
-            self._answers.popitem(last=False)
 
 
 def _answer(name: str, body: Mapping[str, Any]) -> EnvTurn | Done:
